@@ -64,10 +64,10 @@ class Registry(Protocol):
 @dataclasses.dataclass
 class Registration:
     version: ModelVersion
-    created: bool  # False when the same digest was already registered (a retried task)
+    new_version: bool  # False when the same digest was already registered (a retried task)
 
     def to_json(self) -> dict:
-        return {**self.version.to_json(), "created": self.created}
+        return {**self.version.to_json(), "new_version": self.new_version}
 
 
 def model_digest(model_dir: str) -> str:
@@ -97,15 +97,15 @@ def register(model_dir: str, registry: Registry, *, model_name: str, metrics: di
     metrics = dict(metrics or {})
     existing = registry.find_by_digest(model_name, digest)
     if existing is not None:
-        version, created = existing, False
+        version, new_version = existing, False
     else:
         description = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items()))
         version = registry.upload(model_name, model_dir, digest=digest, metrics=metrics, labels=dict(labels or {}),
                                   description=description)
-        created = True
+        new_version = True
     if promote and CHAMPION not in version.aliases:
         version = registry.set_alias(model_name, version.version, CHAMPION)
-    return Registration(version=version, created=created)
+    return Registration(version=version, new_version=new_version)
 
 
 class LocalRegistry:
@@ -200,6 +200,24 @@ class LocalRegistry:
             target["aliases"].append(alias)
             self._write_index(model, index)
             return self._version(model, target)
+
+
+REGISTRIES = ("local", "vertex")
+
+
+def open_registry(kind: str, *, root: str = "", project: str = "", location: str = "") -> Registry:
+    """The registry named by pipeline parameters: `local` (a directory) or `vertex` (Vertex AI Model Registry)."""
+    if kind == "local":
+        if not root:
+            raise ValueError("registry=local needs a registry root directory (registry_root)")
+        return LocalRegistry(root)
+    if kind == "vertex":
+        if not project or not location:
+            raise ValueError("registry=vertex needs a project and a location (region)")
+        from components.registry_vertex import VertexRegistry
+
+        return VertexRegistry(project=project, location=location)
+    raise ValueError(f"Unknown registry {kind!r}; known: {', '.join(REGISTRIES)}")
 
 
 def main(argv: list[str] | None = None) -> int:

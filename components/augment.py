@@ -1,0 +1,203 @@
+"""Augment: seeded random geometric and photometric changes to training images.
+
+One implementation (`augment_image`) serves both modes, so a seed gives the same images in both:
+  - offline: materialise `copies` augmented copies of every training image into new shards (the originals
+    are kept), for expensive policies and reuse across runs;
+  - online: write no images; the policy travels in the output manifest and training applies it on the fly
+    inside its tf.data pipeline (copy k of offline == epoch k of online for the same example).
+With `copies=0` in offline mode the training data passes through unchanged, without being copied.
+
+Every draw is keyed by (policy seed, copy, example index), with stateless random ops: no hidden state, so
+results do not depend on thread scheduling, order of evaluation or the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import sys
+import time
+
+from components import data
+
+log = logging.getLogger(__name__)
+
+PASSTHROUGH = "passthrough"
+
+
+@dataclasses.dataclass
+class AugmentPolicy:
+    """Ranges of the random changes; each draw is uniform in [-x, x] unless said otherwise."""
+
+    rotation_degrees: float = 10.0
+    shift_fraction: float = 0.08  # of the image size, each axis
+    zoom_range: float = 0.08  # scale in [1 - z, 1 + z]
+    horizontal_flip: bool = False  # off by default: it breaks digits and text
+    brightness: float = 0.0  # additive, as a fraction of 255
+    contrast: float = 0.0  # factor in [1 - c, 1 + c] around the image mean
+    noise_stddev: float = 0.0  # gaussian noise, as a fraction of 255
+    cutout_fraction: float = 0.0  # side of a zeroed square, as a fraction of the image size
+    seed: int = 0
+
+    @classmethod
+    def from_json(cls, text: str | dict | None) -> "AugmentPolicy":
+        raw = text if isinstance(text, dict) else json.loads(text) if text else {}
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            allowed = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise ValueError(f"Unknown augmentation policy keys {unknown}; allowed: {allowed}")
+        policy = cls(**raw)
+        for name in ("rotation_degrees", "shift_fraction", "zoom_range", "brightness", "contrast",
+                     "noise_stddev", "cutout_fraction"):
+            if getattr(policy, name) < 0:
+                raise ValueError(f"Augmentation policy {name} must be >= 0, got {getattr(policy, name)}")
+        if policy.zoom_range >= 1 or policy.cutout_fraction >= 1 or policy.shift_fraction >= 1:
+            raise ValueError("zoom_range, shift_fraction and cutout_fraction must be < 1")
+        return policy
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def augment_image(image, index, copy, policy: AugmentPolicy):
+    """Augments one uint8 HxWxC image tensor; (policy.seed, copy, index) fixes every random draw."""
+    import tensorflow as tf
+
+    height, width, channels = image.shape
+    seed = tf.stack([tf.cast(policy.seed, tf.int64) * 1_000_003 + tf.cast(copy, tf.int64), tf.cast(index, tf.int64)])
+    u = tf.random.stateless_uniform([8], seed=seed, minval=-1.0, maxval=1.0)
+    x = tf.cast(image, tf.float32)
+
+    angle = u[0] * policy.rotation_degrees * math.pi / 180.0
+    scale = 1.0 + u[1] * policy.zoom_range
+    tx, ty = u[2] * policy.shift_fraction * width, u[3] * policy.shift_fraction * height
+    if policy.rotation_degrees or policy.zoom_range or policy.shift_fraction:
+        # The transform maps output pixel coordinates to input ones: the inverse of
+        # p_out = c + scale * R(angle) (p_in - c) + t, around the image centre c.
+        cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
+        cos, sin = tf.cos(angle), tf.sin(angle)
+        ox, oy = cx + tx, cy + ty
+        transform = tf.stack([
+            cos / scale, sin / scale, cx - (cos * ox + sin * oy) / scale,
+            -sin / scale, cos / scale, cy - (-sin * ox + cos * oy) / scale,
+            0.0, 0.0,
+        ])[None]
+        x = tf.raw_ops.ImageProjectiveTransformV3(
+            images=x[None], transforms=transform, output_shape=tf.constant([height, width]),
+            fill_value=0.0, interpolation="BILINEAR", fill_mode="NEAREST")[0]
+    if policy.horizontal_flip:
+        x = tf.cond(u[4] > 0, lambda: tf.reverse(x, axis=[1]), lambda: x)
+    if policy.contrast:
+        mean = tf.reduce_mean(x)
+        x = (x - mean) * (1.0 + u[5] * policy.contrast) + mean
+    if policy.brightness:
+        x = x + u[6] * policy.brightness * 255.0
+    if policy.noise_stddev:
+        x = x + tf.random.stateless_normal(tf.shape(x), seed=seed + 1) * policy.noise_stddev * 255.0
+    if policy.cutout_fraction:
+        side_h = max(1, int(round(height * policy.cutout_fraction)))
+        side_w = max(1, int(round(width * policy.cutout_fraction)))
+        centre = tf.random.stateless_uniform([2], seed=seed + 2)
+        y0 = tf.cast(centre[0] * (height - side_h + 1), tf.int32)
+        x0 = tf.cast(centre[1] * (width - side_w + 1), tf.int32)
+        rows = tf.range(height)[:, None, None]
+        cols = tf.range(width)[None, :, None]
+        inside = (rows >= y0) & (rows < y0 + side_h) & (cols >= x0) & (cols < x0 + side_w)
+        x = tf.where(inside, 0.0, x)
+    return tf.cast(tf.clip_by_value(tf.round(x), 0.0, 255.0), tf.uint8)
+
+
+@dataclasses.dataclass
+class AugmentResult:
+    output_dir: str
+    mode: str
+    copies: int
+    train_count: int
+    seconds: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: AugmentPolicy | None = None,
+            mode: str = "offline", min_shards: int = 2) -> AugmentResult:
+    """Writes the augmented training set of `dataset_dir` to `output_dir` (only the train split lives there)."""
+    import tensorflow as tf
+
+    if mode not in ("offline", "online"):
+        raise ValueError(f"mode must be 'offline' or 'online', got {mode!r}")
+    if copies < 0:
+        raise ValueError(f"copies must be >= 0, got {copies}")
+    policy = policy or AugmentPolicy()
+    start = time.monotonic()
+    manifest = data.read_manifest(dataset_dir)
+    train_count = manifest["splits"]["train"]["count"]
+    out = {**manifest, "augmentation": {"mode": mode, "copies": copies, "policy": policy.to_json()}}
+    data.gfile().makedirs(output_dir)
+    if mode == "online" or copies == 0:
+        # Nothing to materialise: training reads the original shards (and applies the policy when online).
+        out["splits"] = {"train": {**manifest["splits"]["train"], PASSTHROUGH: True}}
+        data.write_json(data.join(output_dir, data.MANIFEST), out)
+        return AugmentResult(output_dir, mode, copies, train_count, time.monotonic() - start)
+
+    height, width, channels = manifest["image_shape"]
+    total = train_count * (copies + 1)
+    writer = data.ShardWriter(output_dir, "train", data.num_shards_for(total, height * width * channels,
+                                                                       min_shards=min_shards))
+    source = data.read_split(dataset_dir, "train", with_uri=True).enumerate()
+    for image, label, uri in data.read_split(dataset_dir, "train", with_uri=True).as_numpy_iterator():
+        writer.write(image, int(label), uri.decode())
+    last_report = time.monotonic()
+    for copy in range(1, copies + 1):
+        augmented = source.map(lambda i, ex, c=copy: (augment_image(ex[0], i, c, policy), ex[1], ex[2]),
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        for image, label, uri in augmented.prefetch(tf.data.AUTOTUNE).as_numpy_iterator():
+            writer.write(image, int(label), f"{uri.decode()}#aug{copy}")
+            if time.monotonic() - last_report > 10:
+                last_report = time.monotonic()
+                log.info("augment: %d/%d images written", writer.count, total)
+    writer.close()
+    out["splits"] = {"train": writer.summary()}
+    data.write_json(data.join(output_dir, data.MANIFEST), out)
+    seconds = time.monotonic() - start
+    log.info("augment: wrote %d training images (%d copies) to %s in %.1fs", writer.count, copies, output_dir, seconds)
+    return AugmentResult(output_dir, mode, copies, writer.count, seconds)
+
+
+def train_files(dataset_dir: str, augmented_dir: str | None) -> tuple[str, dict | None]:
+    """Where training reads its train split from, and the online policy to apply (if any)."""
+    if not augmented_dir:
+        return dataset_dir, None
+    manifest = data.read_manifest(augmented_dir)
+    aug = manifest.get("augmentation", {})
+    online = aug.get("policy") if aug.get("mode") == "online" else None
+    if manifest["splits"]["train"].get(PASSTHROUGH):
+        return dataset_dir, online
+    return augmented_dir, online
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write augmented training shards.")
+    parser.add_argument("--dataset-dir", required=True, help="output of preprocess")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--copies", type=int, default=0)
+    parser.add_argument("--mode", choices=("offline", "online"), default="offline")
+    parser.add_argument("--policy", default="{}", help="JSON object, e.g. '{\"rotation_degrees\": 15, \"seed\": 1}'")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        result = augment(args.dataset_dir, args.output_dir, copies=args.copies, mode=args.mode,
+                         policy=AugmentPolicy.from_json(args.policy))
+    except (data.DataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    json.dump(result.to_json(), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,370 @@
+"""Readers and writers shared by the steps: idx files, TFRecord shards, the dataset manifest.
+
+A dataset directory (the `Dataset` artifact of preprocess and augment) holds:
+
+    dataset.json                 class names, image shape, per-split counts and shard locations
+    train/train-00000-of-00004.tfrecord ...
+    validation/...  test/...
+    rejected.jsonl               inputs that could not be used, with the reason
+
+Each record is a `tf.train.Example` with `image` (raw uint8 bytes, HxWxC), `label` (int64) and `uri`
+(where the image came from). Raw bytes are stored rather than PNG so readers never pay for decoding.
+Paths may be local or `gs://` (everything goes through `tf.io.gfile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import math
+import os
+import struct
+from typing import Iterable, Iterator
+
+import numpy as np
+
+DEFAULT_SOURCE = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+MANIFEST = "dataset.json"
+REJECTED = "rejected.jsonl"
+SPLITS = ("train", "validation", "test")
+TARGET_SHARD_BYTES = 128 << 20  # within the 100-200 MB that object stores and tf.data readers like
+
+
+def gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def join(base: str, *parts: str) -> str:
+    """os.path.join that keeps `gs://` URIs intact."""
+    return "/".join([base.rstrip("/"), *parts]) if "://" in base else os.path.join(base, *parts)
+
+
+# ---------------------------------------------------------------------------------------------- idx
+
+
+class DataError(ValueError):
+    """Input data that cannot be used, with a message saying what to do about it."""
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Reads an MNIST-format idx file (optionally gzipped) into an array, validating its header."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"Cannot read idx file {path}: {e}") from e
+    if len(raw) < 4:
+        raise DataError(f"{path} is too short to be an idx file ({len(raw)} bytes)")
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte idx file (magic {raw[:4].hex()})")
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    expected = int(np.prod(dims)) if dims else 0
+    body = raw[4 + 4 * ndim:]
+    if len(body) != expected:
+        raise DataError(f"{path} is truncated or padded: header says {dims} ({expected} bytes), found {len(body)}")
+    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+
+
+@dataclasses.dataclass
+class IdxPair:
+    split: str  # "train" or "test"
+    images: str
+    labels: str
+
+
+def find_idx_pairs(directory: str) -> list[IdxPair]:
+    """Finds `PREFIX-images-idx3-ubyte[.gz]` / `PREFIX-labels-idx1-ubyte[.gz]` pairs in a directory."""
+    names = sorted(os.listdir(directory))
+    pairs = []
+    for name in names:
+        if "-images-idx3-ubyte" not in name:
+            continue
+        prefix = name.split("-images-idx3-ubyte")[0]
+        suffix = name.split("-images-idx3-ubyte")[1]
+        label_name = next((n for n in (f"{prefix}-labels-idx1-ubyte{suffix}", f"{prefix}-labels-idx1-ubyte",
+                                       f"{prefix}-labels-idx1-ubyte.gz") if n in names), None)
+        if label_name is None:
+            raise DataError(f"{join(directory, name)} has no matching labels file {prefix}-labels-idx1-ubyte[.gz]")
+        split = "test" if prefix in ("t10k", "test") else "train"
+        pairs.append(IdxPair(split, join(directory, name), join(directory, label_name)))
+    return pairs
+
+
+def idx_class_names(directory: str, num_classes: int) -> list[str]:
+    """Class names for an idx directory: `classes.txt` when present, Fashion-MNIST's names for that dataset,
+    else the label numbers."""
+    listed = os.path.join(directory, "classes.txt")
+    if os.path.exists(listed):
+        with open(listed) as f:
+            names = [line.strip() for line in f if line.strip()]
+        if len(names) < num_classes:
+            raise DataError(f"{listed} lists {len(names)} classes but the labels go up to {num_classes - 1}")
+        return names
+    if "fashion" in os.path.abspath(directory).lower() and num_classes <= len(FASHION_MNIST_CLASSES):
+        return FASHION_MNIST_CLASSES[:max(num_classes, 10)]
+    return [str(i) for i in range(num_classes)]
+
+
+# ---------------------------------------------------------------------------------------------- split
+
+
+def content_fraction(image_bytes: bytes) -> float:
+    """A number in [0, 1) fixed by the image's bytes: the same image lands in the same split anywhere."""
+    return int.from_bytes(hashlib.sha256(image_bytes).digest()[:8], "big") / 2.0**64
+
+
+def num_shards_for(num_images: int, image_bytes: int, *, min_shards: int = 1) -> int:
+    """Enough shards to keep each near TARGET_SHARD_BYTES, at least `min_shards` (readers), never empty ones."""
+    if num_images <= 0:
+        return 1
+    by_size = math.ceil(num_images * (image_bytes + 64) / TARGET_SHARD_BYTES)
+    return max(1, min(num_images, max(by_size, min_shards)))
+
+
+# ---------------------------------------------------------------------------------------------- TFRecord
+
+
+def encode_example(image: np.ndarray, label: int, uri: str) -> bytes:
+    import tensorflow as tf
+
+    feature = {
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+        "uri": tf.train.Feature(bytes_list=tf.train.BytesList(value=[uri.encode()])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+class ShardWriter:
+    """Writes records round-robin into `DIR/SPLIT/SPLIT-IIIII-of-NNNNN.tfrecord`."""
+
+    def __init__(self, dataset_dir: str, split: str, num_shards: int):
+        import tensorflow as tf
+
+        self.split = split
+        self.directory = join(dataset_dir, split)
+        tf.io.gfile.makedirs(self.directory)
+        self.paths = [join(self.directory, f"{split}-{i:05d}-of-{num_shards:05d}.tfrecord") for i in range(num_shards)]
+        self._writers = [tf.io.TFRecordWriter(p) for p in self.paths]
+        self.count = 0
+        self.class_counts: dict[int, int] = {}
+
+    def write(self, image: np.ndarray, label: int, uri: str) -> None:
+        self._writers[self.count % len(self._writers)].write(encode_example(image, label, uri))
+        self.count += 1
+        self.class_counts[int(label)] = self.class_counts.get(int(label), 0) + 1
+
+    def close(self) -> None:
+        for w in self._writers:
+            w.close()
+
+    def summary(self) -> dict:
+        return {"path": self.split, "pattern": f"{self.split}-*.tfrecord", "num_shards": len(self.paths),
+                "count": self.count, "class_counts": {str(k): v for k, v in sorted(self.class_counts.items())}}
+
+
+def split_files(dataset_dir: str, split: str) -> list[str]:
+    """The shard files of a split, resolving splits that live in another dataset (augment's pass-through)."""
+    manifest = read_manifest(dataset_dir)
+    info = manifest["splits"][split]
+    base = info["path"] if "://" in info["path"] or os.path.isabs(info["path"]) else join(dataset_dir, info["path"])
+    files = sorted(gfile().glob(join(base, info["pattern"])))
+    if not files:
+        raise DataError(f"No {split} shards found under {base} (pattern {info['pattern']})")
+    return files
+
+
+def read_split(dataset_dir: str, split: str, *, with_uri: bool = False, shuffle_files_seed: int | None = None):
+    """A tf.data.Dataset of (image uint8 HxWxC, label int32[, uri]) from a split's shards."""
+    import tensorflow as tf
+
+    manifest = read_manifest(dataset_dir)
+    height, width, channels = manifest["image_shape"]
+    files = split_files(dataset_dir, split)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle_files_seed is not None:
+        ds = ds.shuffle(len(files), seed=shuffle_files_seed)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64),
+            "uri": tf.io.FixedLenFeature([], tf.string, default_value="")}
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        image = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), [height, width, channels])
+        label = tf.cast(ex["label"], tf.int32)
+        return (image, label, ex["uri"]) if with_uri else (image, label)
+
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def load_split_arrays(dataset_dir: str, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A whole split as numpy arrays (images uint8 NxHxWxC, labels int32). For evaluation-sized splits."""
+    ds = read_split(dataset_dir, split)
+    if limit is not None:
+        ds = ds.take(limit)
+    images, labels = [], []
+    for image_batch, label_batch in ds.batch(4096).as_numpy_iterator():
+        images.append(image_batch)
+        labels.append(label_batch)
+    if not images:
+        raise DataError(f"The {split} split of {dataset_dir} is empty")
+    return np.concatenate(images), np.concatenate(labels)
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+
+
+def write_json(path: str, obj) -> None:
+    with gfile().GFile(path, "w") as f:
+        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(dataset_dir: str) -> dict:
+    path = join(dataset_dir, MANIFEST)
+    if not gfile().exists(path):
+        raise DataError(f"{dataset_dir} is not a dataset produced by preprocess (no {MANIFEST})")
+    with gfile().GFile(path) as f:
+        return json.load(f)
+
+
+def iter_jsonl(path: str) -> Iterator[dict]:
+    if not gfile().exists(path):
+        return
+    with gfile().GFile(path) as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# ---------------------------------------------------------------------------------------------- images
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+
+class ImageError(ValueError):
+    """An input file that is not a usable image; the message is the reason recorded in reports."""
+
+
+def decode_image(data: bytes, height: int, width: int, channels: int) -> np.ndarray:
+    """Decodes PNG/JPEG bytes of any size and colour mode into uint8 HxWxC (C = 1 grayscale, 3 RGB)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise ImageError("empty file")
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()  # decodes fully now, so truncated files fail here rather than later
+    except UnidentifiedImageError:
+        raise ImageError("not an image (unrecognised format)") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ImageError(f"corrupt or truncated image: {e}") from None
+    if img.format not in ("PNG", "JPEG", "MPO"):
+        raise ImageError(f"unsupported image format {img.format}")
+    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        wide = np.asarray(img, dtype=np.float64)
+        top = wide.max() if wide.size else 0
+        img = Image.fromarray((wide * (255.0 / top) if top > 255 else wide).clip(0, 255).astype(np.uint8))
+    elif img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(background, rgba)
+    try:
+        img = img.convert("L" if channels == 1 else "RGB")
+    except ValueError as e:
+        raise ImageError(f"unsupported image mode {img.mode}: {e}") from None
+    if img.size != (width, height):
+        img = img.resize((width, height), Image.Resampling.BILINEAR)
+    array = np.asarray(img, dtype=np.uint8)
+    return array.reshape(height, width, channels)
+
+
+def read_bytes(uri: str) -> bytes:
+    """Reads a local or gs:// file. OSError/NotFoundError becomes ImageError('unreadable ...')."""
+    try:
+        with gfile().GFile(uri, "rb") as f:
+            return f.read()
+    except Exception as e:  # tf.errors.OpError subclasses are not OSError
+        raise ImageError(f"unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def list_files(root: str) -> Iterator[str]:
+    """Every file below root (local or gs://), in a stable order."""
+    if not gfile().isdir(root):
+        raise DataError(f"Not a directory: {root}")
+    for directory, subdirs, files in gfile().walk(root):
+        subdirs.sort()
+        for name in sorted(files):
+            yield join(directory, name)
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+@dataclasses.dataclass
+class Classifier:
+    """A trained model ready for inference: raw uint8/float pixels in, class probabilities out."""
+
+    predict_proba: object  # callable: float32 NxHxWxC (0-255) -> N x classes numpy array
+    image_shape: list[int]
+    class_names: list[str]
+    source: str
+
+
+def load_classifier(model_dir: str) -> Classifier:
+    """Loads the output of train (`model.keras` + `training.json`), or a bare exported SavedModel directory."""
+    import tensorflow as tf
+
+    info_path = join(model_dir, "training.json")
+    keras_path = join(model_dir, "model.keras")
+    if gfile().exists(keras_path) and gfile().exists(info_path):
+        import keras
+
+        with gfile().GFile(info_path) as f:
+            info = json.load(f)
+        model = keras.models.load_model(keras_path, compile=False)
+
+        @tf.function(reduce_retracing=True)
+        def probabilities(images):
+            return tf.nn.softmax(model(images, training=False), axis=-1)
+
+        return Classifier(lambda x: probabilities(tf.convert_to_tensor(x, tf.float32)).numpy(),
+                          list(info["image_shape"]), list(info["class_names"]), keras_path)
+    saved = join(model_dir, "saved_model") if gfile().exists(join(model_dir, "saved_model")) else model_dir
+    if not gfile().exists(join(saved, "saved_model.pb")):
+        raise DataError(f"No model found in {model_dir} (looked for model.keras + training.json, or saved_model.pb)")
+    loaded = tf.saved_model.load(saved)
+    serve = loaded.signatures["serving_default"]
+    spec = list(serve.structured_input_signature[1].values())[0]
+    output_key = list(serve.structured_outputs)[0]
+    num_classes = serve.structured_outputs[output_key].shape[-1]
+    parent = model_dir if saved != model_dir else os.path.dirname(model_dir.rstrip("/"))
+    info_path = join(parent, "training.json")
+    class_names = [str(i) for i in range(num_classes)]
+    if gfile().exists(info_path):
+        with gfile().GFile(info_path) as f:
+            class_names = json.load(f)["class_names"]
+    return Classifier(lambda x: serve(tf.convert_to_tensor(x, tf.float32))[output_key].numpy(),
+                      list(spec.shape[1:]), class_names, saved)

@@ -1,0 +1,156 @@
+"""The KFP components: one short `@dsl.component` per step, calling the step's logic.
+
+Each body imports its step module inside the function: the component runs in the project's image (or, with
+kfp.local, in the project's environment), and compiling the pipeline needs no TensorFlow. The images are set
+per task when the pipeline is compiled (pipelines/config.py), not here.
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import (HTML, Artifact, ClassificationMetrics, Dataset, Input, Markdown, Metrics, Model, Output)
+
+# Replaced on every task by the pipeline (task.set_container_image); a task left on it fails loudly at import.
+UNSET_IMAGE = "python:3.11-slim"
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def preprocess_op(source: str, validation_fraction: float, test_fraction: float, image_size: int, channels: int,
+                  limit: int, min_shards: int, dataset: Output[Dataset], stats: Output[Metrics],
+                  card: Output[Markdown]) -> NamedTuple("Counts", train=int, validation=int, test=int, rejected=int):
+    """Reads the source (idx files, an image folder or tfds:NAME) into sharded TFRecords for train/validation/test."""
+    import collections
+    import logging
+
+    from components.preprocess import preprocess, dataset_card
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    result = preprocess(source, dataset.path, validation_fraction=validation_fraction, test_fraction=test_fraction,
+                        image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards)
+    for split, count in result.counts.items():
+        stats.log_metric(f"images_{split}", count)
+    stats.log_metric("rejected", result.rejected)
+    for reason, count in result.rejected_by_reason.items():
+        stats.log_metric(f"rejected: {reason}", count)
+    with open(card.path, "w") as f:
+        f.write(dataset_card(dataset.path))
+    dataset.metadata.update({"class_names": result.class_names, "image_shape": result.image_shape, **result.counts})
+    Counts = collections.namedtuple("Counts", ["train", "validation", "test", "rejected"])
+    return Counts(result.counts["train"], result.counts["validation"], result.counts["test"], result.rejected)
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, augmented: Output[Dataset]):
+    """Writes augmented training shards (offline), or hands the policy to training (online)."""
+    import logging
+
+    from components.augment import AugmentPolicy, augment
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=AugmentPolicy.from_json(policy))
+    augmented.metadata.update({"mode": mode, "copies": copies, "train": result.train_count})
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int, batch_size: int,
+             learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
+             model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
+    """Trains the classifier under a tf.distribute strategy; resumes from checkpoints when the task is retried.
+
+    Returns the wall time of fitting, in seconds.
+    """
+    import logging
+
+    from components.train import train
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
+    backup_dir = f"{(checkpoint_root or pipeline_root).rstrip('/')}/checkpoints/{run_id}/{task_name}"
+    result = train(dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs or None,
+                   batch_size=batch_size or None, learning_rate=learning_rate or None, backup_dir=backup_dir,
+                   tensorboard_dir=tensorboard.path)
+    for name, values in result.history.items():
+        for epoch, value in enumerate(values, start=1):
+            metrics.log_metric(f"epoch{epoch:02d}_{name}", round(value, 6))
+        metrics.log_metric(f"final_{name}", round(values[-1], 6))
+    metrics.log_metric("train_seconds", round(result.train_seconds, 2))
+    metrics.log_metric("images_per_second", round(result.images_per_second, 1))
+    model.metadata.update({"framework": "tensorflow", "strategy": result.strategy, "replicas": result.replicas})
+    return result.train_seconds
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: float, min_class_recall: float,
+                tolerance: float, registry: str, registry_root: str, model_name: str, project: str, location: str,
+                metrics: Output[Metrics], confusion: Output[ClassificationMetrics], decision: Output[Markdown],
+                evaluation: Output[Artifact], report: Output[HTML]) -> bool:
+    """Scores the model on the test split, compares it with the registry's champion, and decides if it is blessed."""
+    import json
+    import logging
+
+    from components.evaluate import evaluate, write_report
+    from components.register import open_registry
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    champion = open_registry(registry, root=registry_root, project=project, location=location).champion(model_name)
+    result = evaluate(model.path, dataset.path, min_accuracy=min_accuracy,
+                      min_class_recall=min_class_recall if min_class_recall >= 0 else None,
+                      champion_model_dir=champion.uri if champion else None,
+                      champion_version=champion.version if champion else "", tolerance=tolerance)
+    for name, value in result.scores.summary().items():
+        metrics.log_metric(name, round(value, 6))
+    for name, recall, precision in zip(result.class_names, result.scores.recall, result.scores.precision):
+        metrics.log_metric(f"recall: {name}", round(recall, 6))
+        metrics.log_metric(f"precision: {name}", round(precision, 6))
+    confusion.log_confusion_matrix(result.class_names, result.scores.confusion)
+    with open(decision.path, "w") as f:
+        f.write(f"**{result.decision}**\n\n" + "".join(f"- {r}\n" for r in result.reasons))
+    with open(evaluation.path, "w") as f:
+        json.dump(result.to_json(), f, indent=2)
+    write_report(result, model.path, dataset.path, report.path)
+    return result.blessed
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predictions: Output[Dataset]) -> int:
+    """Classifies every image under a folder (local or gs://); with no folder, 10 test images per class.
+
+    Returns the number of predictions.
+    """
+    import logging
+    import os
+
+    from components.predict import export_samples, predict
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    if not images:
+        images = os.path.join(predictions.path, "inputs")
+        export_samples(dataset.path, images, per_class=10)
+    result = predict(model.path, images, predictions.path)
+    predictions.metadata.update({"count": result.count, "errors": result.errors, "source": images})
+    return result.count
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str, registry_root: str,
+                model_name: str, project: str, location: str, run_id: str, registration: Output[Artifact]) -> str:
+    """Registers the blessed model as a new version and moves the `champion` alias to it.
+
+    Returns the registered version.
+    """
+    import json
+    import logging
+
+    from components.register import open_registry, register
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    with open(evaluation.path) as f:
+        metrics = json.load(f)["metrics"]
+    # Vertex registers the model from Cloud Storage; the local registry copies the local directory.
+    location_of_model = model.uri if model.uri.startswith("gs://") else model.path
+    result = register(location_of_model, open_registry(registry, root=registry_root, project=project, location=location),
+                      model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id})
+    with open(registration.path, "w") as f:
+        json.dump(result.to_json(), f, indent=2)
+    registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version})
+    return result.version.version

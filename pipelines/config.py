@@ -1,0 +1,72 @@
+"""Images, accelerators and node-pool labels: the one place these values live.
+
+Nothing here is read from the environment: images are passed in when compiling (`pipectl compile
+--image-repo R --image-tag T`, or `--cpu-image`/`--gpu-image` with digests), so a compiled pipeline is
+pinned to exactly the images it names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DEFAULT_IMAGE_REPO = "localhost/kfp-image-classification"
+DEFAULT_IMAGE_TAG = "dev"
+CPU_IMAGE_NAME = "cpu"
+GPU_IMAGE_NAME = "gpu"
+
+# GKE's node label for the accelerator of a node pool, and the resource GPUs are requested as.
+ACCELERATOR_NODE_LABEL = "cloud.google.com/gke-accelerator"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Known GKE accelerators (the label value) and the Vertex AI machine-spec accelerator type for each.
+ACCELERATORS = {
+    "nvidia-tesla-t4": "NVIDIA_TESLA_T4",
+    "nvidia-l4": "NVIDIA_L4",
+    "nvidia-tesla-a100": "NVIDIA_TESLA_A100",
+    "nvidia-a100-80gb": "NVIDIA_A100_80GB",
+    "nvidia-h100-80gb": "NVIDIA_H100_80GB",
+    "nvidia-h200-141gb": "NVIDIA_H200_141GB",
+}
+# The reference setup: training on a T4 pool, batch prediction on an H100 pool.
+DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"
+DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"
+
+TARGETS = ("kfp", "vertex")
+
+
+@dataclasses.dataclass(frozen=True)
+class Images:
+    cpu: str
+    gpu: str
+
+    @classmethod
+    def from_repo(cls, repo: str = DEFAULT_IMAGE_REPO, tag: str = DEFAULT_IMAGE_TAG) -> "Images":
+        repo = repo.rstrip("/")
+        return cls(cpu=f"{repo}/{CPU_IMAGE_NAME}:{tag}", gpu=f"{repo}/{GPU_IMAGE_NAME}:{tag}")
+
+
+def check_accelerator(accelerator: str) -> str:
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"Unknown accelerator {accelerator!r}; known GKE accelerators: {', '.join(ACCELERATORS)}")
+    return accelerator
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """Compile-time choices: which images, which platform, which GPU pools."""
+
+    images: Images = dataclasses.field(default_factory=Images.from_repo)
+    target: str = "kfp"  # "kfp": GKE node selectors via kfp-kubernetes; "vertex": Vertex AI machine selection
+    train_accelerator: str = DEFAULT_TRAIN_ACCELERATOR
+    train_gpus: int = 1
+    predict_accelerator: str = DEFAULT_PREDICT_ACCELERATOR
+    predict_gpus: int = 1
+    train_retries: int = 3
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise ValueError(f"Unknown target {self.target!r}; known: {', '.join(TARGETS)}")
+        check_accelerator(self.train_accelerator)
+        check_accelerator(self.predict_accelerator)
+        if self.train_gpus < 0 or self.predict_gpus < 0:
+            raise ValueError("GPU counts must be >= 0")
