@@ -1,0 +1,48 @@
+# The README's commands. Every target sets up what it needs itself.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATA_DIR := /usr/share/datasets/fashion-mnist
+RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install data run test compile bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+$(BIN)/pipectl: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	@touch $@
+
+install: $(BIN)/pipectl data ## create .venv with the project (editable) and the embedded dataset
+
+data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missing
+	@if [ -f $(DATA_DIR)/train-images-idx3-ubyte.gz ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ]; then \
+	    echo "Installing the embedded dataset (dataset-fashion-mnist)..."; \
+	    $$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null; } && exit 0; \
+	  fi; \
+	fi; \
+	echo "Fashion-MNIST is not installed under $(DATA_DIR) and could not be installed here."; \
+	echo "Install it with: sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu),"; \
+	echo "or run the pipeline on other data: $(BIN)/pipectl run --local --data DIR_OR_tfds:NAME"; \
+	exit 1
+
+run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
+	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
+
+test: install ## run the test suite
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+compile: $(BIN)/pipectl ## compile the pipeline to pipeline.yaml
+	$(BIN)/pipectl compile --output pipeline.yaml
+
+clean: ## remove local runs and the compiled pipeline (keeps .venv)
+	rm -rf runs pipeline.yaml .pytest_cache
