@@ -1,0 +1,446 @@
+"""The Vertex AI Model Registry behind the `Registry` interface of components/register.py.
+
+One registered model is one Vertex AI `Model` (looked up by display name); every upload is a new version of
+it (`parentModel`), and `champion` is a Vertex version alias moved with `mergeVersionAliases`. The client is
+the generated `google.cloud.aiplatform_v1.ModelServiceClient` (REST transport by default), imported lazily so
+importing this module stays cheap.
+
+Where things are kept on Vertex:
+
+- the artifacts: `artifactUri`, a `gs://` directory holding the exported SavedModel, served by a pinned
+  prebuilt TensorFlow serving container (`SERVING_IMAGES`);
+- the model digest: label `model_digest` (label values are limited to 63 characters of [a-z0-9_-], so it is
+  `sha256-` and the first 56 hex digits), which `find_by_digest` filters versions on; the full digest is also
+  kept in the version description;
+- the evaluation metrics: the version description (`versionDescription`): the human-readable line the
+  register step writes, then one line `kfp-image-classification: {"digest": ..., "metrics": {...}}` (JSON,
+  sorted keys) that `champion()` and `find_by_digest()` read back. The description shows in the console;
+  labels cannot hold floats (no '.' allowed);
+- the origin: the caller's labels (pipeline run id, git commit, data fingerprint, ...), sanitised to Vertex
+  label rules (`sanitize_label_key`, `sanitize_label_value`).
+
+Production: `VertexRegistry(project="my-project", location="us-central1")` uses Application Default
+Credentials and `https://us-central1-aiplatform.googleapis.com`. Tests: pass `api_endpoint="http://127.0.0.1:PORT"`
+(the generated REST transport keeps an explicit http:// scheme), `credentials=AnonymousCredentials()` and a
+fake `sleep`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import re
+import time
+from typing import Any, Callable
+
+from components.register import CHAMPION, ModelVersion
+
+log = logging.getLogger(__name__)
+
+# Prebuilt Vertex AI TensorFlow serving containers, pinned to one TensorFlow minor version (the version is the
+# image name: `tf2-cpu.2-15`; Google publishes each of them under the `latest` tag only, which moves between
+# patch builds of that minor version). 2.15 is the newest TensorFlow serving image the installed
+# google-cloud-aiplatform knows (aiplatform/constants/prediction.py). Pass `serving_image=` to use another one
+# (e.g. pinned by digest). The `us-docker.pkg.dev` host is swapped for `europe-`/`asia-docker.pkg.dev` in
+# those regions.
+SERVING_IMAGES = {
+    "cpu": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest",
+    "gpu": "us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest",
+}
+
+DIGEST_LABEL = "model_digest"
+METADATA_MARKER = "kfp-image-classification:"
+ALIAS_RE = re.compile(r"^[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]$")
+ENDPOINT_REGION_RE = re.compile(r"^(?:https?://)?(?P<region>[a-z]+-[a-z]+\d+)-aiplatform\.googleapis\.com(?::\d+)?/?$")
+REQUIRED_ROLE = "roles/aiplatform.user"
+
+
+class VertexRegistryError(RuntimeError):
+    """A Vertex AI call failed; the message says what to do about it."""
+
+
+class VertexPermissionError(VertexRegistryError, PermissionError):
+    pass
+
+
+class VertexQuotaError(VertexRegistryError):
+    pass
+
+
+class VertexRegionError(VertexRegistryError, ValueError):
+    pass
+
+
+def sanitize_label_key(key: str) -> str:
+    """A Vertex label key: starts with a lowercase letter, at most 63 of [a-z0-9_-]."""
+    text = re.sub(r"[^a-z0-9_-]", "_", str(key).lower())
+    if not text or not text[0].isalpha():
+        text = "k_" + text
+    return _fit(text, str(key))
+
+
+def sanitize_label_value(value: Any) -> str:
+    """A Vertex label value: at most 63 of [a-z0-9_-]; longer values keep a prefix and a hash of the whole.
+
+    A digest (`sha256:HEX`) becomes `sha256-` and a prefix of its hex digits, like `digest_label`."""
+    if re.fullmatch(r"[a-z0-9]+:[0-9a-f]+", str(value)):
+        return digest_label(str(value))
+    text = re.sub(r"[^a-z0-9_-]", "-", str(value).lower())
+    return _fit(text, str(value))
+
+
+def _fit(text: str, original: str) -> str:
+    if len(text) <= 63:
+        return text
+    return text[:54] + "-" + hashlib.sha256(original.encode()).hexdigest()[:8]
+
+
+def digest_label(digest: str) -> str:
+    """The `model_digest` label value of a digest: `sha256-` and the first 56 hex digits (224 bits)."""
+    algorithm, _, hexdigits = digest.partition(":")
+    if re.fullmatch(r"[a-z0-9]+", algorithm) and re.fullmatch(r"[0-9a-f]+", hexdigits):
+        return f"{algorithm}-{hexdigits}"[:63]
+    return "sha256-" + hashlib.sha256(digest.encode()).hexdigest()[:56]
+
+
+def version_description(description: str, *, digest: str, metrics: dict) -> str:
+    """The version description: the human-readable text, then the machine-readable line."""
+    payload = json.dumps({"digest": digest, "metrics": metrics}, sort_keys=True, separators=(",", ":"))
+    return (description.strip() + "\n\n" if description.strip() else "") + f"{METADATA_MARKER} {payload}"
+
+
+def parse_version_description(text: str) -> dict:
+    """The {"digest", "metrics"} written by `version_description`, or {} for a version registered otherwise."""
+    for line in reversed((text or "").splitlines()):
+        if line.startswith(METADATA_MARKER):
+            try:
+                payload = json.loads(line[len(METADATA_MARKER):])
+            except ValueError:
+                return {}
+            return payload if isinstance(payload, dict) else {}
+    return {}
+
+
+def serving_image_for(location: str, accelerator: str = "cpu") -> str:
+    """The pinned prebuilt TensorFlow serving image for a region (from the nearest Artifact Registry host)."""
+    if accelerator not in SERVING_IMAGES:
+        raise ValueError(f"accelerator must be one of {sorted(SERVING_IMAGES)}, got {accelerator!r}")
+    image = SERVING_IMAGES[accelerator]
+    if location.startswith("europe-"):
+        return image.replace("us-docker.pkg.dev", "europe-docker.pkg.dev", 1)
+    if location.startswith(("asia-", "australia-")):
+        return image.replace("us-docker.pkg.dev", "asia-docker.pkg.dev", 1)
+    return image
+
+
+def _timestamp(value: Any) -> str:
+    if not value:
+        return ""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return value.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
+    return str(value)
+
+
+class VertexRegistry:
+    """The Vertex AI Model Registry of one project and region, as a `Registry`."""
+
+    kind = "vertex"
+
+    def __init__(self, project: str, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
+                 transport: str = "rest", accelerator: str = "cpu", serving_image: str | None = None,
+                 gcs_fuse_root: str = "/gcs", max_attempts: int = 5, initial_backoff_s: float = 1.0,
+                 max_backoff_s: float = 32.0, poll_interval_s: float = 2.0, upload_timeout_s: float = 1800.0,
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
+                 bucket_location: Callable[[str], str | None] | None = None):
+        """
+        project, location: where the models live (`projects/{project}/locations/{location}`).
+        api_endpoint: defaults to `{location}-aiplatform.googleapis.com`; tests pass the stand-in's
+            `http://127.0.0.1:PORT`. A regional endpoint of another region than `location` is refused.
+        credentials: google.auth credentials; None means Application Default Credentials.
+        transport: "rest" (default, what the tests exercise) or "grpc".
+        accelerator / serving_image: the serving container: the pinned `SERVING_IMAGES[accelerator]` for the
+            region unless `serving_image` names one.
+        gcs_fuse_root: local paths under it are Cloud Storage paths (`/gcs/BUCKET/PATH` is `gs://BUCKET/PATH`
+            on Vertex AI Pipelines), so a step can hash the model locally and register its gs:// URI.
+        max_attempts, initial_backoff_s, max_backoff_s, sleep: retries of calls refused for quota (HTTP 429),
+            with exponential backoff; `sleep` is injectable for tests.
+        poll_interval_s, upload_timeout_s, monotonic: how the upload's long-running operation is awaited.
+        bucket_location: optional `bucket name -> location` lookup (e.g. with google-cloud-storage, which needs
+            storage.buckets.get); when given, an artifact bucket in another single region is refused before
+            uploading.
+        """
+        if not project:
+            raise ValueError("VertexRegistry needs a project")
+        if not location or location == "global":
+            raise ValueError(f"VertexRegistry needs a region such as us-central1 (models are regional), got {location!r}")
+        if transport not in ("rest", "grpc"):
+            raise ValueError(f"transport must be 'rest' or 'grpc', got {transport!r}")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.project = project
+        self.location = location
+        self.api_endpoint = api_endpoint or f"{location}-aiplatform.googleapis.com"
+        m = ENDPOINT_REGION_RE.match(self.api_endpoint)
+        if m and m.group("region") != location:
+            raise VertexRegionError(
+                f"api_endpoint {self.api_endpoint} serves region {m.group('region')}, but the registry location is "
+                f"{location}; use {location}-aiplatform.googleapis.com or location={m.group('region')}.")
+        self.credentials = credentials
+        self.transport = transport
+        self.serving_image = serving_image or serving_image_for(location, accelerator)
+        self.gcs_fuse_root = gcs_fuse_root.rstrip("/") if gcs_fuse_root else ""
+        self.max_attempts = max_attempts
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.poll_interval_s = poll_interval_s
+        self.upload_timeout_s = upload_timeout_s
+        self._sleep = sleep
+        self._monotonic = monotonic
+        self._bucket_location = bucket_location
+        self.parent = f"projects/{project}/locations/{location}"
+        self._client_instance = None
+
+    # -- plumbing --------------------------------------------------------------------------------------
+
+    @property
+    def _client(self):
+        if self._client_instance is None:
+            from google.api_core.client_options import ClientOptions
+            from google.cloud import aiplatform_v1
+
+            self._client_instance = aiplatform_v1.ModelServiceClient(
+                transport=self.transport, credentials=self.credentials,
+                client_options=ClientOptions(api_endpoint=self.api_endpoint))
+        return self._client_instance
+
+    def _call(self, what: str, fn: Callable[..., Any], *args, artifact_uri: str = "", **kwargs) -> Any:
+        """Calls `fn`, retrying quota refusals with exponential backoff, and explains the errors users can fix."""
+        from google.api_core import exceptions as gexc
+
+        delay = self.initial_backoff_s
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return fn(*args, **kwargs)
+            except gexc.TooManyRequests as e:  # HTTP 429 / RESOURCE_EXHAUSTED: quota or rate limit
+                if attempt == self.max_attempts:
+                    raise VertexQuotaError(
+                        f"Vertex AI refused to {what} for quota (RESOURCE_EXHAUSTED) {self.max_attempts} times in "
+                        f"{self.parent}; the last answer was: {e.message} Wait and retry, or ask for more "
+                        f"Vertex AI quota (IAM & Admin > Quotas, service aiplatform.googleapis.com, region "
+                        f"{self.location}).") from e
+                wait = min(self.max_backoff_s, max(delay, _retry_delay(e)))
+                log.warning("Vertex AI quota refusal (%s) on attempt %d/%d to %s; retrying in %.1fs",
+                            e.message, attempt, self.max_attempts, what, wait)
+                self._sleep(wait)
+                delay = min(self.max_backoff_s, delay * 2)
+            except gexc.Forbidden as e:  # HTTP 403 / PERMISSION_DENIED
+                raise VertexPermissionError(self._permission_message(what, e, artifact_uri)) from e
+            except gexc.Unauthorized as e:  # HTTP 401
+                raise VertexPermissionError(
+                    f"Vertex AI could not authenticate the call to {what}: {e.message} Provide credentials: "
+                    f"Application Default Credentials (`gcloud auth application-default login` locally, the "
+                    f"pipeline's service account on Vertex AI Pipelines).") from e
+            except gexc.BadRequest as e:  # HTTP 400 / INVALID_ARGUMENT, FAILED_PRECONDITION
+                if re.search(r"\b(location|region)", e.message or "", re.IGNORECASE):
+                    raise VertexRegionError(
+                        f"Vertex AI rejected the call to {what} in {self.parent} ({self.api_endpoint}): {e.message} "
+                        f"The model's location, the API endpoint's region and the resources named in the call "
+                        f"must agree.") from e
+                raise
+
+    def _permission_message(self, what: str, error: Any, artifact_uri: str) -> str:
+        identity = getattr(self.credentials, "service_account_email", None)
+        who = f"the caller ({identity})" if identity else "the identity running this step (the pipeline's service account)"
+        permission = (getattr(error, "metadata", None) or {}).get("permission")
+        message = (f"Permission denied when trying to {what} in {self.parent}: {error.message} "
+                   f"Grant {who} {REQUIRED_ROLE} (Vertex AI User) on project {self.project}")
+        if permission:
+            message += f"; the missing permission is {permission}"
+        if artifact_uri:
+            bucket = artifact_uri[len("gs://"):].split("/", 1)[0]
+            message += (f". Registering also needs read access to the model artifacts: roles/storage.objectViewer "
+                        f"on gs://{bucket} for {who} and for the Vertex AI Service Agent "
+                        f"(service-PROJECT_NUMBER@gcp-sa-aiplatform.iam.gserviceaccount.com), which serves them")
+        return message + "."
+
+    def _model_id_for(self, model: str) -> str:
+        """The resource id a new model gets: derived from its name, so concurrent first uploads collide."""
+        text = re.sub(r"[^a-z0-9_-]", "-", model.lower()).strip("-")
+        if not text or not (text[0].isalpha() or text[0] == "_"):
+            text = "m-" + text
+        return text[:63]
+
+    def _find_model(self, model: str):
+        """The model (its default version) with display name `model`, or None. The oldest if several."""
+        if not model:
+            raise ValueError("model name must not be empty")
+        escaped = model.replace("\\", "\\\\").replace('"', '\\"')
+        models = self._call(f"look up model {model!r}", lambda: list(
+            self._client.list_models(request={"parent": self.parent, "filter": f'display_name="{escaped}"',
+                                              "page_size": 100})))
+        models = [m for m in models if m.display_name == model]
+        if len(models) > 1:
+            log.warning("%d Vertex AI models are named %r in %s; using the oldest, %s", len(models), model,
+                        self.parent, min(models, key=lambda m: _timestamp(m.create_time)).name)
+        return min(models, key=lambda m: _timestamp(m.create_time)) if models else None
+
+    def _version(self, pb: Any) -> ModelVersion:
+        labels = dict(pb.labels)
+        meta = parse_version_description(pb.version_description)
+        return ModelVersion(
+            registry=self.kind, model=pb.display_name, version=pb.version_id, aliases=list(pb.version_aliases),
+            uri=pb.artifact_uri, digest=meta.get("digest") or labels.get(DIGEST_LABEL, ""),
+            metrics=dict(meta.get("metrics") or {}), labels=labels, created=_timestamp(pb.version_create_time),
+            resource_name=f"{pb.name}@{pb.version_id}")
+
+    # -- artifacts -------------------------------------------------------------------------------------
+
+    def artifact_uri_for(self, model_dir: str) -> str:
+        """The gs:// URI Vertex AI reads the model from: `model_dir` itself, or its path under the GCS mount."""
+        if model_dir.startswith("gs://"):
+            if len(model_dir) <= len("gs://") or model_dir[len("gs://"):].startswith("/"):
+                raise ValueError(f"Invalid Cloud Storage URI {model_dir!r}")
+            return model_dir.rstrip("/")
+        root = self.gcs_fuse_root
+        if root and model_dir.startswith(root + "/") and len(model_dir) > len(root) + 1:
+            return "gs://" + model_dir[len(root) + 1:].rstrip("/")
+        raise ValueError(
+            f"Vertex AI serves models from Cloud Storage, but the model directory {model_dir!r} is not a gs:// URI "
+            f"(nor a path under the {root or '/gcs'}/ mount of Vertex AI Pipelines). Export the model to a gs:// "
+            f"location (e.g. under the pipeline root), or pass artifact_uri='gs://...' naming where it was copied.")
+
+    def _check_bucket_region(self, artifact_uri: str) -> None:
+        if self._bucket_location is None:
+            return
+        bucket = artifact_uri[len("gs://"):].split("/", 1)[0]
+        where = (self._bucket_location(bucket) or "").lower()
+        # Single regions look like us-central1; multi- and dual-regions (US, EU, NAM4) are left to the API.
+        if re.fullmatch(r"[a-z]+-[a-z]+\d+", where) and where != self.location:
+            raise VertexRegionError(
+                f"The model artifacts are in gs://{bucket}, a bucket in {where}, but the model registry location "
+                f"is {self.location}: keep the exported model in a bucket in {self.location} (set the pipeline "
+                f"root there), or register in location={where}.")
+
+    # -- Registry interface ----------------------------------------------------------------------------
+
+    def find_by_digest(self, model: str, digest: str) -> ModelVersion | None:
+        parent = self._find_model(model)
+        if parent is None:
+            return None
+        label = digest_label(digest)
+        versions = self._call(f"list versions of {model!r}", lambda: list(self._client.list_model_versions(
+            request={"name": parent.name, "filter": f'labels.{DIGEST_LABEL}="{label}"', "page_size": 100})))
+        for pb in sorted(versions, key=lambda v: int(v.version_id) if v.version_id.isdigit() else 0):
+            version = self._version(pb)
+            if version.digest in (digest, label):  # the label is a prefix; the description keeps the whole
+                return version
+        return None
+
+    def champion(self, model: str) -> ModelVersion | None:
+        from google.api_core import exceptions as gexc
+
+        parent = self._find_model(model)
+        if parent is None:
+            return None
+        try:
+            pb = self._call(f"get the {CHAMPION} of {model!r}", self._client.get_model,
+                            name=f"{parent.name}@{CHAMPION}")
+        except gexc.NotFound:
+            return None
+        return self._version(pb)
+
+    def upload(self, model: str, model_dir: str, *, digest: str, metrics: dict, labels: dict,
+               description: str = "", artifact_uri: str | None = None) -> ModelVersion:
+        """Uploads the model at `model_dir` (gs://, or under the GCS mount) as a new version of `model`."""
+        from google.api_core import exceptions as gexc
+        from google.cloud.aiplatform_v1 import types
+
+        uri = self.artifact_uri_for(artifact_uri or model_dir)
+        self._check_bucket_region(uri)
+        version_labels = {sanitize_label_key(k): sanitize_label_value(v) for k, v in (labels or {}).items()}
+        version_labels[DIGEST_LABEL] = digest_label(digest)
+        body = types.Model(
+            display_name=model, artifact_uri=uri, labels=version_labels,
+            container_spec=types.ModelContainerSpec(image_uri=self.serving_image),
+            version_description=version_description(description, digest=digest, metrics=metrics))
+        what = f"upload a version of model {model!r}"
+
+        def request_for(parent_model) -> Any:
+            if parent_model is not None:
+                return types.UploadModelRequest(parent=self.parent, model=body, parent_model=parent_model.name)
+            return types.UploadModelRequest(parent=self.parent, model=body, model_id=self._model_id_for(model))
+
+        parent_model = self._find_model(model)
+        try:
+            operation = self._call(what, self._client.upload_model, request=request_for(parent_model),
+                                   artifact_uri=uri)
+        except gexc.Conflict:  # 409 ALREADY_EXISTS
+            # Another run created the model between our lookup and upload: become a version of it.
+            parent_model = self._find_model(model)
+            if parent_model is None:
+                raise VertexRegistryError(
+                    f"Cannot create model {model!r}: the model id {self._model_id_for(model)!r} is taken in "
+                    f"{self.parent} by a model with another display name; register under another name.") from None
+            operation = self._call(what, self._client.upload_model, request=request_for(parent_model),
+                                   artifact_uri=uri)
+        response = self._wait(operation, what, uri)
+        pb = self._call(f"get the new version of {model!r}", self._client.get_model,
+                        name=f"{response.model}@{response.model_version_id}")
+        return self._version(pb)
+
+    def _wait(self, operation: Any, what: str, artifact_uri: str) -> Any:
+        """Polls the upload's long-running operation (each poll retried for quota) and returns its response."""
+        deadline = self._monotonic() + self.upload_timeout_s
+        interval = self.poll_interval_s
+        while not self._call(f"poll the operation to {what}", operation.done, artifact_uri=artifact_uri):
+            if self._monotonic() >= deadline:
+                raise VertexRegistryError(
+                    f"Timed out after {self.upload_timeout_s:.0f}s waiting to {what}; the operation "
+                    f"{operation.operation.name} may still finish.")
+            self._sleep(interval)
+            interval = min(interval * 1.5, 30.0)
+        # Done: result() returns the response or raises the operation's error, without another call.
+        return self._call(what, operation.result, timeout=0, artifact_uri=artifact_uri)
+
+    def set_alias(self, model: str, version: str, alias: str) -> ModelVersion:
+        from google.api_core import exceptions as gexc
+
+        if alias != "default" and not ALIAS_RE.match(alias):
+            raise ValueError(f"Invalid Vertex version alias {alias!r}: it must match {ALIAS_RE.pattern}")
+        parent = self._find_model(model)
+        if parent is None:
+            raise KeyError(f"{model} has no version {version}")
+        try:
+            pb = self._call(f"move alias {alias!r} to version {version} of {model!r}",
+                            self._client.merge_version_aliases, name=f"{parent.name}@{version}",
+                            version_aliases=[alias])
+        except gexc.NotFound:
+            raise KeyError(f"{model} has no version {version}") from None
+        return self._version(pb)
+
+    def versions(self, model: str) -> list[ModelVersion]:
+        """All versions of `model`, oldest first (like LocalRegistry.versions)."""
+        parent = self._find_model(model)
+        if parent is None:
+            return []
+        pbs = self._call(f"list versions of {model!r}", lambda: list(
+            self._client.list_model_versions(request={"name": parent.name, "page_size": 100})))
+        return sorted((self._version(pb) for pb in pbs), key=lambda v: int(v.version) if v.version.isdigit() else 0)
+
+
+def _retry_delay(error: Any) -> float:
+    """The server's suggested delay (google.rpc.RetryInfo) in seconds, or 0."""
+    for detail in getattr(error, "details", None) or []:
+        delay = detail.get("retryDelay") if isinstance(detail, dict) else getattr(detail, "retry_delay", None)
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return float(delay[:-1])
+            except ValueError:
+                return 0.0
+        if delay is not None and hasattr(delay, "seconds"):
+            return delay.seconds + getattr(delay, "nanos", 0) / 1e9
+    return 0.0

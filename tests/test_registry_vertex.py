@@ -1,0 +1,385 @@
+"""VertexRegistry with the real google-cloud-aiplatform client (REST transport) against the local stand-in.
+
+Nothing is mocked: the generated `aiplatform_v1.ModelServiceClient` sends real HTTP requests to
+tests/standins/vertex_api.py on 127.0.0.1, with anonymous credentials; a socket guard fails any test that would
+reach another host (a metadata server, a real Google endpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+
+from components.register import CHAMPION, LocalRegistry, model_digest, register
+from components.registry_vertex import (
+    DIGEST_LABEL,
+    SERVING_IMAGES,
+    VertexPermissionError,
+    VertexQuotaError,
+    VertexRegionError,
+    VertexRegistry,
+    VertexRegistryError,
+    digest_label,
+    parse_version_description,
+    sanitize_label_key,
+    sanitize_label_value,
+    serving_image_for,
+    version_description,
+)
+from tests.standins.vertex_api import UPLOAD_RESULT, VertexStandIn
+
+PROJECT, PROJECT_NUMBER, LOCATION = "test-project", "123456789012", "us-central1"
+MODEL = "image-classifier"
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch):
+    """Fails a test that opens a connection to anything but this machine."""
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def check(address):
+        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise AssertionError(f"test tried to reach {address!r}")
+
+    def connect(self, address):
+        check(address)
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        check(address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    for name in ("GOOGLE_API_USE_CLIENT_CERTIFICATE", "GOOGLE_API_USE_MTLS_ENDPOINT", "GOOGLE_CLOUD_UNIVERSE_DOMAIN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def vertex():
+    with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION) as standin:
+        yield standin
+
+
+@pytest.fixture
+def sleeps():
+    return []
+
+
+@pytest.fixture
+def gcs(tmp_path):
+    """A local stand-in for the /gcs mount of Vertex AI Pipelines: gcs/BUCKET/PATH is gs://BUCKET/PATH."""
+    root = tmp_path / "gcs"
+    root.mkdir()
+    return root
+
+
+def make_registry(vertex, gcs, sleeps, **kwargs) -> VertexRegistry:
+    location = kwargs.pop("location", LOCATION)
+    options = dict(api_endpoint=vertex.api_endpoint, credentials=AnonymousCredentials(), sleep=sleeps.append,
+                   gcs_fuse_root=str(gcs))
+    options.update(kwargs)
+    return VertexRegistry(PROJECT, location, **options)
+
+
+@pytest.fixture
+def registry(vertex, gcs, sleeps):
+    return make_registry(vertex, gcs, sleeps)
+
+
+def saved_model(root, name: str, content: bytes) -> str:
+    """A small directory shaped like an exported SavedModel."""
+    path = root / name
+    (path / "variables").mkdir(parents=True, exist_ok=True)
+    (path / "saved_model.pb").write_bytes(b"saved-model:" + content)
+    (path / "variables" / "variables.index").write_bytes(content)
+    return str(path)
+
+
+def upload(registry, uri: str, digest: str, **kwargs):
+    options = dict(digest=digest, metrics={"accuracy": 0.9}, labels={}, description="accuracy=0.9000")
+    options.update(kwargs)
+    return registry.upload(MODEL, uri, **options)
+
+
+DIGEST_1 = "sha256:" + "1" * 64
+DIGEST_2 = "sha256:" + "2" * 64
+
+
+def test_first_upload_creates_model_and_version_1_with_default_alias(vertex, registry):
+    assert registry.champion(MODEL) is None and registry.find_by_digest(MODEL, DIGEST_1) is None
+    labels = {"pipeline_run": "image-clf-20240501-120000", "Git Commit": "0123ABCDEF" * 4,
+              "data_fingerprint": "sha256:" + "f" * 64}
+    v = upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1, labels=labels,
+               metrics={"accuracy": 0.9123, "loss": 0.25})
+
+    assert (v.registry, v.model, v.version, v.aliases) == ("vertex", MODEL, "1", ["default"])
+    assert v.uri == "gs://my-bucket/runs/r1/model"
+    assert v.digest == DIGEST_1
+    assert v.metrics == {"accuracy": 0.9123, "loss": 0.25}
+    # Resource names use the project number, whatever the request used.
+    assert v.resource_name == f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/models/{MODEL}@1"
+    assert v.labels == {"pipeline_run": "image-clf-20240501-120000", "git_commit": "0123abcdef" * 4,
+                        "data_fingerprint": "sha256-" + "f" * 56, DIGEST_LABEL: "sha256-" + "1" * 56}
+    assert v.created
+
+    (call,) = vertex.calls("UploadModel")
+    assert call.path == f"/v1/projects/{PROJECT}/locations/{LOCATION}/models:upload"
+    assert call.body["modelId"] == MODEL and "parentModel" not in call.body
+    sent = call.body["model"]
+    assert sent["containerSpec"]["imageUri"] == SERVING_IMAGES["cpu"]
+    assert sent["artifactUri"] == "gs://my-bucket/runs/r1/model"
+    assert sent["versionDescription"].startswith("accuracy=0.9000\n")
+    assert vertex.calls("GetOperation"), "the client waits for the upload operation"
+    assert vertex.model_ids() == [MODEL]
+
+
+def test_second_upload_is_version_2_of_the_same_model(vertex, registry):
+    v1 = upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1)
+    v2 = upload(registry, "gs://my-bucket/runs/r2/model", DIGEST_2, metrics={"accuracy": 0.95})
+
+    assert (v2.version, v2.aliases, v2.uri, v2.metrics) == ("2", [], "gs://my-bucket/runs/r2/model", {"accuracy": 0.95})
+    assert v2.resource_name.rsplit("@", 1)[0] == v1.resource_name.rsplit("@", 1)[0]
+    second = vertex.calls("UploadModel")[1]
+    assert second.body["parentModel"] == f"projects/{PROJECT_NUMBER}/locations/{LOCATION}/models/{MODEL}"
+    assert "modelId" not in second.body
+    assert vertex.model_ids() == [MODEL]
+    assert [(v["versionId"], v["versionAliases"]) for v in vertex.versions(MODEL)] == [("1", ["default"]), ("2", [])]
+
+
+def test_register_with_promote_moves_champion_from_v1_to_v2(vertex, registry, gcs):
+    first = register(saved_model(gcs, "bkt/runs/r1/model", b"one"), registry, model_name=MODEL,
+                     metrics={"accuracy": 0.9}, labels={"pipeline_run": "r1"})
+    assert first.created and first.version.version == "1"
+    assert sorted(first.version.aliases) == [CHAMPION, "default"]
+    assert first.version.uri == "gs://bkt/runs/r1/model"
+    champion = registry.champion(MODEL)
+    assert (champion.version, champion.metrics) == ("1", {"accuracy": 0.9})
+
+    second = register(saved_model(gcs, "bkt/runs/r2/model", b"two"), registry, model_name=MODEL,
+                      metrics={"accuracy": 0.95}, labels={"pipeline_run": "r2"})
+    assert second.created and second.version.version == "2"
+    assert second.version.aliases == [CHAMPION]
+    champion = registry.champion(MODEL)
+    assert (champion.version, champion.metrics, champion.labels["pipeline_run"]) == ("2", {"accuracy": 0.95}, "r2")
+    assert [(v["versionId"], sorted(v["versionAliases"])) for v in vertex.versions(MODEL)] == [
+        ("1", ["default"]), ("2", [CHAMPION])]
+    merge = vertex.calls("MergeVersionAliases")[-1]
+    assert merge.path.endswith(f"/models/{MODEL}@2:mergeVersionAliases")
+    assert merge.body == {"versionAliases": [CHAMPION]}
+
+
+def test_registering_the_same_digest_twice_returns_the_existing_version(vertex, registry, gcs):
+    model_dir = saved_model(gcs, "bkt/runs/r1/model", b"same")
+    first = register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.9})
+    again = register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.9})
+
+    assert first.created and not again.created
+    assert again.version.version == first.version.version == "1"
+    assert again.version.digest == model_digest(model_dir)
+    assert len(vertex.calls("UploadModel")) == 1
+    assert len(vertex.versions(MODEL)) == 1
+    lookup = vertex.calls("ListModelVersions")[-1]
+    assert lookup.query["filter"] == [f'labels.{DIGEST_LABEL}="{digest_label(model_digest(model_dir))}"']
+
+
+def test_permission_denied_names_the_role_and_the_bucket(vertex, registry):
+    vertex.fail_next(403, rpc="UploadModel")
+    with pytest.raises(VertexPermissionError) as info:
+        upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1)
+    message = str(info.value)
+    assert "roles/aiplatform.user" in message and PROJECT in message
+    assert "aiplatform.models.upload" in message  # the permission named by the API's ErrorInfo
+    assert "roles/storage.objectViewer on gs://my-bucket" in message
+    assert isinstance(info.value, PermissionError)
+    assert vertex.model_ids() == [] and len(vertex.calls("UploadModel")) == 1  # not retried
+
+
+def test_permission_denied_on_lookup_is_actionable_too(vertex, registry):
+    vertex.fail_next("PERMISSION_DENIED", rpc="ListModels")
+    with pytest.raises(VertexPermissionError, match=r"roles/aiplatform\.user.*aiplatform\.models\.list"):
+        registry.champion(MODEL)
+
+
+def test_quota_error_is_retried_with_backoff_then_succeeds(vertex, registry, sleeps):
+    vertex.fail_next(429, count=2, rpc="UploadModel")
+    v = upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1)
+
+    assert v.version == "1"
+    assert sleeps == [1.0, 2.0]
+    assert len(vertex.calls("UploadModel")) == 3
+    assert [c.status for c in vertex.calls("UploadModel")] == [429, 429, 200]
+    assert len(vertex.versions(MODEL)) == 1
+
+
+def test_quota_error_while_polling_does_not_upload_twice(vertex, registry, sleeps):
+    vertex.fail_next(429, rpc="GetOperation")
+    v = upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1)
+    assert v.version == "1" and len(vertex.calls("UploadModel")) == 1 and sleeps == [1.0]
+
+
+def test_upload_waits_for_the_operation(gcs, sleeps):
+    with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION, polls_until_done=3) as vertex:
+        registry = make_registry(vertex, gcs, sleeps, poll_interval_s=2.0)
+        assert upload(registry, "gs://b/m1", DIGEST_1).version == "1"
+        assert len(vertex.calls("GetOperation")) == 3
+        assert sleeps == [2.0, 3.0]
+
+
+def test_upload_operation_that_fails_for_permission_is_actionable(vertex, registry):
+    vertex.fail_next("PERMISSION_DENIED", rpc=UPLOAD_RESULT,
+                     message="Vertex AI Service Agent cannot read gs://locked-bucket/model.")
+    with pytest.raises(VertexPermissionError, match=r"cannot read gs://locked-bucket.*roles/storage\.objectViewer on "
+                                                    r"gs://locked-bucket.*Service Agent"):
+        upload(registry, "gs://locked-bucket/model", DIGEST_1)
+    assert vertex.model_ids() == []
+    assert upload(registry, "gs://locked-bucket/model", DIGEST_1).version == "1"  # once access is granted
+
+
+def test_quota_error_gives_up_after_bounded_attempts(vertex, gcs, sleeps):
+    registry = make_registry(vertex, gcs, sleeps, max_attempts=3, initial_backoff_s=0.5)
+    vertex.fail_next(429, count=10, rpc="UploadModel")
+    with pytest.raises(VertexQuotaError, match=r"quota.*3 times.*Quota exceeded"):
+        upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1)
+    assert sleeps == [0.5, 1.0]
+    assert len(vertex.calls("UploadModel")) == 3 and vertex.model_ids() == []
+
+
+def test_a_model_dir_not_on_cloud_storage_is_rejected(vertex, registry, tmp_path):
+    local = saved_model(tmp_path, "local/model", b"x")
+    with pytest.raises(ValueError, match=r"Vertex AI serves models from Cloud Storage.*gs://"):
+        upload(registry, local, DIGEST_1)
+    with pytest.raises(ValueError, match="Cloud Storage"):
+        register(local, registry, model_name=MODEL)
+    assert vertex.calls("UploadModel") == []
+
+    # A caller that copied the model to Cloud Storage names the copy.
+    v = upload(registry, local, DIGEST_1, artifact_uri="gs://my-bucket/copied/model")
+    assert v.uri == "gs://my-bucket/copied/model"
+
+
+def test_region_mismatches_are_reported(vertex, gcs, sleeps):
+    with pytest.raises(VertexRegionError, match="serves region us-central1"):
+        VertexRegistry(PROJECT, "europe-west4", api_endpoint="us-central1-aiplatform.googleapis.com")
+
+    # The stand-in is a us-central1 endpoint; a registry for europe-west4 pointed at it is refused by the API.
+    elsewhere = make_registry(vertex, gcs, sleeps, location="europe-west4")
+    with pytest.raises(VertexRegionError, match="europe-west4"):
+        elsewhere.find_by_digest(MODEL, DIGEST_1)
+
+    # With a bucket-location lookup, an artifact bucket in another region is refused before uploading.
+    registry = make_registry(vertex, gcs, sleeps, bucket_location={"eu-bucket": "EUROPE-WEST4", "us": "US"}.get)
+    with pytest.raises(VertexRegionError, match=r"gs://eu-bucket, a bucket in europe-west4.*us-central1"):
+        upload(registry, "gs://eu-bucket/model", DIGEST_1)
+    assert vertex.calls("UploadModel") == []
+    assert upload(registry, "gs://us/model", DIGEST_1).version == "1"  # a multi-region is left to the API
+
+
+def test_model_id_taken_by_another_display_name_is_explained(vertex, registry):
+    registry.upload("Image Classifier", "gs://b/m1", digest=DIGEST_1, metrics={}, labels={}, description="")
+    with pytest.raises(VertexRegistryError, match="model id 'image-classifier' is taken"):
+        upload(registry, "gs://b/m2", DIGEST_2)
+
+
+def test_lookups_follow_pages(gcs, sleeps):
+    with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION, max_page_size=1) as vertex:
+        registry = make_registry(vertex, gcs, sleeps)
+        for other in ("other-a", "other-b"):
+            registry.upload(other, "gs://b/o", digest=DIGEST_1, metrics={}, labels={}, description="")
+        digests = [f"sha256:{n}" + "0" * 63 for n in "123"]
+        for n, digest in enumerate(digests):
+            upload(registry, f"gs://b/m{n}", digest)
+        assert registry.find_by_digest(MODEL, digests[2]).version == "3"
+        assert registry.find_by_digest(MODEL, "sha256:" + "9" * 64) is None
+        assert [v.version for v in registry.versions(MODEL)] == ["1", "2", "3"]
+        assert any("pageToken" in c.query for c in vertex.calls("ListModelVersions"))
+
+
+def test_set_alias_on_a_missing_version_raises_key_error(registry):
+    with pytest.raises(KeyError):
+        registry.set_alias(MODEL, "1", CHAMPION)
+    upload(registry, "gs://b/m1", DIGEST_1)
+    with pytest.raises(KeyError):
+        registry.set_alias(MODEL, "7", CHAMPION)
+    with pytest.raises(ValueError, match="alias"):
+        registry.set_alias(MODEL, "1", "Not An Alias")
+
+
+def run_scenario(registry, gcs) -> dict:
+    """The same register steps on any registry; returns what a user can observe."""
+    d1 = saved_model(gcs, "bkt/scenario/1", b"one")
+    d2 = saved_model(gcs, "bkt/scenario/2", b"two")
+    d3 = saved_model(gcs, "bkt/scenario/3", b"three")
+    steps = [
+        register(d1, registry, model_name=MODEL, metrics={"accuracy": 0.8}),
+        register(d2, registry, model_name=MODEL, metrics={"accuracy": 0.7}, promote=False),  # a worse challenger
+        register(d2, registry, model_name=MODEL, metrics={"accuracy": 0.7}, promote=False),  # a retried task
+        register(d3, registry, model_name=MODEL, metrics={"accuracy": 0.9}),
+        register(d1, registry, model_name=MODEL, metrics={"accuracy": 0.8}),  # roll back to v1
+    ]
+    registry.set_alias(MODEL, "2", "challenger")
+    return {
+        "steps": [(s.created, s.version.version, sorted(s.version.aliases)) for s in steps],
+        "versions": [(v.version, sorted(v.aliases), v.digest, v.metrics) for v in registry.versions(MODEL)],
+        "champion": registry.champion(MODEL).version,
+        "by_digest": registry.find_by_digest(MODEL, model_digest(d3)).version,
+    }
+
+
+def test_local_and_vertex_registries_behave_the_same(vertex, registry, gcs, tmp_path):
+    local = run_scenario(LocalRegistry(str(tmp_path / "registry")), gcs)
+    remote = run_scenario(registry, gcs)
+    assert remote == local
+    assert local["champion"] == "1"
+    assert [v[:2] for v in local["versions"]] == [("1", [CHAMPION, "default"]), ("2", ["challenger"]), ("3", [])]
+
+
+def test_label_and_description_helpers():
+    assert sanitize_label_value("Run/2024-05-01 12:00") == "run-2024-05-01-12-00"
+    long = sanitize_label_value("x" * 100)
+    assert len(long) == 63 and long.startswith("x" * 54 + "-")
+    assert sanitize_label_key("Git Commit") == "git_commit" and sanitize_label_key("1st") == "k_1st"
+    assert digest_label("sha256:" + "ab" * 32) == "sha256-" + ("ab" * 32)[:56]
+    assert len(digest_label("weird digest!")) == 63
+    text = version_description("accuracy=0.9000", digest=DIGEST_1, metrics={"accuracy": 0.9})
+    assert parse_version_description(text) == {"digest": DIGEST_1, "metrics": {"accuracy": 0.9}}
+    assert parse_version_description("made in the console") == {}
+    assert serving_image_for("europe-west4", "gpu") == SERVING_IMAGES["gpu"].replace("us-docker", "europe-docker")
+    assert all(":" in image and "tf2-" in image for image in SERVING_IMAGES.values())
+
+
+def test_importing_the_module_does_not_import_the_client():
+    import subprocess
+    import sys
+
+    code = ("import sys, components.registry_vertex; "
+            "print(any(m.startswith('google.cloud.aiplatform') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.stdout.strip() == "False"
+
+
+def test_standin_batch_prediction_job_runs_to_success(vertex, registry):
+    from google.cloud import aiplatform_v1
+
+    v = upload(registry, "gs://b/m1", DIGEST_1)
+    registry.set_alias(MODEL, v.version, CHAMPION)
+    client = aiplatform_v1.JobServiceClient(transport="rest", credentials=AnonymousCredentials(),
+                                            client_options={"api_endpoint": vertex.api_endpoint})
+    job = client.create_batch_prediction_job(
+        parent=f"projects/{PROJECT}/locations/{LOCATION}",
+        batch_prediction_job=aiplatform_v1.BatchPredictionJob(
+            display_name="predict", model=v.resource_name.replace("@1", f"@{CHAMPION}"),
+            input_config={"instances_format": "jsonl", "gcs_source": {"uris": ["gs://b/in.jsonl"]}},
+            output_config={"predictions_format": "jsonl", "gcs_destination": {"output_uri_prefix": "gs://b/out"}}))
+    states = [job.state]
+    while job.state not in (aiplatform_v1.JobState.JOB_STATE_SUCCEEDED, aiplatform_v1.JobState.JOB_STATE_FAILED):
+        job = client.get_batch_prediction_job(name=job.name)
+        states.append(job.state)
+    assert states == [aiplatform_v1.JobState.JOB_STATE_PENDING, aiplatform_v1.JobState.JOB_STATE_RUNNING,
+                      aiplatform_v1.JobState.JOB_STATE_SUCCEEDED]
+    assert job.model_version_id == "1"
+    assert job.output_info.gcs_output_directory.startswith("gs://b/out/prediction-predict-")
