@@ -146,10 +146,10 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     with open(evaluation.path) as f:
         metrics = json.load(f)["metrics"]
-    # Vertex registers the model from Cloud Storage; the local registry copies the local directory.
-    location_of_model = model.uri if model.uri.startswith("gs://") else model.path
-    result = register(location_of_model, open_registry(registry, root=registry_root, project=project, location=location),
-                      model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id})
+    # The digest is taken from the local files; Vertex reads the same model from its gs:// URI.
+    result = register(model.path, open_registry(registry, root=registry_root, project=project, location=location),
+                      model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id},
+                      artifact_uri=model.uri if model.uri.startswith("gs://") else None)
     with open(registration.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
     registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version})

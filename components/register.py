@@ -56,7 +56,7 @@ class Registry(Protocol):
     def champion(self, model: str) -> ModelVersion | None: ...
 
     def upload(self, model: str, model_dir: str, *, digest: str, metrics: dict, labels: dict,
-               description: str) -> ModelVersion: ...
+               description: str, artifact_uri: str | None = None) -> ModelVersion: ...
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion: ...
 
@@ -88,10 +88,11 @@ def model_digest(model_dir: str) -> str:
 
 
 def register(model_dir: str, registry: Registry, *, model_name: str, metrics: dict | None = None,
-             labels: dict | None = None, promote: bool = True) -> Registration:
+             labels: dict | None = None, promote: bool = True, artifact_uri: str | None = None) -> Registration:
     """Registers `model_dir` as a new version of `model_name` (or finds the version that already holds it).
 
-    With `promote`, the `champion` alias moves to this version.
+    `model_dir` is read locally (for the digest); `artifact_uri` says where a remote registry finds the same
+    files (the artifact's gs:// URI on a cluster). With `promote`, the `champion` alias moves to this version.
     """
     digest = model_digest(model_dir)
     metrics = dict(metrics or {})
@@ -101,7 +102,7 @@ def register(model_dir: str, registry: Registry, *, model_name: str, metrics: di
     else:
         description = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items()))
         version = registry.upload(model_name, model_dir, digest=digest, metrics=metrics, labels=dict(labels or {}),
-                                  description=description)
+                                  description=description, artifact_uri=artifact_uri)
         new_version = True
     if promote and CHAMPION not in version.aliases:
         version = registry.set_alias(model_name, version.version, CHAMPION)
@@ -167,7 +168,8 @@ class LocalRegistry:
         return next((v for v in self.versions(model) if CHAMPION in v.aliases), None)
 
     def upload(self, model: str, model_dir: str, *, digest: str, metrics: dict, labels: dict,
-               description: str = "") -> ModelVersion:
+               description: str = "", artifact_uri: str | None = None) -> ModelVersion:
+        """Copies `model_dir` into the registry (`artifact_uri` is for remote registries and unused here)."""
         with self._locked(model) as index:
             for entry in index["versions"]:
                 if entry["digest"] == digest:  # raced with another writer of the same model

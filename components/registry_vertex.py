@@ -31,6 +31,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 from typing import Any, Callable
@@ -360,6 +361,9 @@ class VertexRegistry:
         from google.cloud.aiplatform_v1 import types
 
         uri = self.artifact_uri_for(artifact_uri or model_dir)
+        if os.path.isfile(os.path.join(model_dir, "saved_model", "saved_model.pb")):
+            # Training writes the SavedModel (what Vertex's TensorFlow serving loads) in a subfolder.
+            uri += "/saved_model"
         self._check_bucket_region(uri)
         version_labels = {sanitize_label_key(k): sanitize_label_value(v) for k, v in (labels or {}).items()}
         version_labels[DIGEST_LABEL] = digest_label(digest)

@@ -153,7 +153,7 @@ def test_second_upload_is_version_2_of_the_same_model(vertex, registry):
 def test_register_with_promote_moves_champion_from_v1_to_v2(vertex, registry, gcs):
     first = register(saved_model(gcs, "bkt/runs/r1/model", b"one"), registry, model_name=MODEL,
                      metrics={"accuracy": 0.9}, labels={"pipeline_run": "r1"})
-    assert first.created and first.version.version == "1"
+    assert first.new_version and first.version.version == "1"
     assert sorted(first.version.aliases) == [CHAMPION, "default"]
     assert first.version.uri == "gs://bkt/runs/r1/model"
     champion = registry.champion(MODEL)
@@ -161,7 +161,7 @@ def test_register_with_promote_moves_champion_from_v1_to_v2(vertex, registry, gc
 
     second = register(saved_model(gcs, "bkt/runs/r2/model", b"two"), registry, model_name=MODEL,
                       metrics={"accuracy": 0.95}, labels={"pipeline_run": "r2"})
-    assert second.created and second.version.version == "2"
+    assert second.new_version and second.version.version == "2"
     assert second.version.aliases == [CHAMPION]
     champion = registry.champion(MODEL)
     assert (champion.version, champion.metrics, champion.labels["pipeline_run"]) == ("2", {"accuracy": 0.95}, "r2")
@@ -177,7 +177,7 @@ def test_registering_the_same_digest_twice_returns_the_existing_version(vertex, 
     first = register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.9})
     again = register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.9})
 
-    assert first.created and not again.created
+    assert first.new_version and not again.new_version
     assert again.version.version == first.version.version == "1"
     assert again.version.digest == model_digest(model_dir)
     assert len(vertex.calls("UploadModel")) == 1
@@ -322,7 +322,7 @@ def run_scenario(registry, gcs) -> dict:
     ]
     registry.set_alias(MODEL, "2", "challenger")
     return {
-        "steps": [(s.created, s.version.version, sorted(s.version.aliases)) for s in steps],
+        "steps": [(s.new_version, s.version.version, sorted(s.version.aliases)) for s in steps],
         "versions": [(v.version, sorted(v.aliases), v.digest, v.metrics) for v in registry.versions(MODEL)],
         "champion": registry.champion(MODEL).version,
         "by_digest": registry.find_by_digest(MODEL, model_digest(d3)).version,
