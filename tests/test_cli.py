@@ -1,0 +1,80 @@
+"""pipectl's commands, called as a user calls them (through main(argv))."""
+
+import json
+
+import pytest
+import yaml
+
+from pipelines import cli
+
+
+def test_compile_pins_the_images_given(tmp_path, capsys):
+    out = tmp_path / "pipeline.yaml"
+    assert cli.main(["compile", "-o", str(out), "--image-repo", "europe-docker.pkg.dev/p/ml", "--image-tag", "abc123"]) == 0
+    spec = next(yaml.safe_load_all(out.read_text()))
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {"europe-docker.pkg.dev/p/ml/cpu:abc123", "europe-docker.pkg.dev/p/ml/gpu:abc123"}
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_compile_with_explicit_digests_and_other_pools(tmp_path):
+    out = tmp_path / "pipeline.yaml"
+    cpu, gpu = "r/cpu@sha256:" + "1" * 64, "r/gpu@sha256:" + "2" * 64
+    assert cli.main(["compile", "-o", str(out), "--cpu-image", cpu, "--gpu-image", gpu,
+                     "--train-accelerator", "nvidia-l4", "--train-gpus", "2"]) == 0
+    spec, platform = yaml.safe_load_all(out.read_text())
+    assert spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["image"] == gpu
+    assert spec["deploymentSpec"]["executors"]["exec-preprocess-op"]["container"]["image"] == cpu
+    train = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-op"]
+    assert train["nodeSelector"]["labels"]["cloud.google.com/gke-accelerator"] == "nvidia-l4"
+    resources = spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["resources"]
+    assert resources["accelerator"]["resourceCount"] == "2"
+
+
+def test_compile_refuses_an_unknown_accelerator(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compile", "-o", str(tmp_path / "p.yaml"), "--train-accelerator", "nvidia-k80"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'nvidia-k80'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "epochs must be >= 1 (got 0)"),
+    (["--channels", "2"], "channels must be 1 or 3 (got 2)"),
+    (["--recipe", "turbo"], "recipe must be one of"),
+    (["--augment-policy", '{"spin": 3}'], "Unknown augmentation policy keys ['spin']"),
+    (["--validation-fraction", "0.7", "--test-fraction", "0.5"], "sum to less than 1"),
+    (["--registry", "mlflow"], "registry must be one of local, vertex"),
+])
+def test_run_refuses_bad_parameters_before_running_anything(tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    assert cli.main(["run", "--local", "--output-dir", str(out), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "pipeline_root").exists()
+
+
+def test_run_refuses_a_wrongly_typed_parameter(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--local", "--epochs", "twelve"])
+    assert "argument --epochs: invalid int value: 'twelve'" in capsys.readouterr().err
+
+
+def test_validate_parameters_lists_what_is_allowed():
+    with pytest.raises(ValueError, match=r"Unknown pipeline parameter\(s\) \['epoch'\]; allowed: data, "):
+        cli.validate_parameters({"epoch": 3})
+    with pytest.raises(ValueError, match="Parameter epochs must be int, got '3'"):
+        cli.validate_parameters({"epochs": "3"})
+    assert cli.validate_parameters({"learning_rate": 1}) == {"learning_rate": 1.0}
+
+
+def test_predict_standalone(tiny_model, image_folder, tmp_path, capsys):
+    folder = image_folder(per_class=4)
+    out = tmp_path / "predictions"
+    assert cli.main(["predict", "--model", tiny_model, "--images", folder, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 12
+    assert {r["uri"].split("/")[-2] for r in rows} == {"Sandal", "Sneaker", "Bag"}
+    assert all(len(r["top_k"]) == 3 and 0 < r["confidence"] <= 1 for r in rows)
+    assert printed.count("percent confidence.") == 12
+    assert json.loads(printed[printed.index("{"):])["count"] == 12

@@ -1,0 +1,108 @@
+"""The compiled pipeline, asserted on its YAML: images, GPU pools, retries, caching and the blessed gate."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pipelines import config
+from pipelines.training import compile_pipeline
+
+IMAGES = config.Images(cpu="europe-docker.pkg.dev/p/ml/cpu@sha256:" + "a" * 64,
+                       gpu="europe-docker.pkg.dev/p/ml/gpu@sha256:" + "b" * 64)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compile") / "pipeline.yaml"
+    compile_pipeline(str(path), config.PipelineSettings(images=IMAGES))
+    spec, platform = yaml.safe_load_all(path.read_text())
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def tasks(spec):
+    return spec["root"]["dag"]["tasks"]
+
+
+def container(spec, task):
+    return spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]
+
+
+def test_every_step_runs_on_the_pinned_project_images(compiled):
+    spec, _ = compiled
+    images = {name[len("exec-"):]: e["container"]["image"] for name, e in spec["deploymentSpec"]["executors"].items()}
+    assert images == {
+        "preprocess-op": IMAGES.cpu, "augment-op": IMAGES.cpu, "evaluate-op": IMAGES.cpu, "register-op": IMAGES.cpu,
+        "train-op": IMAGES.gpu, "predict-op": IMAGES.gpu,
+    }
+    # The image holds the project: no pip install of kfp or anything else at run time.
+    for executor in spec["deploymentSpec"]["executors"].values():
+        assert "pip install" not in " ".join(executor["container"]["command"])
+
+
+def test_training_and_prediction_go_to_their_gpu_pools(compiled):
+    spec, k8s = compiled
+    for task, accelerator in (("train-op", "nvidia-tesla-t4"), ("predict-op", "nvidia-h100-80gb")):
+        assert k8s[f"exec-{task}"]["nodeSelector"] == {"labels": {"cloud.google.com/gke-accelerator": accelerator}}
+        assert k8s[f"exec-{task}"]["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        resources = container(spec, task)["resources"]
+        assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
+        assert resources["accelerator"]["resourceCount"] == "1"
+    assert set(k8s) == {"exec-train-op", "exec-predict-op"}  # CPU steps are not pinned to GPU nodes
+
+
+def test_training_retries_with_backoff_and_keys_checkpoints_by_run_and_task(compiled):
+    spec, _ = compiled
+    train = tasks(spec)["train-op"]
+    assert train["retryPolicy"]["maxRetryCount"] == 3
+    assert train["retryPolicy"]["backoffDuration"] == "60s"
+    params = train["inputs"]["parameters"]
+    assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    assert params["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
+    assert params["pipeline_root"]["runtimeValue"]["constant"] == "{{$.pipeline_root}}"
+
+
+def test_registration_only_inside_the_blessed_condition(compiled):
+    spec, _ = compiled
+    assert "register-op" not in tasks(spec)
+    condition = next(t for t in tasks(spec).values() if "triggerPolicy" in t)
+    assert condition["triggerPolicy"]["condition"] == \
+        "inputs.parameter_values['pipelinechannel--evaluate-op-Output'] == true"
+    inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
+    assert list(inner) == ["register-op"]
+
+
+def test_caching_off_for_the_steps_that_read_the_registry(compiled):
+    spec, _ = compiled
+    condition = next(t for t in tasks(spec).values() if "triggerPolicy" in t)
+    inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
+    assert not tasks(spec)["evaluate-op"]["cachingOptions"].get("enableCache", False)
+    assert not inner["register-op"]["cachingOptions"].get("enableCache", False)
+    for name in ("preprocess-op", "augment-op", "train-op", "predict-op"):
+        assert tasks(spec)[name]["cachingOptions"]["enableCache"] is True
+
+
+def test_display_names_and_descriptions_for_the_ui(compiled):
+    spec, _ = compiled
+    names = {name: t["taskInfo"]["name"] for name, t in tasks(spec).items() if name != "condition-1"}
+    assert names == {"preprocess-op": "Preprocess", "augment-op": "Augment", "train-op": "Train",
+                     "evaluate-op": "Evaluate", "predict-op": "Batch predict"}
+    assert spec["pipelineInfo"]["name"] == "image-classification"
+    assert "registers the model when it is blessed" in spec["pipelineInfo"]["description"]
+    assert spec["root"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == 12.0
+    assert "Training epochs" in spec["root"]["inputDefinitions"]["parameters"]["epochs"]["description"]
+
+
+def test_unknown_accelerator_is_refused():
+    with pytest.raises(ValueError, match="Unknown accelerator 'nvidia-tesla-k9'; known GKE accelerators: "
+                                         "nvidia-tesla-t4, nvidia-l4"):
+        config.PipelineSettings(train_accelerator="nvidia-tesla-k9")
+
+
+def test_compiling_does_not_import_tensorflow(tmp_path):
+    code = ("import sys; from pipelines.training import compile_pipeline; "
+            f"compile_pipeline({str(tmp_path / 'p.yaml')!r}); "
+            "assert 'tensorflow' not in sys.modules, 'compiling imported TensorFlow'")
+    subprocess.run([sys.executable, "-c", code], check=True)
