@@ -4,10 +4,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import itertools  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from components import data  # noqa: E402
+from tests.standins.kfp_api import KfpStandIn  # noqa: E402
 
 FASHION_DIR = data.DEFAULT_SOURCE
 
@@ -73,3 +76,15 @@ def image_folder(tmp_path, fashion_arrays):
         return str(root)
 
     return make
+
+
+@pytest.fixture
+def kfp_api():
+    """A running KFP v2beta1 API stand-in; point ``kfp.Client(host=kfp_api.url)`` at it.
+
+    Its clock advances one second per reading, so every object gets a distinct ``created_at``
+    (KFP stores whole seconds) and "newest version" is deterministic.
+    """
+    ticks = itertools.count(1_767_225_600)  # 2026-01-01T00:00:00Z
+    with KfpStandIn(clock=lambda: next(ticks)) as api:
+        yield api
