@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 from pipelines import config, training
 
@@ -37,6 +38,19 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predict-accelerator", default=config.DEFAULT_PREDICT_ACCELERATOR,
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--predict-gpus", type=int, default=1)
+
+
+def add_host_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    group = parser.add_argument_group("KFP host (credentials: a bearer token, or Google credentials behind IAP)")
+    group.add_argument("--host", required=required, help="KFP API endpoint, e.g. https://kfp.example.com/pipeline")
+    group.add_argument("--token-file", help="file holding a bearer token (default: the KFP_TOKEN variable, if set)")
+    group.add_argument("--iap-client-id", help="OAuth client id of an IAP-protected endpoint (uses ADC)")
+    group.add_argument("--namespace", help="KFP profile namespace (multi-user clusters)")
+
+
+def add_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None,
+                        help="force caching on/off for this run (default: each step's own setting)")
 
 
 def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
@@ -183,7 +197,10 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
     # use_venv=False: the steps run in this environment, where the project is installed (as the image has it).
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root, raise_on_error=True)
     log.info("running %s locally; artifacts under %s", package, pipeline_root)
-    components.load_component_from_file(package)(**params)
+    with warnings.catch_warnings():
+        # kfp.local says, for every task, that node selectors and resource requests do nothing here: expected.
+        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
+        components.load_component_from_file(package)(**params)
     summary = collect_summary(find_run_dir(pipeline_root))
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -219,13 +236,78 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def kfp_client(args: argparse.Namespace):
+    """A kfp.Client for --host: bearer token from --token-file or KFP_TOKEN, or an IAP client id."""
+    from pipelines.publish import make_client
+
+    token = None
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    elif os.environ.get("KFP_TOKEN"):
+        token = os.environ["KFP_TOKEN"]
+    return make_client(args.host, token=token, namespace=args.namespace, iap_client_id=args.iap_client_id)
+
+
+def package_for(args: argparse.Namespace, directory: str) -> str:
+    """--package as given, or the pipeline compiled now with the image options."""
+    if getattr(args, "package", None):
+        if not os.path.exists(args.package):
+            raise ValueError(f"Pipeline package not found: {args.package}")
+        return args.package
+    return training.compile_pipeline(os.path.join(directory, "pipeline.yaml"), settings_from(args))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    params = given_parameters(args)
-    if not args.local:
-        raise SystemExit("pipectl run: choose where: --local (kfp.local on this machine)")
-    output_dir = args.output_dir or os.path.join("runs", _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    summary = run_local(params, output_dir, settings_from(args))
-    print_summary(summary, output_dir)
+    params = validate_parameters(given_parameters(args))
+    if sum(bool(x) for x in (args.local, args.host)) != 1:
+        raise ValueError("choose where to run: --local (kfp.local on this machine) or --host URL (a KFP API)")
+    if args.local:
+        output_dir = args.output_dir or os.path.join("runs", _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        summary = run_local(params, output_dir, settings_from(args))
+        print_summary(summary, output_dir)
+        return 0
+    from pipelines.publish import start_run
+
+    run_name = args.run_name or f"{args.pipeline_name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    result = start_run(kfp_client(args), pipeline_name=args.pipeline_name, run_name=run_name,
+                       version=args.version, experiment=args.experiment, params=params,
+                       enable_caching=args.cache, wait=args.wait, timeout_s=args.timeout,
+                       poll_s=args.poll_seconds)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from pipelines.publish import upload_version
+
+    with tempfile.TemporaryDirectory() as tmp:
+        package = package_for(args, tmp)
+        result = upload_version(kfp_client(args), package, name=args.name, version=args.version,
+                                description=args.description, if_exists=args.if_exists)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from pipelines import publish
+
+    client = kfp_client(args)
+    if args.delete:
+        result = publish.delete_schedule(client, name=args.name, experiment=args.experiment)
+    elif args.disable:
+        result = publish.disable_schedule(client, name=args.name, experiment=args.experiment)
+    else:
+        if not args.cron:
+            raise ValueError("--cron is needed to create or update a schedule (e.g. --cron '0 3 * * *')")
+        params = validate_parameters(given_parameters(args))
+        result = publish.schedule(client, name=args.name, pipeline_name=args.pipeline_name, cron=args.cron,
+                                  version=args.version, experiment=args.experiment,
+                                  max_concurrency=args.max_concurrency, catchup=not args.no_catchup, params=params,
+                                  enable_caching=args.cache)
+    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -247,12 +329,49 @@ def build_parser() -> argparse.ArgumentParser:
     add_image_options(p)
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("run", help="run the pipeline (--local: with kfp.local on this machine)")
+    p = sub.add_parser("run", help="run the pipeline: --local (kfp.local here) or --host URL (a KFP API)")
     p.add_argument("--local", action="store_true", help="run with kfp.local's SubprocessRunner")
     p.add_argument("--output-dir", help="local run: where artifacts and summary.json go (default: runs/TIMESTAMP)")
+    add_host_options(p)
+    p.add_argument("--pipeline-name", default=training.PIPELINE_NAME, help="--host: the uploaded pipeline to run")
+    p.add_argument("--version", default="latest", help="--host: pipeline version name, or latest (default)")
+    p.add_argument("--experiment", default="Default", help="--host: experiment (created when missing)")
+    p.add_argument("--run-name", help="--host: run name (default: PIPELINE-TIMESTAMP)")
+    p.add_argument("--wait", action="store_true", help="--host: follow the run; exit non-zero when it fails")
+    p.add_argument("--timeout", type=float, default=86400, help="--host --wait: give up after this many seconds")
+    p.add_argument("--poll-seconds", type=float, default=30, help="--host --wait: seconds between status checks")
+    add_cache_option(p)
     add_image_options(p)
     add_parameter_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("upload", help="upload the pipeline as a new version to a KFP host (the KFP UI)")
+    add_host_options(p, required=True)
+    p.add_argument("--name", default=training.PIPELINE_NAME, help="pipeline name (default: %(default)s)")
+    p.add_argument("--version", required=True, help="version name, e.g. the git commit")
+    p.add_argument("--package", help="compiled pipeline YAML (default: compile now with the image options)")
+    p.add_argument("--description", default="")
+    p.add_argument("--if-exists", choices=("error", "skip"), default="error",
+                   help="when the version name exists: error (default) or skip; never overwrite")
+    add_image_options(p)
+    p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("schedule", help="create or update the recurring run of a pipeline on a KFP host")
+    add_host_options(p, required=True)
+    p.add_argument("--name", required=True, help="recurring run name: one schedule per name, updated in place")
+    p.add_argument("--pipeline-name", default=training.PIPELINE_NAME)
+    p.add_argument("--cron", help="standard 5-field cron, e.g. '0 3 * * *' (03:00 every day)")
+    p.add_argument("--version", default="latest", help="pipeline version to run, or latest (default): the newest "
+                   "version at every trigger")
+    p.add_argument("--experiment", default="Default")
+    p.add_argument("--max-concurrency", type=int, default=1)
+    p.add_argument("--no-catchup", action="store_true", help="do not backfill runs missed while paused")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--disable", action="store_true", help="pause the schedule")
+    action.add_argument("--delete", action="store_true", help="delete the schedule")
+    add_cache_option(p)
+    add_parameter_options(p)
+    p.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("predict", help="classify a folder of images with a trained model, outside a pipeline")
     p.add_argument("--model", required=True, help="a model directory written by training (or a SavedModel)")
@@ -268,9 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from pipelines.publish import PublishError
+
     try:
         return args.func(args)
-    except ValueError as e:
+    except (ValueError, PublishError) as e:
         print(f"pipectl: error: {e}", file=sys.stderr)
         return 2
 
