@@ -228,7 +228,7 @@ def start_run(client: kfp.Client, *, pipeline_name: str, run_name: str, version:
         with _package_with_caching(client, chosen, enable_caching) as package:
             if package:
                 run = client.run_pipeline(experiment_id, run_name, pipeline_package_path=package,
-                                          params=params or {}, enable_caching=enable_caching)
+                                          params=params or {})
             else:
                 run = client.run_pipeline(experiment_id, run_name, params=params or {},
                                           pipeline_id=pipeline.pipeline_id, version_id=chosen.pipeline_version_id)
@@ -295,12 +295,14 @@ def _get_experiment(client: kfp.Client, name: str) -> str:
 
 @contextlib.contextmanager
 def _package_with_caching(client: kfp.Client, version: Any, enable_caching: bool | None) -> Iterator[str | None]:
-    """Yield None, or with a caching override the version's stored spec as a package file.
+    """Yield None, or for ``enable_caching=False`` the version's stored spec with caching off everywhere.
 
-    kfp applies ``enable_caching`` only to packages, so the stored spec is written back out; the
-    run then carries the spec itself instead of a reference to the version.
+    Only "off" needs a rewrite: the compiled pipeline already caches every deterministic step and keeps
+    caching off for the steps that must never be served from the cache (evaluation and registration read
+    the registry), so "on" means exactly the compiled per-step settings. kfp's own ``enable_caching``
+    override is not used because it would switch those two steps on as well.
     """
-    if enable_caching is None:
+    if enable_caching is not False:
         yield None
         return
     spec = version.pipeline_spec or client.get_pipeline_version(
@@ -308,6 +310,12 @@ def _package_with_caching(client: kfp.Client, version: Any, enable_caching: bool
     if not spec:
         raise PublishError(f"the server returned no pipeline spec for version {version.pipeline_version_id}")
     docs = [spec["pipeline_spec"], spec["platform_spec"]] if "pipeline_spec" in spec else [spec]
+    pipeline_spec = docs[0]
+    dags = [pipeline_spec.get("root", {}).get("dag", {})]
+    dags += [c.get("dag", {}) for c in pipeline_spec.get("components", {}).values()]
+    for dag in dags:
+        for task in dag.get("tasks", {}).values():
+            task["cachingOptions"] = {"enableCache": False}
     with tempfile.TemporaryDirectory(prefix="pipectl-") as tmp:
         path = os.path.join(tmp, "pipeline.yaml")
         with open(path, "w") as f:
@@ -382,9 +390,9 @@ def schedule(client: kfp.Client, *, name: str, pipeline_name: str, cron: str, ve
     _require(name, "schedule name")
     if not 1 <= max_concurrency <= 10:
         raise PublishError(f"max_concurrency must be between 1 and 10 (KFP's limit), not {max_concurrency}")
-    if enable_caching is not None and version == LATEST:
-        raise PublishError("a caching override needs a pinned version: KFP can only override caching by "
-                           "embedding a fixed pipeline spec, which cannot follow the newest version")
+    if enable_caching is False and version == LATEST:
+        raise PublishError("--no-cache needs a pinned version (--version NAME): KFP can only switch caching off "
+                           "by embedding a fixed pipeline spec, which cannot follow the newest version")
 
     with _calling(f"scheduling {name!r}"):
         pipeline = _get_pipeline(client, pipeline_name)
@@ -405,8 +413,7 @@ def schedule(client: kfp.Client, *, name: str, pipeline_name: str, cron: str, ve
         else:
             with _package_with_caching(client, chosen, enable_caching) as package:
                 if package:
-                    created = client.create_recurring_run(pipeline_package_path=package,
-                                                          enable_caching=enable_caching, **common)
+                    created = client.create_recurring_run(pipeline_package_path=package, **common)
                 else:
                     created = client.create_recurring_run(pipeline_id=pipeline.pipeline_id,
                                                           version_id=chosen.pipeline_version_id, **common)

@@ -87,3 +87,20 @@ def test_schedule_create_update_disable_delete_keeps_one(kfp_api, host, capsys):
     assert "--cron is needed" not in capsys.readouterr().err
     assert cli.main(base) == 2
     assert "--cron is needed" in capsys.readouterr().err
+
+
+def test_cache_switch_keeps_the_registry_steps_uncached(kfp_api, host, capsys):
+    assert cli.main(["upload", "--host", host, "--version", "v1"]) == 0
+    assert cli.main(["run", "--host", host, "--run-name", "cached", "--cache"]) == 0
+    body = json.loads(kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body)
+    # "--cache" is the compiled per-step setting: the run refers to the version, whose evaluate/register
+    # steps never cache.
+    assert body["pipeline_version_reference"]["pipeline_version_id"] and "pipeline_spec" not in body
+
+    assert cli.main(["run", "--host", host, "--run-name", "fresh", "--no-cache"]) == 0
+    spec = json.loads(kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body)["pipeline_spec"]
+    spec = spec.get("pipeline_spec", spec)
+    dags = [spec["root"]["dag"]] + [c["dag"] for c in spec["components"].values() if "dag" in c]
+    flags = {name: t.get("cachingOptions", {}).get("enableCache", False) for dag in dags for name, t in dag["tasks"].items()}
+    assert "register-op" in flags and "train-op" in flags
+    assert not any(flags.values())
