@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 DATA_DIR := /usr/share/datasets/fashion-mnist
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+BENCH ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install data run test compile bench clean
@@ -40,6 +41,9 @@ run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; res
 
 test: install ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: install ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
+	$(BIN)/python -m tests.benchmarks $(BENCH)
 
 compile: $(BIN)/pipectl ## compile the pipeline to pipeline.yaml
 	$(BIN)/pipectl compile --output pipeline.yaml
