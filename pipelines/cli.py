@@ -194,6 +194,8 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
     validate_parameters(params)
     package = training.compile_pipeline(os.path.join(output_dir, "pipeline.yaml"), settings)
     pipeline_root = os.path.join(output_dir, "pipeline_root")
+    # The steps inherit this: TensorFlow's C++ start-up chatter would drown the steps' own progress lines.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # use_venv=False: the steps run in this environment, where the project is installed (as the image has it).
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root, raise_on_error=True)
     log.info("running %s locally; artifacts under %s", package, pipeline_root)
