@@ -932,7 +932,7 @@ class VertexStandIn:
                     if outcome and task == outcome["task"]:
                         detail["state"] = "FAILED"
                         detail["error"] = {"code": 9, "message": outcome["message"] or
-                                           f"The replica workerpool0-0 exited with a non-zero status of 1."}
+                                           "The replica workerpool0-0 exited with a non-zero status of 1."}
                     details.append(detail)
                 job["jobDetail"]["taskDetails"] = details
                 job.update(endTime=now, updateTime=now)
