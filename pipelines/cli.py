@@ -1,6 +1,7 @@
 """pipectl: compile the pipeline, run it (locally with kfp.local, or on a KFP host), and predict standalone."""
 
 import argparse
+import dataclasses
 import datetime as _dt
 import glob
 import inspect
@@ -260,10 +261,60 @@ def package_for(args: argparse.Namespace, directory: str) -> str:
     return training.compile_pipeline(os.path.join(directory, "pipeline.yaml"), settings_from(args))
 
 
+def add_vertex_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Vertex AI Pipelines (credentials: ADC / Workload Identity; the project is "
+                                      "--project)")
+    group.add_argument("--vertex", action="store_true", help="use Vertex AI Pipelines")
+    group.add_argument("--region", help="Vertex AI region, e.g. us-central1 (also the registry's location)")
+    group.add_argument("--pipeline-root", help="gs:// folder for the run's artifacts, in the same region")
+    group.add_argument("--service-account", help="service account the steps run as")
+    group.add_argument("--vertex-endpoint", help="API endpoint override (private endpoint or a local emulator); an "
+                       "http:// endpoint gets no credentials, so none ever travel unencrypted")
+
+
+def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
+    """Vertex connection arguments, and the pipeline parameters with Vertex's registry defaults applied."""
+    from pipelines import vertex
+
+    given = given_parameters(args)
+    project, region = given.get("project"), args.region or given.get("location")
+    if not project or not region:
+        raise ValueError("--vertex needs --project PROJECT and --region REGION")
+    connection = {"project": project, "location": region}
+    if args.vertex_endpoint:
+        connection["api_endpoint"] = args.vertex_endpoint
+        if args.vertex_endpoint.startswith("http://"):
+            from google.auth.credentials import AnonymousCredentials
+
+            connection["credentials"] = AnonymousCredentials()
+    params = validate_parameters(vertex.vertex_run_parameters(given, project=project, location=region))
+    return connection, params
+
+
+def vertex_package(args: argparse.Namespace, directory: str) -> str:
+    settings = dataclasses.replace(settings_from(args), target="vertex")
+    return training.compile_pipeline(os.path.join(directory, "pipeline.yaml"), settings)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if sum(bool(x) for x in (args.local, args.host, args.vertex)) != 1:
+        raise ValueError("choose where to run: --local (kfp.local on this machine), --host URL (a KFP API) or "
+                         "--vertex (Vertex AI Pipelines)")
+    if args.vertex:
+        import tempfile
+
+        from pipelines import vertex
+
+        connection, params = vertex_context(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            run = vertex.submit_pipeline_job(vertex_package(args, tmp), pipeline_root=args.pipeline_root,
+                                             parameter_values=params, service_account=args.service_account,
+                                             display_name=args.run_name, enable_caching=args.cache, wait=args.wait,
+                                             poll_interval_s=args.poll_seconds, timeout_s=args.timeout,
+                                             **connection)
+        print(json.dumps(run.to_json(), indent=2))
+        return 0
     params = validate_parameters(given_parameters(args))
-    if sum(bool(x) for x in (args.local, args.host)) != 1:
-        raise ValueError("choose where to run: --local (kfp.local on this machine) or --host URL (a KFP API)")
     if args.local:
         output_dir = args.output_dir or os.path.join("runs", _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
         summary = run_local(params, output_dir, settings_from(args))
@@ -294,8 +345,14 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
+    if bool(args.host) == bool(args.vertex):
+        raise ValueError("choose where to schedule: --host URL (a KFP API) or --vertex (Vertex AI Pipelines)")
+    if args.vertex:
+        return vertex_schedule(args)
     from pipelines import publish
 
+    if args.resume:
+        raise ValueError("--resume is for --vertex; on a KFP host, run the schedule command again to re-create it")
     client = kfp_client(args)
     if args.delete:
         result = publish.delete_schedule(client, name=args.name, experiment=args.experiment)
@@ -321,6 +378,30 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def vertex_schedule(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from pipelines import vertex
+
+    connection, params = vertex_context(args)
+    if args.delete:
+        result = [s.to_json() for s in vertex.delete_schedule(args.name, **connection)]
+    elif args.disable:
+        result = [s.to_json() for s in vertex.pause_schedule(args.name, **connection)]
+    elif args.resume:
+        result = [s.to_json() for s in vertex.resume_schedule(args.name, catch_up=not args.no_catchup, **connection)]
+    else:
+        if not args.cron:
+            raise ValueError("--cron is needed to create or update a schedule (e.g. --cron '0 3 * * *')")
+        with tempfile.TemporaryDirectory() as tmp:
+            result = vertex.schedule_pipeline_job(
+                vertex_package(args, tmp), cron=args.cron, name=args.name, pipeline_root=args.pipeline_root,
+                parameter_values=params, service_account=args.service_account,
+                max_concurrent_run_count=args.max_concurrency, enable_caching=args.cache, **connection).to_json()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipectl", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -338,11 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-name", default=training.PIPELINE_NAME, help="--host: the uploaded pipeline to run")
     p.add_argument("--version", default="latest", help="--host: pipeline version name, or latest (default)")
     p.add_argument("--experiment", default="Default", help="--host: experiment (created when missing)")
-    p.add_argument("--run-name", help="--host: run name (default: PIPELINE-TIMESTAMP)")
-    p.add_argument("--wait", action="store_true", help="--host: follow the run; exit non-zero when it fails")
+    p.add_argument("--run-name", help="--host/--vertex: run name (default: PIPELINE-TIMESTAMP)")
+    p.add_argument("--wait", action="store_true", help="--host/--vertex: follow the run; exit non-zero when it fails")
     p.add_argument("--timeout", type=float, default=86400, help="--host --wait: give up after this many seconds")
     p.add_argument("--poll-seconds", type=float, default=30, help="--host --wait: seconds between status checks")
     add_cache_option(p)
+    add_vertex_options(p)
     add_image_options(p)
     add_parameter_options(p)
     p.set_defaults(func=cmd_run)
@@ -358,9 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_image_options(p)
     p.set_defaults(func=cmd_upload)
 
-    p = sub.add_parser("schedule", help="create or update the recurring run of a pipeline on a KFP host")
-    add_host_options(p, required=True)
-    p.add_argument("--name", required=True, help="recurring run name: one schedule per name, updated in place")
+    p = sub.add_parser("schedule", help="create or update the recurring run (KFP host or Vertex AI Pipelines)")
+    add_host_options(p)
+    add_vertex_options(p)
+    p.add_argument("--name", default=training.PIPELINE_NAME,
+                   help="schedule name: one schedule per name, updated in place (default: %(default)s)")
     p.add_argument("--pipeline-name", default=training.PIPELINE_NAME)
     p.add_argument("--cron", help="standard 5-field cron, e.g. '0 3 * * *' (03:00 every day)")
     p.add_argument("--version", default="latest", help="pipeline version to run, or latest (default): the newest "
@@ -369,9 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=1)
     p.add_argument("--no-catchup", action="store_true", help="do not backfill runs missed while paused")
     action = p.add_mutually_exclusive_group()
-    action.add_argument("--disable", action="store_true", help="pause the schedule")
+    action.add_argument("--disable", "--pause", action="store_true", help="pause the schedule")
+    action.add_argument("--resume", action="store_true", help="--vertex: resume a paused schedule")
     action.add_argument("--delete", action="store_true", help="delete the schedule")
     add_cache_option(p)
+    add_image_options(p)
     add_parameter_options(p)
     p.set_defaults(func=cmd_schedule)
 
@@ -390,12 +476,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from pipelines.publish import PublishError
+    from pipelines.vertex import VertexPipelineError
 
     try:
         return args.func(args)
     except (ValueError, PublishError) as e:
         print(f"pipectl: error: {e}", file=sys.stderr)
         return 2
+    except (VertexPipelineError, TimeoutError) as e:
+        print(f"pipectl: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
