@@ -242,6 +242,49 @@ def test_main_trigger_schedules_nightly():
     assert trigger["substitutions"]["_KFP_HOST"].startswith("https://")
 
 
+GCLOUD_LOADERS = r"""
+import sys
+sdk = sys.argv[1]
+sys.path[:0] = [sdk + "/lib", sdk + "/lib/third_party"]
+from googlecloudsdk.api_lib.cloudbuild import cloudbuild_util, config
+messages = cloudbuild_util.GetMessagesModule()
+for kind, path in zip(sys.argv[2::2], sys.argv[3::2]):
+    if kind == "trigger":  # what `gcloud builds triggers import --source=PATH` parses before calling the API
+        for trigger in cloudbuild_util.LoadMessagesFromPath(path, messages.BuildTrigger, "BuildTrigger",
+                                                            skip_camel_case=["substitutions"]):
+            print("trigger", trigger.name, trigger.filename)
+    else:  # what `gcloud builds submit --config=PATH` parses
+        print("build", [step.id for step in config.LoadCloudbuildConfigFromPath(path, messages).steps])
+"""
+
+
+def gcloud_sdk() -> str | None:
+    gcloud = shutil.which("gcloud")
+    return os.path.dirname(os.path.dirname(os.path.realpath(gcloud))) if gcloud else None
+
+
+@pytest.mark.skipif(not gcloud_sdk() or not os.path.isdir(os.path.join(gcloud_sdk() or "", "lib", "googlecloudsdk")),
+                    reason="the Google Cloud SDK (gcloud) is not installed here")
+def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
+    """gcloud's own loaders, offline: unknown fields or wrong types fail here as they would in `gcloud builds`."""
+    def load_with_gcloud(*kind_and_paths):
+        # -I -S: only the standard library and the SDK's own packages, as gcloud runs them.
+        return subprocess.run([sys.executable, "-I", "-S", "-c", GCLOUD_LOADERS, gcloud_sdk(), *kind_and_paths],
+                              capture_output=True, text=True, timeout=120)
+
+    result = load_with_gcloud("trigger", TRIGGERS["main"], "trigger", TRIGGERS["pr"], "build", MAIN, "build", PR)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "trigger image-classification-main cloudbuild.yaml", "trigger image-classification-pr cloudbuild-pr.yaml",
+        "build ['test', 'build-cpu', 'build-gpu', 'compile', 'publish']", "build ['test', 'compile']"]
+
+    broken = load(TRIGGERS["main"])
+    broken["github"]["pushes"] = broken["github"].pop("push")
+    (tmp_path / "trigger.yaml").write_text(yaml.safe_dump(broken))
+    result = load_with_gcloud("trigger", str(tmp_path / "trigger.yaml"))
+    assert result.returncode != 0 and ".github.pushes: unused" in result.stderr
+
+
 # ----------------------------------------------------------------------------------------------- the steps, executed
 
 
