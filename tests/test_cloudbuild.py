@@ -373,7 +373,9 @@ def test_pr_check_only_tests_and_compiles(workspace):
     values = substitutions(build)
     compiled = run_step(steps_by_id(build)["compile"], workspace, values)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
-    with open(workspace / "pipeline.yaml") as f:
-        package = next(yaml.safe_load_all(f))
     repo, tag = values["_IMAGE_REPO"], BUILTINS["SHORT_SHA"]
-    assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"}
+    for target in ("kfp", "vertex"):
+        with open(workspace / f"pipeline-{target}.yaml") as f:
+            package, *platform = list(yaml.safe_load_all(f))
+        assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"}
+        assert bool(platform) == (target == "kfp")  # GKE node selectors live in the kubernetes platform spec
