@@ -232,7 +232,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from components.predict import predict
 
-    result = predict(args.model, args.images, args.output, batch_size=args.batch_size, top_k=args.top_k)
+    result = predict(args.model, args.images, args.output, batch_size=args.batch_size, top_k=args.top_k,
+                     chunk_size=args.chunk_size, print_first=args.print_first)
     print(json.dumps(result.to_json(), indent=2))
     return 0
 
@@ -254,12 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_parameter_options(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("predict", help="classify a folder of images with a trained model, outside a pipeline")
+    p = sub.add_parser("predict", help="classify images with a trained model, outside a pipeline (restartable)")
     p.add_argument("--model", required=True, help="a model directory written by training (or a SavedModel)")
-    p.add_argument("--images", required=True, help="folder of images (local or gs://), searched recursively")
-    p.add_argument("--output", required=True, help="output directory for predictions.jsonl/.csv and errors.jsonl")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--images", required=True, help="a folder (searched recursively), a glob, a manifest "
+                   "(.txt/.csv/.jsonl of uris) or TFRecord shards; local or gs://")
+    p.add_argument("--output", required=True, help="output directory for predictions.jsonl/.csv and errors.jsonl; "
+                   "a rerun into the same directory skips what is already predicted")
+    from components.predict import add_arguments as add_predict_arguments
+
+    add_predict_arguments(p)
     p.set_defaults(func=cmd_predict)
     return parser
 
