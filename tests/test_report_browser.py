@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--champion-version", default="1")
     parser.add_argument("--min-accuracy", type=float, default=0.8)
     parser.add_argument("--tolerance", type=float, default=0.005)
-    parser.add_argument("--height", type=int, default=2300, help="pixels of the page to keep")
+    parser.add_argument("--height", type=int, default=2900, help="pixels of the page to keep")
     args = parser.parse_args(argv)
     browser = find_browser()
     if not browser:
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         page = os.path.join(work, "report.html")
         write_report(result, args.model_dir, args.dataset_dir, page)
         screenshot(browser, page, os.path.join(work, "full.png"), height=args.height)
-        Image.open(os.path.join(work, "full.png")).convert("RGB").quantize(colors=128).save(args.png, optimize=True)
+        Image.open(os.path.join(work, "full.png")).convert("RGB").quantize(colors=256).save(args.png, optimize=True)
     print(f"{args.png}: {result.decision}")
     return 0
 
