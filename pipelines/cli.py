@@ -230,10 +230,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from components.predict import predict
+    from components.predict import VertexBatchError, predict_from_args
 
-    result = predict(args.model, args.images, args.output, batch_size=args.batch_size, top_k=args.top_k,
-                     chunk_size=args.chunk_size, print_first=args.print_first)
+    try:
+        result = predict_from_args(args, args.model, args.images, args.output)
+    except VertexBatchError as e:
+        print(f"pipectl: error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(result.to_json(), indent=2))
     return 0
 

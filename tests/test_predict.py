@@ -434,3 +434,117 @@ def test_pipectl_predict_standalone(image_folder, tiny_model, tmp_path):
                               "--output", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2
     assert "Image source not found" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# ---------------------------------------------------------------------------------------------- Vertex AI
+
+
+@pytest.fixture
+def vertex_serving(tiny_model):
+    """What Vertex AI's TensorFlow serving container does with the registered model: the exported SavedModel's
+    serving signature, refusing instances that do not match it."""
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(os.path.join(tiny_model, "saved_model")).signatures["serving_default"]
+    (input_name,) = signature.structured_input_signature[1]
+
+    def serve(instances: list) -> list:
+        for instance in instances:
+            if set(instance) != {input_name}:
+                raise ValueError(f"instance fields {sorted(instance)} do not match the signature's input {input_name}")
+        try:
+            outputs = signature(**{input_name: tf.constant([i[input_name] for i in instances], tf.float32)})
+        except (tf.errors.InvalidArgumentError, ValueError) as e:
+            raise ValueError(f"the model refused the instances: {str(e).splitlines()[0]}") from None
+        return next(iter(outputs.values())).numpy().tolist()
+
+    return serve
+
+
+@pytest.fixture
+def vertex(tmp_path, vertex_serving):
+    from tests.standins.vertex_batch import VertexBatchStandIn
+
+    with VertexBatchStandIn(str(tmp_path / "gcs"), vertex_serving) as standin:
+        yield standin
+
+
+def job_client(vertex):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1
+
+    return aiplatform_v1.JobServiceClient(transport="rest", credentials=AnonymousCredentials(),
+                                          client_options={"api_endpoint": vertex.api_endpoint})
+
+
+def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image_folder, tiny_model, classifier,
+                                                                   tmp_path):
+    folder = image_folder(per_class=4)
+    write(os.path.join(folder, "Bag", "broken.png"), b"\x89PNG\r\n\x1a\n broken")
+    model = vertex.add_model("4242", "image-classifier", versions=("1", "2"), aliases={"default": "1", "champion": "2"})
+    sleeps = []
+    out = str(tmp_path / "vertex-out")
+    result = predict_lib.vertex_batch_predict(
+        tiny_model, model + "@champion", folder, out, client=job_client(vertex), staging_uri="gs://bucket/batch/run-1",
+        storage_root=str(tmp_path / "gcs"), machine_type="n1-standard-8", poll_seconds=5, sleep=sleeps.append)
+
+    assert (result.count, result.errors) == (12, 1)
+    assert sleeps == [5, 5]  # PENDING, RUNNING, SUCCEEDED
+    create = next(r for r in vertex.requests if r["rpc"] == "CreateBatchPredictionJob")
+    assert create["path"] == "v1/projects/test-project/locations/us-central1/batchPredictionJobs"
+    body = create["body"]
+    assert body["model"] == model + "@champion"
+    assert body["inputConfig"] == {"instancesFormat": "jsonl",
+                                   "gcsSource": {"uris": ["gs://bucket/batch/run-1/instances.jsonl"]}}
+    assert body["instanceConfig"] == {"instanceType": "object", "keyField": "uri"}
+    assert body["outputConfig"]["gcsDestination"]["outputUriPrefix"] == "gs://bucket/batch/run-1/results"
+    assert body["dedicatedResources"]["machineSpec"] == {"machineType": "n1-standard-8"}
+    with open(tmp_path / "gcs" / "bucket" / "batch" / "run-1" / "instances.jsonl") as f:
+        assert sum(1 for _ in f) == 12
+
+    local = predict("", folder, str(tmp_path / "local-out"), classifier=classifier)
+    assert local.count == 12
+    remote_rows = {r["uri"]: r for r in rows(os.path.join(out, "predictions.jsonl"))}
+    for row in rows(str(tmp_path / "local-out" / "predictions.jsonl")):
+        assert remote_rows[row["uri"]]["class_index"] == row["class_index"]
+        assert remote_rows[row["uri"]]["confidence"] == pytest.approx(row["confidence"], abs=1e-5)
+        assert [t["class_name"] for t in remote_rows[row["uri"]]["top_k"]][:1] == [row["class_name"]]
+    errors = rows(os.path.join(out, "errors.jsonl"))
+    assert [e["uri"] for e in errors] == [os.path.join(folder, "Bag", "broken.png")]
+    with open(os.path.join(out, "predictions.csv")) as f:
+        assert sum(1 for _ in f) == 13
+
+
+def test_vertex_batch_job_failures_are_reported(vertex, image_folder, tiny_model, tmp_path):
+    folder = image_folder(per_class=2)
+    model = vertex.add_model("77", "image-classifier")
+    common = dict(client=job_client(vertex), staging_uri="gs://bucket/batch", storage_root=str(tmp_path / "gcs"),
+                  poll_seconds=1, sleep=lambda s: None)
+
+    vertex.fail_next_job("Model server terminated: out of memory")
+    with pytest.raises(predict_lib.VertexBatchError, match="ended JOB_STATE_FAILED: Model server terminated"):
+        predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o1"), **common)
+
+    with pytest.raises(predict_lib.VertexBatchError, match=r"failed: .*does not exist.*registered in this project"):
+        predict_lib.vertex_batch_predict(tiny_model, model.replace("/77", "/78"), folder, str(tmp_path / "o2"), **common)
+
+    vertex.polls = (100, 1)
+    with pytest.raises(predict_lib.VertexBatchError, match="did not finish within 3s; it was cancelled"):
+        predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o3"), timeout_seconds=3, **common)
+    assert list(vertex.jobs.values())[-1]["job"]["state"] == "JOB_STATE_CANCELLED"
+
+    with pytest.raises(ValueError, match="Not a Vertex AI model resource name"):
+        predict_lib.run_vertex_batch_job(common["client"], model="image-classifier", instances_uri="gs://b/i.jsonl",
+                                         output_uri_prefix="gs://b/o", display_name="x")
+    with pytest.raises(ValueError, match="staging location must be a gs:// folder"):
+        predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o4"),
+                                         **{**common, "staging_uri": str(tmp_path / "staging")})
+
+
+def test_pipectl_predict_on_vertex_needs_a_staging_folder(tiny_model, image_folder, capsys):
+    from pipelines import cli
+
+    code = cli.main(["predict", "--model", tiny_model, "--images", image_folder(per_class=1), "--output", "/tmp/x",
+                     "--vertex-model", "projects/p/locations/us-central1/models/1"])
+    assert code == 2
+    assert "--vertex-model needs --staging gs://BUCKET/FOLDER" in capsys.readouterr().err

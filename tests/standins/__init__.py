@@ -1,0 +1,1 @@
+"""Local stand-ins for remote services, driven by the real client libraries in tests."""
