@@ -108,7 +108,8 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predictions: Output[Dataset]) -> int:
-    """Classifies every image under a folder (local or gs://); with no folder, 10 test images per class.
+    """Classifies every image of a folder, glob, manifest or TFRecord shards (local or gs://), streamed in
+    chunks written as they finish; with no source, 10 test images per class.
 
     Returns the number of predictions.
     """

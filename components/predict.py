@@ -156,9 +156,23 @@ def _normal(path: str) -> str:
     return path.rstrip("/") if _is_remote(path) else os.path.abspath(path)
 
 
+class Unlisted(str):
+    """A folder that could not be listed, passed along as an input so that it is reported (with the reason)
+    in errors.jsonl and counted, rather than silently missing."""
+
+    reason: str = ""
+
+    @classmethod
+    def of(cls, path: str, error: Exception) -> "Unlisted":
+        unlisted = cls(path)
+        unlisted.reason = f"folder could not be listed: {type(error).__name__}: {getattr(error, 'strerror', '') or error}"
+        return unlisted
+
+
 def walk_files(root: str, exclude: str | None = None) -> Iterator[str]:
     """Every file below `root`, lazily and in a stable order: a folder's files sorted, then its sub-folders in
-    sorted order. Only one folder's listing is held at a time. `exclude` (a folder) is not entered."""
+    sorted order. Only one folder's listing is held at a time. `exclude` (a folder) is not entered; linked
+    folders are followed once (no loops)."""
     excluded = _normal(exclude) if exclude else None
     if _is_remote(root):
         for directory, subdirs, files in data.gfile().walk(root):
@@ -167,16 +181,20 @@ def walk_files(root: str, exclude: str | None = None) -> Iterator[str]:
             for name in sorted(files):
                 yield data.join(directory, name)
         return
-    stack = [root]
+    stack, seen = [root], set()
     while stack:
         directory = stack.pop()
         files, subdirs = [], []
         try:
+            identity = os.stat(directory)
+            if (identity.st_dev, identity.st_ino) in seen:
+                continue
+            seen.add((identity.st_dev, identity.st_ino))
             with os.scandir(directory) as entries:
                 for entry in entries:
                     (subdirs if entry.is_dir() else files).append(entry.name)
         except OSError as e:
-            log.warning("predict: cannot list %s: %s", directory, e)
+            yield Unlisted.of(directory, e)
             continue
         for name in sorted(files):
             yield os.path.join(directory, name)
@@ -356,6 +374,8 @@ def jpeg_shape(contents: bytes) -> tuple[int, int, int] | None:
 
 def read_input(uri: str) -> bytes | str:
     """The bytes of a file, or the reason it cannot be read (local files skip TensorFlow's file layer: 6x cheaper)."""
+    if isinstance(uri, Unlisted):
+        return uri.reason
     if _is_remote(uri):
         try:
             return data.read_bytes(uri)

@@ -548,3 +548,23 @@ def test_pipectl_predict_on_vertex_needs_a_staging_folder(tiny_model, image_fold
                      "--vertex-model", "projects/p/locations/us-central1/models/1"])
     assert code == 2
     assert "--vertex-model needs --staging gs://BUCKET/FOLDER" in capsys.readouterr().err
+
+
+def test_a_folder_that_cannot_be_listed_is_reported(tmp_path):
+    """A folder gone (or unreadable) when the walk reaches it becomes an input whose reading fails with the reason."""
+    for name in ("a.png", "b/c.png", "d/e.png"):
+        write(tmp_path / "root" / name, b"x")
+    walk = predict_lib.walk_files(str(tmp_path / "root"))
+    assert next(walk) == str(tmp_path / "root" / "a.png")
+    os.rename(tmp_path / "root" / "b", tmp_path / "elsewhere")  # vanishes before the walk lists it
+    rest = list(walk)
+    assert rest == [str(tmp_path / "root" / "b"), str(tmp_path / "root" / "d" / "e.png")]
+    reason = predict_lib.read_input(rest[0])
+    assert reason.startswith("folder could not be listed: FileNotFoundError")
+
+
+def test_linked_folders_are_followed_once(image_folder, classifier, tmp_path):
+    folder = image_folder(per_class=2)
+    os.symlink(folder, os.path.join(folder, "Bag", "loop"))
+    result = predict("", folder, str(tmp_path / "out"), classifier=classifier)
+    assert (result.count, result.errors) == (6, 0)
