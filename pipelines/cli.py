@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parameter_options(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("predict", help="classify images with a trained model, outside a pipeline (restartable)")
+    p = sub.add_parser("predict", help="classify a folder of images with a trained model, outside a pipeline")
     p.add_argument("--model", required=True, help="a model directory written by training (or a SavedModel)")
     p.add_argument("--images", required=True, help="a folder (searched recursively), a glob, a manifest "
                    "(.txt/.csv/.jsonl of uris) or TFRecord shards; local or gs://")
