@@ -88,7 +88,7 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
     import json
     import logging
 
-    from components.evaluate import evaluate, write_report
+    from components.evaluate import decision_markdown, evaluate, log_to_kfp, write_report
     from components.register import open_registry
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
@@ -97,14 +97,9 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
                       min_class_recall=min_class_recall if min_class_recall >= 0 else None,
                       champion_model_dir=champion.uri if champion else None,
                       champion_version=champion.version if champion else "", tolerance=tolerance)
-    for name, value in result.scores.summary().items():
-        metrics.log_metric(name, round(value, 6))
-    for name, recall, precision in zip(result.class_names, result.scores.recall, result.scores.precision):
-        metrics.log_metric(f"recall: {name}", round(recall, 6))
-        metrics.log_metric(f"precision: {name}", round(precision, 6))
-    confusion.log_confusion_matrix(result.class_names, result.scores.confusion)
+    log_to_kfp(result, metrics, confusion)
     with open(decision.path, "w") as f:
-        f.write(f"**{result.decision}**\n\n" + "".join(f"- {r}\n" for r in result.reasons))
+        f.write(decision_markdown(result))
     with open(evaluation.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
     write_report(result, model.path, dataset.path, report.path)
@@ -113,7 +108,8 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predictions: Output[Dataset]) -> int:
-    """Classifies every image under a folder (local or gs://); with no folder, 10 test images per class.
+    """Classifies every image of a folder, glob, manifest or TFRecord shards (local or gs://), streamed in
+    chunks written as they finish; with no source, 10 test images per class.
 
     Returns the number of predictions.
     """

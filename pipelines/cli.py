@@ -371,9 +371,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from components.predict import predict
+    from components.predict import VertexBatchError, predict_from_args
 
-    result = predict(args.model, args.images, args.output, batch_size=args.batch_size, top_k=args.top_k)
+    try:
+        result = predict_from_args(args, args.model, args.images, args.output)
+    except VertexBatchError as e:
+        print(f"pipectl: error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(result.to_json(), indent=2))
     return 0
 
@@ -463,10 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="classify a folder of images with a trained model, outside a pipeline")
     p.add_argument("--model", required=True, help="a model directory written by training (or a SavedModel)")
-    p.add_argument("--images", required=True, help="folder of images (local or gs://), searched recursively")
-    p.add_argument("--output", required=True, help="output directory for predictions.jsonl/.csv and errors.jsonl")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--images", required=True, help="a folder (searched recursively), a glob, a manifest "
+                   "(.txt/.csv/.jsonl of uris) or TFRecord shards; local or gs://")
+    p.add_argument("--output", required=True, help="output directory for predictions.jsonl/.csv and errors.jsonl; "
+                   "a rerun into the same directory skips what is already predicted")
+    from components.predict import add_arguments as add_predict_arguments
+
+    add_predict_arguments(p)
     p.set_defaults(func=cmd_predict)
     return parser
 
