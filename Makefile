@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data run test compile bench clean
+.PHONY: help install data browser run test compile bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -36,10 +36,22 @@ data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missi
 	echo "or run the pipeline on other data: $(BIN)/pipectl run --local --data DIR_OR_tfds:NAME"; \
 	exit 1
 
+browser: ## install Debian's chromium for the report's browser tests when missing (they skip without it)
+	@if command -v chromium >/dev/null 2>&1; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ]; then \
+	    echo "Installing chromium for the browser tests..."; \
+	    $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; } && exit 0; \
+	  fi; \
+	fi; \
+	echo "chromium is not installed and could not be installed here: the report's browser tests will be skipped."
+
 run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
 	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
 
-test: install ## run the test suite
+test: install browser ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
