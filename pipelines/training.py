@@ -82,7 +82,8 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             min_accuracy: A model below this test accuracy is not blessed.
             min_class_recall: Minimum recall for every class (negative: no such check).
             tolerance: A model may trail the champion's accuracy by this much and still be blessed.
-            predict_images: Images to classify: a folder, glob, manifest or TFRecord shards, local or gs:// (empty: 10 test images per class).
+            predict_images: Images to classify: a folder, glob, manifest or TFRecord shards, local or gs://
+                (empty: 10 test images per class).
             registry: local or vertex.
             registry_root: Directory of the local registry.
             model_name: The registered model's name.
