@@ -53,8 +53,21 @@ def add_parameter_options(parser: argparse.ArgumentParser) -> None:
     for name, param in pipeline_parameters().items():
         flag = "--" + name.replace("_", "-")
         kind = param.annotation if param.annotation in (int, float, str) else str
+        if param.annotation is bool:
+            kind = _parse_bool
         group.add_argument(flag, dest=f"param_{name}", type=kind, default=None, metavar=kind.__name__.upper(),
                            help=f"default: {param.default!r}")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+_parse_bool.__name__ = "bool"
 
 
 def given_parameters(args: argparse.Namespace) -> dict:
@@ -76,11 +89,11 @@ def validate_parameters(params: dict) -> dict:
         expected = known[name].annotation
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             params[name] = merged[name] = float(value)
-        elif not isinstance(value, expected) or isinstance(value, bool):
+        elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ValueError(f"Parameter {name} must be {expected.__name__}, got {value!r}")
     problems = []
-    if merged["epochs"] < 1:
-        problems.append(f"epochs must be >= 1 (got {merged['epochs']})")
+    if merged["epochs"] < 0:
+        problems.append(f"epochs must be >= 0, 0 for the recipe's (got {merged['epochs']})")
     for name in ("limit", "batch_size", "augment_copies", "learning_rate"):
         if merged[name] < 0:
             problems.append(f"{name} must be >= 0 (got {merged[name]})")
@@ -101,6 +114,16 @@ def validate_parameters(params: dict) -> dict:
         problems.append(f"registry must be one of {', '.join(REGISTRIES)} (got {merged['registry']!r})")
     if not 0 <= merged["min_accuracy"] <= 1:
         problems.append(f"min_accuracy must be in [0, 1] (got {merged['min_accuracy']})")
+    try:
+        from components.launch import pod_scheduling
+
+        pod_scheduling(merged["train_accelerator_type"], merged["train_gpu_count"],
+                       known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
+                       node_pool=merged["train_node_pool"])
+    except ValueError as e:
+        problems.append(str(e))
+    if merged["train_workers"] < 0:
+        problems.append(f"train_workers must be >= 0 (got {merged['train_workers']})")
     try:
         AugmentPolicy.from_json(merged["augment_policy"])
     except (ValueError, TypeError) as e:
