@@ -524,6 +524,10 @@ def launch_training(*, launcher: str, dataset_uri: str, augmented_uri: str, mode
 
     if launcher not in ("tfjob", "vertex-job"):
         raise ValueError(f"launcher must be tfjob or vertex-job, got {launcher!r}")
+    for uri in (dataset_uri, staging_dir, backup_dir):
+        if uri.startswith(("minio://", "s3://")):
+            raise ValueError(f"The training job's replicas cannot read or write {uri}: run the pipeline with a gs:// "
+                             "pipeline root (or a checkpoint_root and pipeline root they can reach)")
     scheduling = pod_scheduling(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
                                 node_pool=node_pool)
     staged_model, staged_logs = f"{staging_dir.rstrip('/')}/model", f"{staging_dir.rstrip('/')}/tensorboard"

@@ -37,6 +37,11 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predict-accelerator", default=config.DEFAULT_PREDICT_ACCELERATOR,
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--predict-gpus", type=int, default=1)
+    group.add_argument("--train-launcher", choices=config.TRAIN_LAUNCHERS, default="pod",
+                       help="pod: train in the pipeline task; tfjob: a Kubeflow TFJob (chief + --train-workers); "
+                            "vertex-job: a Vertex AI CustomJob with worker pools")
+    group.add_argument("--train-namespace", default="kubeflow", help="namespace of the TFJob (default: %(default)s)")
+    group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the TFJob")
 
 
 def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
@@ -44,7 +49,8 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
     images = config.Images(cpu=args.cpu_image or repo_images.cpu, gpu=args.gpu_image or repo_images.gpu)
     return config.PipelineSettings(images=images, target=args.target, train_accelerator=args.train_accelerator,
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
-                                   predict_gpus=args.predict_gpus)
+                                   predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
+                                   train_namespace=args.train_namespace, kueue_queue=args.kueue_queue)
 
 
 def add_parameter_options(parser: argparse.ArgumentParser) -> None:

@@ -360,13 +360,17 @@ def test_custom_job_worker_pools():
         launch.vertex_machine_type("nvidia-l4", 3)
 
 
-def test_vertex_custom_job_runs_the_pools_and_succeeds():
+def test_vertex_custom_job_runs_the_pools_and_succeeds(tmp_path):
     with VertexJobsStandIn() as vertex:
         launcher = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05)
-        command = script("""
-            import json, os
+        # The chief finishes last, as in multi-worker training (the job ends when the chief does).
+        command = script(f"""
+            import json, os, time
             task = json.loads(os.environ["TF_CONFIG"])["task"]
-            print(task["type"], task["index"])
+            print(task["type"], task["index"], flush=True)
+            open(os.path.join({str(tmp_path)!r}, task["type"] + str(task["index"])), "w").close()
+            while task["type"] == "chief" and len(os.listdir({str(tmp_path)!r})) < 3:
+                time.sleep(0.05)
         """)
         outcome = launcher.run(launch.custom_job(job(command=command, workers=2), vertex_accelerators=KNOWN,
                                                  spot=False))
@@ -423,3 +427,14 @@ def test_cancelling_the_run_cancels_the_custom_job(tmp_path):
         name = vertex.cancelled[0]
         assert vertex.jobs[name].snapshot()["state"] == "JOB_STATE_CANCELLED"
         assert all(pod.process.poll() is not None for pod in vertex.jobs[name].pods)
+
+
+def test_a_job_cannot_use_a_pipeline_root_its_replicas_cannot_reach(tmp_path):
+    with pytest.raises(ValueError, match="gs:// pipeline root"):
+        launch.launch_training(
+            launcher="tfjob", dataset_uri="minio://mlpipeline/v2/artifacts/run/preprocess/dataset", augmented_uri="",
+            model_path=str(tmp_path / "model"), tensorboard_path=str(tmp_path / "tb"),
+            staging_dir="minio://mlpipeline/jobs/run/train", backup_dir="minio://mlpipeline/checkpoints/run/train",
+            recipe="fast", epochs=0, batch_size=0, learning_rate=0.0, image="img", workers=1,
+            accelerator="nvidia-l4", gpus=1, spot=False, node_pool="", known_accelerators=KNOWN, kueue_queue="",
+            namespace="ml", project="", location="", run_id="run", task_name="train")

@@ -149,6 +149,23 @@ def test_input_resumes_on_the_same_batches(small_dataset, mode):
     assert any((a != b).any() for a, b in zip(whole, other_epoch))  # reshuffled every epoch
 
 
+def test_online_augmentation_in_memory_input(small_dataset):
+    """Online augmentation changes the images, not the labels, the same way on every call (resumable)."""
+    manifest = data.read_manifest(small_dataset)
+    policy = {"rotation_degrees": 15, "shift_fraction": 0.1, "seed": 3}
+
+    def first_batch(online_policy):
+        pipeline = train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
+                                    recipe=train.RECIPES["fast"], online_policy=online_policy, mode="memory")
+        images, labels = next(iter(pipeline.dataset(epoch=1, first_batch=0, num_batches=1, batch=16)))
+        return images.numpy(), labels.numpy()
+
+    plain, augmented, again = first_batch(None), first_batch(policy), first_batch(policy)
+    np.testing.assert_array_equal(plain[1], augmented[1])
+    assert np.abs(plain[0] - augmented[0]).mean() > 5  # pixel values 0-255
+    np.testing.assert_array_equal(augmented[0], again[0])
+
+
 def test_workers_read_disjoint_shards(small_dataset):
     manifest = data.read_manifest(small_dataset)
     shares = [train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=i, num_pipelines=2,

@@ -26,6 +26,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -64,6 +65,8 @@ class Pod:
     def start(self) -> None:
         command = list(self.container.get("command", [])) + list(self.container.get("args", []))
         env = {**os.environ, **{e["name"]: e.get("value", "") for e in self.container.get("env", [])}, **self.env}
+        # The test's environment stands in for the image: its `python` is the one running the tests.
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         with self.changed:
             self.exit_code = None
             self.lines = []
