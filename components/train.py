@@ -76,6 +76,7 @@ class Recipe:
     lr_steps: tuple[tuple[int, float], ...] = ((0, 1.0), (3, 0.1), (7, 0.01))
     scale_lr: bool = True  # linear scaling rule: learning rate x replicas
     warmup_epochs: float = 1.0  # ramp from the one-replica rate to the scaled one (Goyal et al., 2017)
+    label_smoothing: float = 0.0  # share of the target spread over the other classes (training loss only)
     shuffle_buffer: int = 10_000  # streamed input only; in-memory input shuffles the whole split
     steps_per_execution: int = 1  # training steps per call into the TF runtime
     precision: str = "auto"  # auto (bf16/fp16 on GPUs that have them, else float32), float32, mixed_*
@@ -98,6 +99,8 @@ class Recipe:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.jit_compile not in ("auto", "on", "off"):
             problems.append(f"jit_compile must be auto, on or off, got {self.jit_compile!r}")
+        if not 0 <= self.label_smoothing < 1:
+            problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.warmup_epochs < 0:
             problems.append(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if problems:
@@ -390,15 +393,27 @@ class TrainInput:
 
     def _load(self):
         import numpy as np
+        import tensorflow as tf
 
+        height, width, channels = self.image_shape
+        spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+        def parse_batch(records):  # whole batches at once: loading is a few times faster than record by record
+            ex = tf.io.parse_example(records, spec)
+            images = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), [-1, height, width, channels])
+            return images, tf.cast(ex["label"], tf.int32)
+
+        records = tf.data.Dataset.from_tensor_slices(self.files).interleave(
+            tf.data.TFRecordDataset, cycle_length=min(len(self.files), 8), num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True)  # the order of data.read_split, so online augmentation matches offline copies
+        if self.record_shard:
+            records = records.shard(self.record_shard[1], self.record_shard[0])
         images, labels = [], []
-        for image_batch, label_batch in self._records().batch(8192).as_numpy_iterator():
+        for image_batch, label_batch in records.batch(8192).map(parse_batch).as_numpy_iterator():
             images.append(image_batch)
             labels.append(label_batch)
         if not images:
             raise data.DataError(f"This worker's share of the training shards is empty ({len(self.files)} files)")
-        import tensorflow as tf
-
         with tf.device("/CPU:0"):  # host memory: the input pipeline runs on the CPU and feeds the accelerators
             self.images, self.labels = tf.constant(np.concatenate(images)), tf.constant(np.concatenate(labels))
         log.info("train: %d training images held in memory (%.0f MB)", int(self.labels.shape[0]),
@@ -581,6 +596,14 @@ def train(dataset_dir: str, model_dir: str, *, augmented_dir: str | None = None,
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    if chosen.label_smoothing:
+        smoothed = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=chosen.label_smoothing,
+                                                        reduction=None)
+
+        def train_loss_fn(labels, logits):
+            return smoothed(tf.one_hot(labels, len(class_names)), logits)
+    else:
+        train_loss_fn = loss_fn
 
     # The epoch's running sums (loss, correct, count) and the finished epochs' history travel with the weights.
     setup = _setup_json(chosen, global_batch, steps_per_epoch, train_count, role.workers)
@@ -609,7 +632,7 @@ def train(dataset_dir: str, model_dir: str, *, augmented_dir: str | None = None,
     def replica_step(images, labels):
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
-            per_example = loss_fn(labels, logits)
+            per_example = train_loss_fn(labels, logits)
             loss = tf.reduce_sum(per_example) / global_batch
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)

@@ -10,7 +10,8 @@ are scored on the same test split after every epoch (scoring time is excluded fr
 Each run is its own process, one after the other, so peak memory is per run and neither inherits the other's
 TensorFlow state. Training time runs from the call to fit()/train() to the end of the last epoch: data loading
 and validation count, writing the model does not (the baseline writes none). The goal: ours reaches the
-baseline's final test accuracy in at most a third of its training time.
+baseline's final test accuracy in at most a third of the baseline's training time; the whole default training
+run is reported beside it.
 """
 
 from __future__ import annotations
@@ -141,9 +142,6 @@ def table(baseline: dict, ours: dict) -> str:
     rows.append(("training seconds", f"{baseline['train_seconds']:.1f}", f"{ours['train_seconds']:.1f}"))
     rows.append(("images/s", f"{baseline['images_per_second']:.0f}", f"{ours['images_per_second']:.0f}"))
     rows.append(("final test accuracy", f"{baseline['test_accuracy']:.4f}", f"{ours['test_accuracy']:.4f}"))
-    for run in (baseline, ours):
-        reached = seconds_to(run["per_epoch"], target)
-        run["seconds_to_target"] = reached
     rows.append((f"seconds to {target:.4f}", *(f"{r['seconds_to_target']:.1f}" if r["seconds_to_target"] else "never"
                                               for r in (baseline, ours))))
     rows.append(("peak memory MB", f"{baseline['peak_memory_mb']:.0f}", f"{ours['peak_memory_mb']:.0f}"))
@@ -176,14 +174,21 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()[0]
     baseline = _run_child("baseline", dataset_dir, None, None)
     ours = _run_child("ours", dataset_dir, args.epochs, args.recipe)
+    for run in (baseline, ours):
+        run["seconds_to_target"] = seconds_to(run["per_epoch"], baseline["test_accuracy"])
     print(f"Training: reference recipe (baseline) vs our defaults, {baseline['train_count']} training images, "
           f"{os.cpu_count()} CPU(s), load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print(table(baseline, ours))
     speedup = baseline["train_seconds"] / ours["train_seconds"]
-    met = ours["test_accuracy"] >= baseline["test_accuracy"] and speedup >= GOAL_SPEEDUP
-    print(f"speed-up {speedup:.2f}x (goal >= {GOAL_SPEEDUP:.0f}x at >= the baseline's accuracy): "
-          f"{'met' if met else 'NOT met'}")
-    return {"baseline": baseline, "ours": ours, "speedup": speedup, "goal_met": met}
+    to_target = ours["seconds_to_target"]
+    speedup_to_target = baseline["train_seconds"] / to_target if to_target else 0.0
+    met = ours["test_accuracy"] >= baseline["test_accuracy"] and speedup_to_target >= GOAL_SPEEDUP
+    print(f"time to the baseline's final accuracy: {speedup_to_target:.2f}x faster than the baseline's training "
+          f"(goal >= {GOAL_SPEEDUP:.0f}x): {'met' if met else 'NOT met'}")
+    print(f"whole default training ({ours['epochs']} epochs, final accuracy {ours['test_accuracy']:.4f}): "
+          f"{speedup:.2f}x faster")
+    return {"baseline": baseline, "ours": ours, "speedup": speedup, "speedup_to_target": speedup_to_target,
+            "goal_met": met}
 
 
 if __name__ == "__main__":
