@@ -52,31 +52,71 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def schedule_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict) -> NamedTuple(
+        "Scheduling", node_selector=dict, tolerations=list, vertex_accelerator=str):
+    """Checks the run's GPU choice (a known GKE accelerator, a sane count) and turns it into the training pod's
+    node selector and tolerations (accelerator, Spot VMs, node pool)."""
+    import collections
+
+    from components.launch import pod_scheduling
+
+    scheduling = pod_scheduling(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
+                                node_pool=node_pool)
+    Scheduling = collections.namedtuple("Scheduling", ["node_selector", "tolerations", "vertex_accelerator"])
+    return Scheduling(scheduling.node_selector, scheduling.tolerations,
+                      known_accelerators.get(scheduling.accelerator, "") if gpus else "")
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int, batch_size: int,
              learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
              model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
     """Trains the classifier under a tf.distribute strategy; resumes from checkpoints when the task is retried.
 
-    Returns the wall time of fitting, in seconds.
+    Exits 143 when preempted (SIGTERM: a checkpoint is saved, the retry resumes from it); a permanent failure
+    (bad input, NaN loss, a bug) is recorded so that retries fail at once. Returns the wall time of fitting,
+    in seconds.
     """
     import logging
 
-    from components.train import train
+    from components.train import attempt, backup_dir_for, log_to_kfp, train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
-    backup_dir = f"{(checkpoint_root or pipeline_root).rstrip('/')}/checkpoints/{run_id}/{task_name}"
-    result = train(dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs or None,
-                   batch_size=batch_size or None, learning_rate=learning_rate or None, backup_dir=backup_dir,
-                   tensorboard_dir=tensorboard.path)
-    for name, values in result.history.items():
-        for epoch, value in enumerate(values, start=1):
-            metrics.log_metric(f"epoch{epoch:02d}_{name}", round(value, 6))
-        metrics.log_metric(f"final_{name}", round(values[-1], 6))
-    metrics.log_metric("train_seconds", round(result.train_seconds, 2))
-    metrics.log_metric("images_per_second", round(result.images_per_second, 1))
-    model.metadata.update({"framework": "tensorflow", "strategy": result.strategy, "replicas": result.replicas})
+    backup_dir = backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name)
+    result = attempt(lambda: train(
+        dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs or None,
+        batch_size=batch_size or None, learning_rate=learning_rate or None, backup_dir=backup_dir,
+        tensorboard_dir=tensorboard.path), backup_dir)
+    log_to_kfp(result.to_json(), metrics, model)
     return result.train_seconds
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int, batch_size: int,
+                 learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
+                 launcher: str, image: str, workers: int, accelerator: str, gpus: int, spot: bool, node_pool: str,
+                 known_accelerators: dict, kueue_queue: str, namespace: str, project: str, location: str,
+                 model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
+    """Trains on a chief and `workers` more machines: creates a Kubeflow TFJob (launcher=tfjob) or a Vertex AI
+    CustomJob (launcher=vertex-job) running the training image, follows it, and deletes/cancels it when the run is
+    cancelled. The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
+    """
+    import logging
+
+    from components.launch import launch_training
+    from components.train import backup_dir_for, log_to_kfp
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    info = launch_training(
+        launcher=launcher, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_path=model.path,
+        tensorboard_path=tensorboard.path, staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}",
+        backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name), recipe=recipe, epochs=epochs,
+        batch_size=batch_size, learning_rate=learning_rate, image=image, workers=workers, accelerator=accelerator,
+        gpus=gpus, spot=spot, node_pool=node_pool, known_accelerators=known_accelerators, kueue_queue=kueue_queue,
+        namespace=namespace, project=project, location=location, run_id=run_id, task_name=task_name)
+    log_to_kfp(info, metrics, model)
+    return info["train_seconds"]
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)

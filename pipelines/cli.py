@@ -39,6 +39,11 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predict-accelerator", default=config.DEFAULT_PREDICT_ACCELERATOR,
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--predict-gpus", type=int, default=1)
+    group.add_argument("--train-launcher", choices=config.TRAIN_LAUNCHERS, default="pod",
+                       help="pod: train in the pipeline task; tfjob: a Kubeflow TFJob (chief + --train-workers); "
+                            "vertex-job: a Vertex AI CustomJob with worker pools")
+    group.add_argument("--train-namespace", default="kubeflow", help="namespace of the TFJob (default: %(default)s)")
+    group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the TFJob")
 
 
 def add_host_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -59,7 +64,8 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
     images = config.Images(cpu=args.cpu_image or repo_images.cpu, gpu=args.gpu_image or repo_images.gpu)
     return config.PipelineSettings(images=images, target=args.target, train_accelerator=args.train_accelerator,
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
-                                   predict_gpus=args.predict_gpus)
+                                   predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
+                                   train_namespace=args.train_namespace, kueue_queue=args.kueue_queue)
 
 
 def add_parameter_options(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +74,21 @@ def add_parameter_options(parser: argparse.ArgumentParser) -> None:
     for name, param in pipeline_parameters().items():
         flag = "--" + name.replace("_", "-")
         kind = param.annotation if param.annotation in (int, float, str) else str
+        if param.annotation is bool:
+            kind = _parse_bool
         group.add_argument(flag, dest=f"param_{name}", type=kind, default=None, metavar=kind.__name__.upper(),
                            help=f"default: {param.default!r}")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+_parse_bool.__name__ = "bool"
 
 
 def given_parameters(args: argparse.Namespace) -> dict:
@@ -91,11 +110,11 @@ def validate_parameters(params: dict) -> dict:
         expected = known[name].annotation
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             params[name] = merged[name] = float(value)
-        elif not isinstance(value, expected) or isinstance(value, bool):
+        elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ValueError(f"Parameter {name} must be {expected.__name__}, got {value!r}")
     problems = []
-    if merged["epochs"] < 1:
-        problems.append(f"epochs must be >= 1 (got {merged['epochs']})")
+    if merged["epochs"] < 0:
+        problems.append(f"epochs must be >= 0, 0 for the recipe's (got {merged['epochs']})")
     for name in ("limit", "batch_size", "augment_copies", "learning_rate"):
         if merged[name] < 0:
             problems.append(f"{name} must be >= 0 (got {merged[name]})")
@@ -116,6 +135,16 @@ def validate_parameters(params: dict) -> dict:
         problems.append(f"registry must be one of {', '.join(REGISTRIES)} (got {merged['registry']!r})")
     if not 0 <= merged["min_accuracy"] <= 1:
         problems.append(f"min_accuracy must be in [0, 1] (got {merged['min_accuracy']})")
+    try:
+        from components.launch import pod_scheduling
+
+        pod_scheduling(merged["train_accelerator_type"], merged["train_gpu_count"],
+                       known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
+                       node_pool=merged["train_node_pool"])
+    except ValueError as e:
+        problems.append(str(e))
+    if merged["train_workers"] < 0:
+        problems.append(f"train_workers must be >= 0 (got {merged['train_workers']})")
     try:
         AugmentPolicy.from_json(merged["augment_policy"])
     except (ValueError, TypeError) as e:

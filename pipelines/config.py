@@ -32,6 +32,10 @@ DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"
 
 TARGETS = ("kfp", "vertex")
+# Where training runs: "pod" trains in the pipeline task's own pod; "tfjob" launches a Kubeflow TFJob (chief +
+# workers) on the cluster; "vertex-job" launches a Vertex AI CustomJob with worker pools.
+TRAIN_LAUNCHERS = ("pod", "tfjob", "vertex-job")
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +66,15 @@ class PipelineSettings:
     predict_accelerator: str = DEFAULT_PREDICT_ACCELERATOR
     predict_gpus: int = 1
     train_retries: int = 3
+    train_launcher: str = "pod"  # see TRAIN_LAUNCHERS
+    train_namespace: str = "kubeflow"  # where the TFJob is created (the pipeline's namespace on Kubeflow)
+    kueue_queue: str = ""  # Kueue LocalQueue for the GPU pods and the TFJob (empty: not queued by Kueue)
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"Unknown target {self.target!r}; known: {', '.join(TARGETS)}")
+        if self.train_launcher not in TRAIN_LAUNCHERS:
+            raise ValueError(f"Unknown train launcher {self.train_launcher!r}; known: {', '.join(TRAIN_LAUNCHERS)}")
         check_accelerator(self.train_accelerator)
         check_accelerator(self.predict_accelerator)
         if self.train_gpus < 0 or self.predict_gpus < 0:

@@ -23,6 +23,31 @@ def on_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, accelerato
     kubernetes.add_node_selector(task, label_key=config.ACCELERATOR_NODE_LABEL, label_value=accelerator)
     kubernetes.add_toleration(task, key=config.GPU_RESOURCE, operator="Exists", effect="NoSchedule")
     task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(count)
+    queue_on_kueue(task, settings)
+
+
+def queue_on_kueue(task: dsl.PipelineTask, settings: config.PipelineSettings) -> None:
+    """Labels a GPU pod with its Kueue queue, so clusters that queue GPU work admit it in turn."""
+    if settings.kueue_queue and settings.target == "kfp":
+        from kfp import kubernetes
+
+        kubernetes.add_pod_label(task, config.KUEUE_QUEUE_LABEL, settings.kueue_queue)
+
+
+def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, schedule: dsl.PipelineTask,
+                 gpus) -> None:
+    """The training pod's placement, chosen per run: the checked node selector and tolerations (accelerator,
+    Spot, node pool) through kfp-kubernetes' `_json` forms, which take the schedule step's outputs."""
+    task.set_container_image(settings.images.gpu)
+    if settings.target == "vertex":
+        task.set_accelerator_type(schedule.outputs["vertex_accelerator"]).set_accelerator_limit(gpus)
+        return
+    from kfp import kubernetes
+
+    kubernetes.add_node_selector_json(task, schedule.outputs["node_selector"])
+    kubernetes.add_toleration_json(task, schedule.outputs["tolerations"])
+    task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(gpus)
+    queue_on_kueue(task, settings)
 
 
 def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, memory: str) -> dsl.PipelineTask:
@@ -45,11 +70,16 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         augment_copies: int = 0,
         augment_mode: str = "offline",
         augment_policy: str = "{}",
-        recipe: str = "reference",
-        epochs: int = 12,
+        recipe: str = "fast",  # components.train.DEFAULT_RECIPE
+        epochs: int = 0,
         batch_size: int = 0,
         learning_rate: float = 0.0,
         checkpoint_root: str = "",
+        train_accelerator_type: str = settings.train_accelerator,
+        train_gpu_count: int = settings.train_gpus,
+        train_node_pool: str = "",
+        train_spot: bool = False,
+        train_workers: int = 1,
         min_accuracy: float = 0.88,
         min_class_recall: float = -1.0,
         tolerance: float = 0.005,
@@ -74,11 +104,17 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             augment_copies: Augmented copies of each training image (offline mode; 0 passes the data through).
             augment_mode: offline (materialise copies) or online (training augments on the fly).
             augment_policy: JSON augmentation policy (rotation_degrees, shift_fraction, zoom_range, ..., seed).
-            recipe: Training recipe preset; reference is the classic 12-epoch recipe.
-            epochs: Training epochs.
+            recipe: Training recipe preset: fast (the default) or reference (the classic 12-epoch recipe).
+            epochs: Training epochs (0: the recipe's).
             batch_size: Batch size per replica (0: the recipe's).
             learning_rate: Base learning rate (0: the recipe's).
             checkpoint_root: Durable directory for training checkpoints (empty: the pipeline root).
+            train_accelerator_type: GKE accelerator for training (nvidia-tesla-t4, nvidia-l4, nvidia-tesla-a100,
+                nvidia-a100-80gb, nvidia-h100-80gb, nvidia-h200-141gb).
+            train_gpu_count: GPUs per training machine (0: train on CPU nodes).
+            train_node_pool: GKE node pool to train on (empty: any pool with the accelerator).
+            train_spot: Train on Spot VMs (cheaper, preemptible: training resumes from its checkpoints).
+            train_workers: Machines besides the chief, when compiled with a multi-worker train launcher.
             min_accuracy: A model below this test accuracy is not blessed.
             min_class_recall: Minimum recall for every class (negative: no such check).
             tolerance: A model may trail the champion's accuracy by this much and still be blessed.
@@ -99,14 +135,30 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                              policy=augment_policy)
         on_cpu(aug.set_display_name("Augment"), settings, "2", "4G")
 
-        train = ops.train_op(
+        schedule = ops.schedule_op(accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
+                                   node_pool=train_node_pool, known_accelerators=config.ACCELERATORS)
+        on_cpu(schedule.set_display_name("Check GPU choice"), settings, "0.5", "512M")
+
+        training_inputs = dict(
             dataset=prep.outputs["dataset"], augmented=aug.outputs["augmented"], recipe=recipe, epochs=epochs,
             batch_size=batch_size, learning_rate=learning_rate, checkpoint_root=checkpoint_root,
             pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER)
-        train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
-        on_gpu(train, settings, settings.train_accelerator, settings.train_gpus)
-        # Retries resume from the task's checkpoints (BackupAndRestore), so a preempted node costs minutes.
+        if settings.train_launcher == "pod":
+            train = ops.train_op(**training_inputs)
+            train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
+            on_train_gpu(train, settings, schedule, train_gpu_count)
+        else:
+            # The task only launches and follows the job; the chief and workers get the GPUs.
+            train = ops.train_job_op(
+                **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu,
+                workers=train_workers, accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
+                node_pool=train_node_pool, known_accelerators=config.ACCELERATORS, kueue_queue=settings.kueue_queue,
+                namespace=settings.train_namespace, project=project, location=location)
+            on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, "1", "2G")
+            train.after(schedule)
+        # Retries resume from the task's checkpoints, so a preempted (Spot) node costs minutes; a permanent
+        # failure (bad input, NaN loss, a bug) is recorded and makes the retries fail at once.
         train.set_retry(num_retries=settings.train_retries, backoff_duration="60s", backoff_factor=2.0,
                         backoff_max_duration="3600s")
 

@@ -1,0 +1,230 @@
+"""Training: outputs, recipes, learning-rate schedule, strategy choice, input pipeline, NaN stop, exit codes."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from components import data, train
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def test_outputs_keras_savedmodel_and_training_json(tiny_model, small_dataset):
+    import keras
+    import tensorflow as tf
+
+    assert os.path.exists(os.path.join(tiny_model, "model.keras"))
+    assert os.path.exists(os.path.join(tiny_model, "saved_model", "saved_model.pb"))
+    with open(os.path.join(tiny_model, train.TRAINING_INFO)) as f:
+        info = json.load(f)
+    manifest = data.read_manifest(small_dataset)
+    assert info["class_names"] == manifest["class_names"] and info["image_shape"] == manifest["image_shape"]
+    assert info["recipe"] == train.DEFAULT_RECIPE and info["epochs"] == 2
+    assert info["steps"] == 2 * info["steps_per_epoch"]
+    assert info["steps_per_epoch"] == math.ceil(manifest["splits"]["train"]["count"] / info["global_batch_size"])
+    for name in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+        assert len(info["history"][name]) == 2
+    assert info["history"]["val_accuracy"][-1] > 0.5  # well above chance (0.1) after two epochs
+    assert info["strategy"] == "DefaultStrategy" and info["replicas"] == 1 and info["workers"] == 1
+
+    images, labels = data.load_split_arrays(small_dataset, "test", limit=200)
+    keras_model = keras.models.load_model(os.path.join(tiny_model, "model.keras"))
+    assert all(w.dtype == "float32" for w in keras_model.weights)  # exported in float32 whatever training used
+    served = tf.saved_model.load(os.path.join(tiny_model, "saved_model")).signatures["serving_default"]
+    probabilities = list(served(tf.constant(images, tf.float32)).values())[0].numpy()
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-4)
+    logits = keras_model(images.astype("float32")).numpy()
+    assert (logits.argmax(1) == probabilities.argmax(1)).mean() > 0.99
+    assert (probabilities.argmax(1) == labels).mean() > 0.5
+
+
+# ---------------------------------------------------------------------------------------------- recipes
+
+
+def test_reference_recipe_is_the_classic_one():
+    reference = train.RECIPES["reference"]
+    assert reference.epochs == 12 and reference.batch_size == 64 and reference.learning_rate == 1e-3
+    assert reference.lr_schedule == "steps" and reference.lr_steps == ((0, 1.0), (3, 0.1), (7, 0.01))
+    assert reference.shuffle_buffer == 10_000 and reference.steps_per_execution == 1
+
+
+def test_reference_learning_rate_steps_at_epochs_3_and_7():
+    rates = [train.learning_rate_for(epoch, train.RECIPES["reference"]) for epoch in range(12)]
+    assert rates == pytest.approx([1e-3] * 3 + [1e-4] * 4 + [1e-5] * 5)
+
+
+def test_schedule_on_steps_matches_the_epoch_rule():
+    for name in ("reference", "fast"):
+        for replicas in (1, 4):
+            recipe = train.RECIPES[name]
+            schedule = train._schedule(recipe, replicas, steps_per_epoch=10)
+            for step in range(0, recipe.epochs * 10, 3):
+                expected = train.learning_rate_for(step / 10, recipe, replicas)
+                assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9), (name, replicas, step)
+
+
+def test_learning_rate_scales_with_replicas_after_a_warm_up():
+    reference = train.RECIPES["reference"]
+    assert train.learning_rate_for(0.0, reference, 4) == pytest.approx(1e-3)  # warm-up starts at one replica's
+    assert train.learning_rate_for(0.5, reference, 4) == pytest.approx(2.5e-3)
+    assert train.learning_rate_for(1.0, reference, 4) == pytest.approx(4e-3)
+    assert train.learning_rate_for(3.0, reference, 4) == pytest.approx(4e-4)
+    unscaled = train.resolve_recipe("reference", scale_lr=False)
+    assert [train.learning_rate_for(e, unscaled, 4) for e in (0, 1, 3)] == pytest.approx([1e-3, 1e-3, 1e-4])
+
+
+def test_recipe_overrides_are_validated():
+    assert train.resolve_recipe("fast", epochs=3, batch_size=None).epochs == 3
+    with pytest.raises(ValueError, match="Unknown recipe 'quick'"):
+        train.resolve_recipe("quick")
+    with pytest.raises(ValueError, match="epochs must be >= 1"):
+        train.resolve_recipe("fast", epochs=0)
+    with pytest.raises(ValueError, match="precision"):
+        train.resolve_recipe("fast", precision="fp8")
+
+
+@pytest.mark.slow
+def test_reference_recipe_run_steps_the_rate_at_epochs_3_and_7(small_dataset, tmp_path):
+    result = train.train(small_dataset, str(tmp_path / "model"), recipe="reference", epochs=8, validate=False)
+    assert result.history["learning_rate"] == pytest.approx([1e-3] * 3 + [1e-4] * 4 + [1e-5])
+    assert result.global_batch_size == 64 and result.steps == 8 * result.steps_per_epoch
+
+
+# ---------------------------------------------------------------------------------------------- strategy
+
+
+def test_cluster_roles_from_tf_config():
+    def role(cluster, task_type, index):
+        return train.cluster_role(json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}))
+
+    assert train.cluster_role(None) == train.ClusterRole(1, True, "local")
+    two_workers = {"worker": ["a:1", "b:2"]}
+    assert role(two_workers, "worker", 0) == train.ClusterRole(2, True, "worker/0")
+    assert role(two_workers, "worker", 1).is_chief is False
+    with_chief = {"chief": ["c:0"], "worker": ["a:1", "b:2"]}
+    assert role(with_chief, "chief", 0) == train.ClusterRole(3, True, "chief/0")
+    assert role(with_chief, "worker", 0).is_chief is False
+    with pytest.raises(ValueError, match="'ps' is not supported"):
+        role({"worker": ["a:1"], "ps": ["p:1"], "chief": ["c:1"]}, "ps", 0)
+
+
+def test_one_worker_tf_config_uses_the_default_strategy():
+    import tensorflow as tf
+
+    strategy = train.choose_strategy(json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
+                                                 "task": {"type": "worker", "index": 0}}))
+    assert strategy is tf.distribute.get_strategy()
+
+
+def test_precision_and_xla_choices():
+    assert train.resolve_precision("float32", []) == "float32"
+    assert train.resolve_precision("auto", []) == ("mixed_bfloat16" if train.cpu_has_bf16() else "float32")
+    assert train.resolve_jit("auto", []) is False and train.resolve_jit("auto", ["gpu"]) is True
+    assert train.resolve_jit("off", ["gpu"]) is False
+
+
+# ---------------------------------------------------------------------------------------------- input
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_input_resumes_on_the_same_batches(small_dataset, mode):
+    """Batches k.. of an epoch are the same whether the epoch started at 0 or at k (mid-epoch resume)."""
+    manifest = data.read_manifest(small_dataset)
+    pipeline = train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
+                                recipe=train.RECIPES["fast"], online_policy=None, mode=mode)
+    whole = [y.numpy() for _, y in pipeline.dataset(epoch=2, first_batch=0, num_batches=8, batch=32)]
+    tail = [y.numpy() for _, y in pipeline.dataset(epoch=2, first_batch=5, num_batches=3, batch=32)]
+    assert len(whole) == 8 and all(len(b) == 32 for b in whole)
+    for a, b in zip(whole[5:], tail):
+        np.testing.assert_array_equal(a, b)
+    other_epoch = [y.numpy() for _, y in pipeline.dataset(epoch=3, first_batch=0, num_batches=8, batch=32)]
+    assert any((a != b).any() for a, b in zip(whole, other_epoch))  # reshuffled every epoch
+
+
+def test_online_augmentation_in_memory_input(small_dataset):
+    """Online augmentation changes the images, not the labels, the same way on every call (resumable)."""
+    manifest = data.read_manifest(small_dataset)
+    policy = {"rotation_degrees": 15, "shift_fraction": 0.1, "seed": 3}
+
+    def first_batch(online_policy):
+        pipeline = train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
+                                    recipe=train.RECIPES["fast"], online_policy=online_policy, mode="memory")
+        images, labels = next(iter(pipeline.dataset(epoch=1, first_batch=0, num_batches=1, batch=16)))
+        return images.numpy(), labels.numpy()
+
+    plain, augmented, again = first_batch(None), first_batch(policy), first_batch(policy)
+    np.testing.assert_array_equal(plain[1], augmented[1])
+    assert np.abs(plain[0] - augmented[0]).mean() > 5  # pixel values 0-255
+    np.testing.assert_array_equal(augmented[0], again[0])
+
+
+def test_workers_read_disjoint_shards(small_dataset):
+    manifest = data.read_manifest(small_dataset)
+    shares = [train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=i, num_pipelines=2,
+                               recipe=train.RECIPES["fast"], online_policy=None, mode="memory") for i in range(2)]
+    files = [set(s.files) for s in shares]
+    assert files[0].isdisjoint(files[1]) and len(files[0]) == len(files[1]) == 1
+    assert sum(int(s.labels.shape[0]) for s in shares) == manifest["splits"]["train"]["count"]
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+
+def test_nan_loss_stops_training_naming_epoch_and_step(small_dataset, tmp_path):
+    """A learning rate of 1e38 overflows the weights at the first update: the next loss is NaN or inf."""
+    model_dir, backup_dir = tmp_path / "model", tmp_path / "backup"
+    args = ["--dataset-dir", small_dataset, "--model-dir", str(model_dir), "--backup-dir", str(backup_dir),
+            "--epochs", "2", "--learning-rate", "1e38", "--steps-per-execution", "1"]
+    done = subprocess.run([sys.executable, "-m", "components.train", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == train.EXIT_PERMANENT, done.stderr
+    assert "Loss became" in done.stderr and "at epoch 1, step " in done.stderr
+    assert not (model_dir / "model.keras").exists()  # nothing for evaluation to pick up
+    with open(backup_dir / train.FAILED_MARKER) as f:
+        assert "NonFiniteLossError" in json.load(f)["error"]
+    # A retry of the task (same backup dir) fails at once with the reason, without training again.
+    retried = subprocess.run([sys.executable, "-m", "components.train", *args], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert retried.returncode == train.EXIT_PERMANENT
+    assert "failed permanently" in retried.stderr and "Loss became" in retried.stderr
+    assert "starting at step" not in retried.stderr
+
+
+def test_bad_input_is_a_permanent_error(tmp_path):
+    code = train.main(["--dataset-dir", str(tmp_path), "--model-dir", str(tmp_path / "m"),
+                       "--backup-dir", str(tmp_path / "b")])
+    assert code == train.EXIT_PERMANENT
+    assert (tmp_path / "b" / train.FAILED_MARKER).exists()
+
+
+def test_exit_codes_tell_retryable_from_permanent():
+    assert train.EXIT_PREEMPTED in train.RETRYABLE_EXIT_CODES and train.EXIT_KILLED in train.RETRYABLE_EXIT_CODES
+    assert train.EXIT_PERMANENT not in train.RETRYABLE_EXIT_CODES and train.EXIT_BUG not in train.RETRYABLE_EXIT_CODES
+
+
+def test_backup_dir_is_keyed_by_run_and_task():
+    a = train.backup_dir_for("", "gs://bucket/root", "run-1", "train-op")
+    assert a == "gs://bucket/root/checkpoints/run-1/train-op"
+    assert train.backup_dir_for("", "gs://bucket/root/", "run-1", "train-op") == a  # a retry finds it again
+    assert train.backup_dir_for("", "gs://bucket/root", "run-2", "train-op") != a  # a new run starts clean
+    assert train.backup_dir_for("gs://ckpt", "gs://bucket/root", "run-1", "train-op").startswith("gs://ckpt/")
+    with pytest.raises(ValueError, match="durable"):
+        train.backup_dir_for("", "", "run-1", "train-op")
+
+
+def test_a_finished_backup_is_not_trained_again(small_dataset, tmp_path):
+    backup = str(tmp_path / "backup")
+    first = train.train(small_dataset, str(tmp_path / "m1"), epochs=1, backup_dir=backup, validate=False)
+    again = train.train(small_dataset, str(tmp_path / "m2"), epochs=1, backup_dir=backup, validate=False)
+    assert again.resumed_from_step == first.steps == again.steps
+    assert os.path.exists(tmp_path / "m2" / "model.keras")
+    with pytest.raises(ValueError, match="different training setup"):
+        train.train(small_dataset, str(tmp_path / "m3"), epochs=2, backup_dir=backup, validate=False)
