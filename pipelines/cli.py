@@ -301,6 +301,10 @@ def add_vertex_options(parser: argparse.ArgumentParser) -> None:
                        "http:// endpoint gets no credentials, so none ever travel unencrypted")
 
 
+# GKE placement parameters (node selector, Spot, node pool) that have no meaning for Vertex AI's machine selection.
+VERTEX_COMPILE_TIME_PARAMETERS = {"train_accelerator_type", "train_gpu_count", "train_node_pool", "train_spot"}
+
+
 def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
     """Vertex connection arguments, and the pipeline parameters with Vertex's registry defaults applied."""
     from pipelines import vertex
@@ -316,6 +320,10 @@ def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
             from google.auth.credentials import AnonymousCredentials
 
             connection["credentials"] = AnonymousCredentials()
+    per_run_gpu = sorted(VERTEX_COMPILE_TIME_PARAMETERS & set(given))
+    if per_run_gpu:
+        raise ValueError(f"On Vertex AI the training GPU is chosen when compiling: use --train-accelerator and "
+                         f"--train-gpus instead of {', '.join('--' + p.replace('_', '-') for p in per_run_gpu)}")
     params = validate_parameters(vertex.vertex_run_parameters(given, project=project, location=region))
     return connection, params
 

@@ -40,7 +40,10 @@ def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, sche
     Spot, node pool) through kfp-kubernetes' `_json` forms, which take the schedule step's outputs."""
     task.set_container_image(settings.images.gpu)
     if settings.target == "vertex":
-        task.set_accelerator_type(schedule.outputs["vertex_accelerator"]).set_accelerator_limit(gpus)
+        # Vertex AI picks the machine from a fixed accelerator type, so on Vertex the GPU is chosen when compiling
+        # (--train-accelerator/--train-gpus); pipectl refuses the per-run GPU parameters there.
+        task.set_accelerator_type(config.ACCELERATORS[settings.train_accelerator])
+        task.set_accelerator_limit(settings.train_gpus)
         return
     from kfp import kubernetes
 

@@ -25,10 +25,10 @@ def test_compile_with_explicit_digests_and_other_pools(tmp_path):
     spec, platform = yaml.safe_load_all(out.read_text())
     assert spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["image"] == gpu
     assert spec["deploymentSpec"]["executors"]["exec-preprocess-op"]["container"]["image"] == cpu
-    train = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-op"]
-    assert train["nodeSelector"]["labels"]["cloud.google.com/gke-accelerator"] == "nvidia-l4"
-    resources = spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["resources"]
-    assert resources["accelerator"]["resourceCount"] == "2"
+    # The compile-time choice becomes the default of the per-run training GPU parameters.
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["train_accelerator_type"]["defaultValue"] == "nvidia-l4"
+    assert inputs["train_gpu_count"]["defaultValue"] == 2.0
 
 
 def test_compile_refuses_an_unknown_accelerator(tmp_path, capsys):
@@ -39,7 +39,7 @@ def test_compile_refuses_an_unknown_accelerator(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--epochs", "0"], "epochs must be >= 1 (got 0)"),
+    (["--epochs", "-1"], "epochs must be >= 0, 0 for the recipe's (got -1)"),
     (["--channels", "2"], "channels must be 1 or 3 (got 2)"),
     (["--recipe", "turbo"], "recipe must be one of"),
     (["--augment-policy", '{"spin": 3}'], "Unknown augmentation policy keys ['spin']"),

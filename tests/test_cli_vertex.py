@@ -77,3 +77,10 @@ def test_schedule_vertex_keeps_one_per_name(vertex, capsys):
     assert cli.main(base + ["--resume"]) == 0
     assert cli.main(base + ["--delete"]) == 0
     assert vertex.schedules() == []
+
+
+def test_run_vertex_refuses_per_run_gke_placement(vertex, capsys):
+    assert cli.main(["run", *common(vertex), "--train-accelerator-type", "nvidia-l4", "--train-spot", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "use --train-accelerator and --train-gpus instead of --train-accelerator-type, --train-spot" in err
+    assert vertex.pipeline_jobs() == []

@@ -34,7 +34,7 @@ def test_every_step_runs_on_the_pinned_project_images(compiled):
     images = {name[len("exec-"):]: e["container"]["image"] for name, e in spec["deploymentSpec"]["executors"].items()}
     assert images == {
         "preprocess-op": IMAGES.cpu, "augment-op": IMAGES.cpu, "evaluate-op": IMAGES.cpu, "register-op": IMAGES.cpu,
-        "train-op": IMAGES.gpu, "predict-op": IMAGES.gpu,
+        "schedule-op": IMAGES.cpu, "train-op": IMAGES.gpu, "predict-op": IMAGES.gpu,
     }
     # The image holds the project: no pip install of kfp or anything else at run time.
     for executor in spec["deploymentSpec"]["executors"].values():
@@ -43,13 +43,23 @@ def test_every_step_runs_on_the_pinned_project_images(compiled):
 
 def test_training_and_prediction_go_to_their_gpu_pools(compiled):
     spec, k8s = compiled
-    for task, accelerator in (("train-op", "nvidia-tesla-t4"), ("predict-op", "nvidia-h100-80gb")):
-        assert k8s[f"exec-{task}"]["nodeSelector"] == {"labels": {"cloud.google.com/gke-accelerator": accelerator}}
-        assert k8s[f"exec-{task}"]["tolerations"] == [
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-        resources = container(spec, task)["resources"]
-        assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
-        assert resources["accelerator"]["resourceCount"] == "1"
+    # Prediction: a fixed pool, chosen when compiling.
+    assert k8s["exec-predict-op"]["nodeSelector"] == {"labels": {"cloud.google.com/gke-accelerator":
+                                                                 "nvidia-h100-80gb"}}
+    assert k8s["exec-predict-op"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    predict = container(spec, "predict-op")["resources"]["accelerator"]
+    assert (predict["resourceType"], predict["resourceCount"]) == ("nvidia.com/gpu", "1")
+    # Training: chosen per run; the checked node selector and tolerations come from the GPU-check step.
+    from_check = {"taskOutputParameter": {"outputParameterKey": "node_selector", "producerTask": "schedule-op"}}
+    assert k8s["exec-train-op"]["nodeSelector"] == {"nodeSelectorJson": from_check}
+    assert k8s["exec-train-op"]["tolerations"][0]["tolerationJson"]["taskOutputParameter"] == \
+        {"outputParameterKey": "tolerations", "producerTask": "schedule-op"}
+    train = container(spec, "train-op")["resources"]["accelerator"]
+    assert train["resourceType"] == "nvidia.com/gpu" and "train_gpu_count" in train["resourceCount"]
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["train_accelerator_type"]["defaultValue"] == "nvidia-tesla-t4"
+    assert inputs["train_gpu_count"]["defaultValue"] == 1.0
     assert set(k8s) == {"exec-train-op", "exec-predict-op"}  # CPU steps are not pinned to GPU nodes
 
 
@@ -87,12 +97,12 @@ def test_caching_off_for_the_steps_that_read_the_registry(compiled):
 def test_display_names_and_descriptions_for_the_ui(compiled):
     spec, _ = compiled
     names = {name: t["taskInfo"]["name"] for name, t in tasks(spec).items() if name != "condition-1"}
-    assert names == {"preprocess-op": "Preprocess", "augment-op": "Augment", "train-op": "Train",
-                     "evaluate-op": "Evaluate", "predict-op": "Batch predict"}
+    assert names == {"preprocess-op": "Preprocess", "augment-op": "Augment", "schedule-op": "Check GPU choice",
+                     "train-op": "Train", "evaluate-op": "Evaluate", "predict-op": "Batch predict"}
     assert spec["pipelineInfo"]["name"] == "image-classification"
     assert "registers the model when it is blessed" in spec["pipelineInfo"]["description"]
-    assert spec["root"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == 12.0
-    assert "Training epochs" in spec["root"]["inputDefinitions"]["parameters"]["epochs"]["description"]
+    assert spec["root"]["inputDefinitions"]["parameters"]["recipe"]["defaultValue"] == "fast"
+    assert "epochs" in spec["root"]["inputDefinitions"]["parameters"]["epochs"]["description"].lower()
 
 
 def test_unknown_accelerator_is_refused():

@@ -391,7 +391,7 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
         container = executor["container"]
         assert "kfp.dsl.executor_main" in container["command"][2], name  # runs python3 -m kfp.dsl.executor_main
         executors[name] = (container["command"][3], container["args"][container["args"].index("--function_to_execute") + 1])
-    assert len(executors) == 6
+    assert len(executors) == 7  # the six steps and the GPU-choice check
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(site)
@@ -402,6 +402,6 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
     assert {"components.preprocess.preprocess", "components.train.train", "components.evaluate.evaluate",
             "components.predict.predict", "components.register.register",
             "components.augment.augment"} <= set(report["imports"])
-    assert report["clis"] == ["components.augment", "components.evaluate", "components.predict",
+    assert report["clis"] == ["components.augment", "components.evaluate", "components.launch", "components.predict",
                               "components.preprocess", "components.register", "components.train"]
     assert report["console_script"] == pyproject()["project"]["scripts"]["pipectl"]
