@@ -17,8 +17,10 @@ UNSET_IMAGE = "python:3.11-slim"
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def preprocess_op(source: str, validation_fraction: float, test_fraction: float, image_size: int, channels: int,
                   limit: int, min_shards: int, dataset: Output[Dataset], stats: Output[Metrics],
-                  card: Output[Markdown]) -> NamedTuple("Counts", train=int, validation=int, test=int, rejected=int):
-    """Reads the source (idx files, an image folder or tfds:NAME) into sharded TFRecords for train/validation/test."""
+                  card: Output[HTML], classes: str = "") -> NamedTuple("Counts", train=int, validation=int, test=int,
+                                                                        rejected=int):
+    """Reads the source (idx files, an image folder, a CSV/JSONL manifest or tfds:NAME) into sharded TFRecords for
+    train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason."""
     import collections
     import logging
 
@@ -26,7 +28,8 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     result = preprocess(source, dataset.path, validation_fraction=validation_fraction, test_fraction=test_fraction,
-                        image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards)
+                        image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards,
+                        classes=classes or None)
     for split, count in result.counts.items():
         stats.log_metric(f"images_{split}", count)
     stats.log_metric("rejected", result.rejected)
