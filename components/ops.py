@@ -43,14 +43,20 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
-def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, augmented: Output[Dataset]):
-    """Writes augmented training shards (offline), or hands the policy to training (online)."""
+def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, augmented: Output[Dataset],
+               preview: Output[HTML]):
+    """Writes augmented training shards (offline), or hands the policy to training (online); the preview shows
+    originals next to their augmented copies."""
     import logging
 
-    from components.augment import AugmentPolicy, augment
+    from components.augment import AugmentPolicy, augment, policy_preview
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
-    result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=AugmentPolicy.from_json(policy))
+    chosen = AugmentPolicy.from_json(policy)
+    result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=chosen)
+    with open(preview.path, "w") as f:
+        f.write(policy_preview(dataset.path, chosen, note="" if mode == "online" or copies else
+                               "Not applied in this run: offline mode with 0 copies passes the data through."))
     augmented.metadata.update({"mode": mode, "copies": copies, "train": result.train_count})
 
 
