@@ -320,7 +320,8 @@ def _isdir(path: str) -> bool:
 def folder_source(root: str, image_size: int, channels: int, limit: int | None, workers: int,
                   classes: list[str] | None) -> Source:
     entries = _listdir(root)
-    folders = [e for e in entries if _isdir(data.join(root, e))]
+    # Hidden folders (.git, .ipynb_checkpoints, ...) are not classes; they are reported with the stray files.
+    folders = [e for e in entries if not e.startswith(".") and _isdir(data.join(root, e))]
     if not folders:
         kinds = ", ".join(data.IMAGE_EXTENSIONS)
         what = "it is empty" if not entries else f"it holds {len(entries)} file(s) but no subfolders"
@@ -349,7 +350,8 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
 
     def examples() -> Iterator[Example]:
         for uri in stray:
-            yield Example(uri, -1, None, reason=OUTSIDE_CLASSES, detail=f"directly under {root}, not in a class folder")
+            detail = "hidden folder, not a class" if _isdir(uri) else f"directly under {root}, not in a class folder"
+            yield Example(uri, -1, None, reason=OUTSIDE_CLASSES, detail=detail)
         remote = "://" in root
         yield from parallel_decode(items, height=image_size, width=image_size, channels=channels,
                                    check_extension=True, workers=workers * 4 if remote else workers,
@@ -629,26 +631,28 @@ class Progress:
 
 
 class PixelStats:
-    """Streaming per-channel mean and standard deviation of 0-255 pixel values."""
+    """Streaming per-channel mean and standard deviation of 0-255 pixel values, exact: a 256-bin histogram
+    per channel (one bincount per image) instead of float sums."""
 
     def __init__(self, channels: int):
-        self.total = np.zeros(channels, np.float64)
-        self.squares = np.zeros(channels, np.float64)
-        self.pixels = 0
+        self.channels = channels
+        self.histogram = np.zeros(256 * channels, np.int64)
+        self._offsets = (np.arange(channels, dtype=np.int64) * 256) if channels > 1 else None
 
     def add(self, image: np.ndarray) -> None:
-        flat = image.reshape(-1, image.shape[-1]).astype(np.float64)
-        self.total += flat.sum(axis=0)
-        self.squares += np.einsum("ij,ij->j", flat, flat)
-        self.pixels += flat.shape[0]
+        values = image.ravel() if self._offsets is None else (image.reshape(-1, self.channels) + self._offsets).ravel()
+        self.histogram += np.bincount(values, minlength=256 * self.channels)
 
     def to_json(self) -> dict:
-        if not self.pixels:
+        per_channel = self.histogram.reshape(self.channels, 256)
+        pixels = int(per_channel[0].sum())
+        if not pixels:
             return {"mean": [], "std": [], "pixels": 0}
-        mean = self.total / self.pixels
-        std = np.sqrt(np.maximum(self.squares / self.pixels - mean ** 2, 0.0))
-        return {"mean": [round(float(m), 4) for m in mean], "std": [round(float(s), 4) for s in std],
-                "pixels": int(self.pixels)}
+        levels = np.arange(256, dtype=np.float64)
+        mean = per_channel @ levels / pixels
+        std = np.sqrt(np.maximum(per_channel @ levels ** 2 / pixels - mean ** 2, 0.0))
+        return {"mean": [round(float(m), 4) for m in mean], "std": [round(float(v), 4) for v in std],
+                "pixels": pixels}
 
 
 # ---------------------------------------------------------------------------------------------- the step

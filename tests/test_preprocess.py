@@ -447,3 +447,55 @@ def test_progress_logs_rate_and_time_left(caplog):
 
 def test_available_cpus_is_positive():
     assert 1 <= pp.available_cpus() <= (os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------------------------- remote paths
+
+
+def copy_to_filesystem(local_root: str, remote_root: str) -> None:
+    """Copies a local tree to another tf.io.gfile filesystem (ram:// here; gs:// in production)."""
+    import tensorflow as tf
+
+    for directory, _, files in os.walk(local_root):
+        target = remote_root + directory[len(local_root):]
+        tf.io.gfile.makedirs(target)
+        for name in files:
+            tf.io.gfile.copy(os.path.join(directory, name), f"{target}/{name}", overwrite=True)
+
+
+def test_remote_folder_and_output_through_gfile(image_folder, tmp_path):
+    """The gs:// code path (gfile listing and reads, threaded decoding, shards written remotely), on TensorFlow's
+    in-memory filesystem, which goes through the same tf.io.gfile calls."""
+    root = image_folder(per_class=6)
+    write(os.path.join(root, "Bag", "zero.png"), b"")
+    remote = f"ram://{tmp_path.name}/images"
+    copy_to_filesystem(root, remote)
+    out = f"ram://{tmp_path.name}/out"
+    result = pp.preprocess(remote, out, workers=2, min_shards=1)
+    assert sum(result.counts.values()) == 18 and result.rejected_by_reason == {data.EMPTY_FILE: 1}
+    stored = read_back(out)
+    assert all(uri.startswith(remote + "/") for rows in stored.values() for uri, _, _ in rows)
+    assert rejected_rows(out) == {f"{remote}/Bag/zero.png": {"uri": f"{remote}/Bag/zero.png",
+                                                             "reason": data.EMPTY_FILE, "detail": "0 bytes"}}
+    assert "<table>" in pp.dataset_card(out)
+
+
+def test_remote_manifest_with_relative_paths(manifest_images, tmp_path):
+    remote = f"ram://{tmp_path.name}"
+    copy_to_filesystem(str(tmp_path / "imgs"), f"{remote}/imgs")
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(f"{remote}/labels.csv", "w") as f:
+        f.write("uri,label\n" + "".join(f"{u},{c}\n" for u, c in manifest_images) + "imgs/gone.png,bag\n")
+    result = pp.preprocess(f"{remote}/labels.csv", str(tmp_path / "out"), workers=1)
+    assert sum(result.counts.values()) == 12
+    assert rejected_rows(str(tmp_path / "out"))[f"{remote}/imgs/gone.png"]["reason"] == data.UNREADABLE
+
+
+def test_hidden_folders_are_not_classes(image_folder, tmp_path):
+    root = image_folder(per_class=4)
+    write(os.path.join(root, ".ipynb_checkpoints", "x.png"), b"")
+    result = pp.preprocess(root, str(tmp_path / "out"), workers=1)
+    assert result.class_names == ["Bag", "Sandal", "Sneaker"]
+    row = rejected_rows(str(tmp_path / "out"))[os.path.join(root, ".ipynb_checkpoints")]
+    assert row["reason"] == pp.OUTSIDE_CLASSES and row["detail"] == "hidden folder, not a class"
