@@ -2,10 +2,12 @@
 
 A dataset directory (the `Dataset` artifact of preprocess and augment) holds:
 
-    dataset.json                 class names, image shape, per-split counts and shard locations
+    dataset.json                 class names, image shape, per-split counts and shard locations, rejected
+                                 counts per reason, pixel mean/std of the train split
     train/train-00000-of-00004.tfrecord ...
     validation/...  test/...
-    rejected.jsonl               inputs that could not be used, with the reason
+    rejected.jsonl               inputs that could not be used: {"uri", "reason", "detail"} per line
+    samples.png                  the first training images of each class, one row per class (dataset card)
 
 Each record is a `tf.train.Example` with `image` (raw uint8 bytes, HxWxC), `label` (int64) and `uri`
 (where the image came from). Raw bytes are stored rather than PNG so readers never pay for decoding.
