@@ -467,7 +467,8 @@ def manifest_source(path: str, image_size: int, channels: int, limit: int | None
         for row in itertools.islice(read_manifest_rows(path), limit):
             if row.problem or (test is not None and (row.ml_use == "test") != test):
                 continue
-            yield resolve(row.uri), index[row.label], ("test" if row.ml_use == "test" else "train") if has_test else None
+            source_split = ("test" if row.ml_use == "test" else "train") if has_test else None
+            yield resolve(row.uri), index[row.label], source_split
 
     def examples() -> Iterator[Example]:
         for row in itertools.islice(read_manifest_rows(path), limit):
@@ -727,8 +728,9 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
             if prior is not None:
                 prior_label, prior_split = prior >> 2, data.SPLITS[prior & 3]
                 if prior_label != ex.label:
-                    reject(ex, CONFLICTING_LABEL, f"identical bytes to an image kept as {src.class_names[prior_label]!r} "
-                                                  f"in the {prior_split} split")
+                    kept_as = src.class_names[prior_label]
+                    reject(ex, CONFLICTING_LABEL, f"identical bytes to an image kept as {kept_as!r} in the "
+                                                  f"{prior_split} split")
                 else:
                     reject(ex, DUPLICATE, f"identical bytes to an image kept in the {prior_split} split")
                 continue

@@ -91,7 +91,8 @@ def bad_files(root) -> dict[str, str]:
 @pytest.fixture
 def mixed_corpus(image_folder, fashion_arrays):
     root = image_folder(per_class=20)
-    good = {os.path.join(root, cls, name): cls for cls in os.listdir(root) for name in os.listdir(os.path.join(root, cls))}
+    good = {os.path.join(root, cls, name): cls
+            for cls in os.listdir(root) for name in os.listdir(os.path.join(root, cls))}
     good.update(odd_but_good(root, fashion_arrays[0]))
     return root, good, bad_files(root)
 
@@ -233,7 +234,10 @@ def test_same_input_same_split_in_any_order(fashion_arrays, tmp_path):
     # and a second run over the same tree writes byte-identical shards
     pp.preprocess(str(tmp_path / "one"), str(tmp_path / "again"), workers=1)
     for split in data.SPLITS:
-        for a, b in zip(data.split_files(str(tmp_path / "out-one"), split), data.split_files(str(tmp_path / "again"), split)):
+        first = data.split_files(str(tmp_path / "out-one"), split)
+        second = data.split_files(str(tmp_path / "again"), split)
+        assert len(first) == len(second)
+        for a, b in zip(first, second):
             assert open(a, "rb").read() == open(b, "rb").read()
 
 
@@ -344,7 +348,8 @@ def test_jsonl_manifest_plain_and_vertex_rows(manifest_images, tmp_path):
 def test_manifest_label_not_a_known_class_is_fatal(manifest_images, tmp_path):
     lines = ["uri,class"] + [f"{u},{c}" for u, c in manifest_images] + ["imgs/x.png,Bags"]
     (tmp_path / "labels.csv").write_text("\n".join(lines) + "\n")
-    with pytest.raises(data.DataError, match=r"not known classes: 'Bags' \(line 14\)\. Known classes: top, trouser, bag"):
+    with pytest.raises(data.DataError,
+                       match=r"not known classes: 'Bags' \(line 14\)\. Known classes: top, trouser, bag"):
         pp.preprocess(str(tmp_path / "labels.csv"), str(tmp_path / "out"), classes="top,trouser,bag")
     (tmp_path / "odd.csv").write_text("a,b,c,d\n")
     with pytest.raises(data.DataError, match="Cannot tell the columns"):

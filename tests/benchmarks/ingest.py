@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nIngestion of {args.images} Fashion-MNIST PNGs (28x28), {cpus} CPUs available")
     print(f"{'':44} {'images/s':>10} {'vs baseline':>12}")
     print(f"{'baseline: image_dataset_from_directory x1':44} {baseline:10.0f} {1.0:11.2f}x   ({baseline_count} images)")
-    print(f"{'ours: preprocess (decode+split+write shards)':44} {ours:10.0f} {ours / baseline:11.2f}x   ({ours_count} images)")
+    print(f"{'ours: preprocess (decode+split+write shards)':44} {ours:10.0f} {ours / baseline:11.2f}x   "
+          f"({ours_count} images)")
     for name, rate in decode.items():
         print(f"{'  decode only, ' + name:44} {rate:10.0f} {rate / baseline:11.2f}x")
     if photos:
