@@ -66,6 +66,9 @@ CONFLICTING_LABEL = "duplicate with a different label"
 OUTSIDE_CLASSES = "outside any class folder"
 BAD_ROW = "bad manifest row"
 
+# Image files of formats we do not decode: reported as an unsupported format rather than "not an image".
+OTHER_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".svg", ".psd", ".ico", ".jp2", ".tga", ".ppm", ".pgm",
+                          ".dng", ".cr2", ".nef", ".arw", ".raw")
 MANIFEST_EXTENSIONS = (".csv", ".jsonl")
 URI_COLUMNS = ("uri", "path", "image", "image_uri", "image_path", "file", "filename", "file_path",
                "gcs_file_path", "imagegcsuri", "url")
@@ -136,7 +139,10 @@ def decode_file(uri: str, label: int, split: str | None, height: int, width: int
                 check_extension: bool) -> Example:
     """Reads and decodes one image file; failures come back as a rejected Example, never as an exception."""
     if check_extension and not uri.lower().endswith(data.IMAGE_EXTENSIONS):
-        extension = os.path.splitext(uri)[1] or "no extension"
+        extension = os.path.splitext(uri)[1].lower() or "no extension"
+        if extension in OTHER_IMAGE_EXTENSIONS:
+            return Example(uri, label, split, reason=data.UNSUPPORTED_FORMAT,
+                           detail=f"{extension} files are not decoded; convert them to PNG or JPEG")
         return Example(uri, label, split, reason=data.NOT_AN_IMAGE,
                        detail=f"file extension {extension} (expected {', '.join(data.IMAGE_EXTENSIONS)})")
     try:

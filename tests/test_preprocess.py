@@ -79,6 +79,7 @@ def bad_files(root) -> dict[str, str]:
         write(os.path.join(root, "Sneaker", "float.tif"), encoded(noise[..., 0].astype(np.float32), "TIFF")):
             data.UNSUPPORTED_MODE,
         write(os.path.join(root, "Sneaker", "pixmap.png"), encoded(noise, "PPM")): data.UNSUPPORTED_FORMAT,
+        write(os.path.join(root, "Sneaker", "IMG_0001.HEIC"), b"\0\0\0\x18ftypheic"): data.UNSUPPORTED_FORMAT,
         write(os.path.join(root, "Bag", "bomb.png"), png_header_only(12_000, 12_000)): data.TOO_LARGE,
         write(os.path.join(root, "README.md"), b"class folders below"): pp.OUTSIDE_CLASSES,
     }
