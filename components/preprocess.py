@@ -180,9 +180,7 @@ def parallel_decode(items: Callable[[], Iterable[tuple[str, int, str | None]]], 
     """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
     worker in flight (memory stays bounded whatever the number of files).
 
-    Processes decode local files: PIL holds the GIL for much of a small image's decode, so threads do not
-    scale (see tests/benchmarks/ingest.py). Remote files use threads: their cost is waiting on the network.
-    If worker processes cannot start (e.g. a calling script without an `if __name__ == "__main__"` guard),
+    See `decode_plan` for when processes and when threads are used. If worker processes cannot start (e.g. a calling script without an `if __name__ == "__main__"` guard),
     decoding falls back to threads with a warning.
     """
     args = (height, width, channels, check_extension)
@@ -213,6 +211,24 @@ def parallel_decode(items: Callable[[], Iterable[tuple[str, int, str | None]]], 
         log.warning("decode worker processes could not start (%s); decoding with threads instead", e)
         yield from parallel_decode(items, height=height, width=width, channels=channels,
                                    check_extension=check_extension, workers=workers, use_processes=False)
+
+
+def decode_plan(source: str, cpus: int) -> dict:
+    """How to decode the files of `source` with `cpus` CPUs (measured in tests/benchmarks/ingest.py):
+
+    - remote files (gs://...): 4 threads per CPU, since their cost is waiting on the network;
+    - local files with 3+ CPUs: worker processes, one per CPU beside the main process (which writes the
+      shards). For small images about 75% of a decode is Python inside PIL holding the GIL (profiled), so
+      threads cannot go beyond ~1.3x whatever the cores;
+    - local files with 1-2 CPUs: decode threads (1 CPU: none) overlapping the main process's work. Processes
+      cost a second or two to start and the pickling of every batch, which 2 CPUs do not win back (on a
+      2-CPU machine they measured slower than a single worker).
+    """
+    if "://" in source:
+        return {"workers": 4 * cpus, "use_processes": False}
+    if cpus >= 3:
+        return {"workers": cpus - 1, "use_processes": True}
+    return {"workers": 2 if cpus == 2 else 1, "use_processes": False}
 
 
 def _conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:
@@ -358,10 +374,8 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
         for uri in stray:
             detail = "hidden folder, not a class" if _isdir(uri) else f"directly under {root}, not in a class folder"
             yield Example(uri, -1, None, reason=OUTSIDE_CLASSES, detail=detail)
-        remote = "://" in root
         yield from parallel_decode(items, height=image_size, width=image_size, channels=channels,
-                                   check_extension=True, workers=workers * 4 if remote else workers,
-                                   use_processes=not remote)
+                                   check_extension=True, **decode_plan(root, workers))
 
     locations = {label: data.join(root, folder) for folder, label in labelled}
     return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations)
@@ -480,9 +494,8 @@ def manifest_source(path: str, image_size: int, channels: int, limit: int | None
         for row in itertools.islice(read_manifest_rows(path), limit):
             if row.problem:
                 yield Example(f"{path}:{row.line}", -1, None, reason=BAD_ROW, detail=row.problem)
-        remote = "://" in path
         kwargs = dict(height=image_size, width=image_size, channels=channels, check_extension=False,
-                      workers=workers * 4 if remote else workers, use_processes=not remote)
+                      **decode_plan(path, workers))
         # Test rows first, so that training copies of test images are recognised as duplicates.
         for part in ((True, False) if has_test else (None,)):
             yield from parallel_decode(lambda part=part: items(part), **kwargs)
@@ -673,7 +686,8 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
 
     `limit` caps images per source split (per class folder for folders, rows for manifests) for quick runs;
     `min_shards` is the number of readers that will share a split (training workers), so each gets at least
-    one shard; `classes` (comma-separated or a list) is the allowed class list, in label order.
+    one shard; `classes` (comma-separated or a list) is the allowed class list, in label order; `workers` is
+    the number of CPUs to decode with (default: those this process may use; see `decode_plan`).
     """
     if not 0 <= validation_fraction < 1 or not 0 <= test_fraction < 1 or validation_fraction + test_fraction >= 1:
         raise ValueError("validation_fraction and test_fraction must be in [0, 1) and sum to less than 1")
@@ -898,7 +912,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="at most this many images per source split (quick runs)")
     parser.add_argument("--min-shards", type=int, default=2, help="training workers that will read each split")
     parser.add_argument("--classes", help="comma-separated allowed classes, in label order (default: any)")
-    parser.add_argument("--workers", type=int, help="parallel decoders (default: the CPUs this process may use)")
+    parser.add_argument("--workers", type=int, help="CPUs to decode with (default: the CPUs this process may use)")
     parser.add_argument("--card", help="also write the HTML dataset card to this file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -101,6 +101,7 @@ def mixed_corpus(image_folder, fashion_arrays):
 def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_path):
     root, good, bad = mixed_corpus
     out = str(tmp_path / "out")
+    assert pp.decode_plan(root, 2) == {"workers": 2, "use_processes": False}  # threads
     result = pp.preprocess(root, out, workers=2, min_shards=1)
     stored = read_back(out)
     arrived = {uri: label for split in stored.values() for uri, label, _ in split}
@@ -118,8 +119,9 @@ def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_p
         assert len(image) == 28 * 28  # every stored image is the target size and channels
 
 
-def test_threads_and_one_worker_give_the_same_dataset(mixed_corpus, tmp_path):
+def test_processes_and_one_worker_give_the_same_dataset(mixed_corpus, tmp_path):
     root, _, _ = mixed_corpus
+    assert pp.decode_plan(root, 3) == {"workers": 2, "use_processes": True}
     one = pp.preprocess(root, str(tmp_path / "one"), workers=1, min_shards=1)
     many = pp.preprocess(root, str(tmp_path / "many"), workers=3, min_shards=1)
     assert one.counts == many.counts and one.rejected_by_reason == many.rejected_by_reason
@@ -451,8 +453,11 @@ def test_progress_logs_rate_and_time_left(caplog):
     assert [r.getMessage() for r in caplog.records] == ["preprocess: 400/1000 (40%), 20/s, about 00:00:30 left"]
 
 
-def test_available_cpus_is_positive():
+def test_available_cpus_and_decode_plan():
     assert 1 <= pp.available_cpus() <= (os.cpu_count() or 1)
+    assert pp.decode_plan("gs://bucket/images", 2) == {"workers": 8, "use_processes": False}
+    assert pp.decode_plan("/data/images", 1) == {"workers": 1, "use_processes": False}
+    assert pp.decode_plan("/data/images", 16) == {"workers": 15, "use_processes": True}
 
 
 # ---------------------------------------------------------------------------------------------- remote paths
