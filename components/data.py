@@ -342,6 +342,17 @@ _CONVERTIBLE_MODES = ("1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr")
 _ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 
 
+@functools.cache
+def _silence_pil_size_warning() -> None:
+    """PIL warns about images above 89 Mpx; they are rejected (and reported) by our stricter limit instead.
+    Installed once, on first use: a per-call warnings.catch_warnings would cost more than the PNG decode."""
+    import warnings
+
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
 def decode_image(data: bytes, height: int, width: int, channels: int, *,
                  max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decodes image file bytes of any size and colour mode into uint8 HxWxC (C = 1 grayscale, 3 RGB).
@@ -356,6 +367,7 @@ def decode_image(data: bytes, height: int, width: int, channels: int, *,
 
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    _silence_pil_size_warning()
     if not data:
         raise ImageError(EMPTY_FILE, "0 bytes")
     try:
