@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                          else "none"]["test_accuracy"])
               for label, arm in arms.items() if label not in ("none", "offline duplicate")}
     best = max(helped, key=helped.get) if helped else None
-    if best and helped[best] > 0:
+    best = best if best and helped[best] > 0 else None
+    if best:
         print(f"best: {best}, {helped[best]:+.2f}pp over its control (one seed per arm)")
     else:
         print("no policy beat its control at this epoch budget (one seed per arm)")
