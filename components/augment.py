@@ -1,4 +1,7 @@
-"""Augment: seeded random geometric and photometric changes to training images.
+"""Augment: seeded random geometric, elastic and photometric changes to training images.
+
+The policy (JSON, a pipeline parameter) declares rotation, shift, zoom, horizontal flip (off by default: it
+breaks digits and text), brightness, contrast, gaussian noise, elastic distortion, cutout, and a seed.
 
 One implementation (`augment_image`) serves both modes, so a seed gives the same images in both:
   - offline: materialise `copies` augmented copies of every training image into new shards (the originals
@@ -18,6 +21,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import time
 
@@ -39,6 +43,8 @@ class AugmentPolicy:
     brightness: float = 0.0  # additive, as a fraction of 255
     contrast: float = 0.0  # factor in [1 - c, 1 + c] around the image mean
     noise_stddev: float = 0.0  # gaussian noise, as a fraction of 255
+    elastic_alpha: float = 0.0  # elastic distortion strength in pixels (Simard et al. 2003 use 34 on 28x28)
+    elastic_sigma: float = 4.0  # smoothness of the elastic displacement field, in pixels
     cutout_fraction: float = 0.0  # side of a zeroed square, as a fraction of the image size
     seed: int = 0
 
@@ -49,14 +55,31 @@ class AugmentPolicy:
         if unknown:
             allowed = ", ".join(f.name for f in dataclasses.fields(cls))
             raise ValueError(f"Unknown augmentation policy keys {unknown}; allowed: {allowed}")
+        for field in dataclasses.fields(cls):
+            if field.name not in raw:
+                continue
+            value = raw[field.name]
+            if field.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"Augmentation policy {field.name} must be true or false, got {value!r}")
+            if field.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"Augmentation policy {field.name} must be an integer, got {value!r}")
+            if field.type == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+                raise ValueError(f"Augmentation policy {field.name} must be a number, got {value!r}")
         policy = cls(**raw)
         for name in ("rotation_degrees", "shift_fraction", "zoom_range", "brightness", "contrast",
-                     "noise_stddev", "cutout_fraction"):
+                     "noise_stddev", "elastic_alpha", "cutout_fraction"):
             if getattr(policy, name) < 0:
                 raise ValueError(f"Augmentation policy {name} must be >= 0, got {getattr(policy, name)}")
         if policy.zoom_range >= 1 or policy.cutout_fraction >= 1 or policy.shift_fraction >= 1:
             raise ValueError("zoom_range, shift_fraction and cutout_fraction must be < 1")
+        if policy.elastic_alpha and policy.elastic_sigma <= 0:
+            raise ValueError(f"elastic_sigma must be > 0 when elastic_alpha is set, got {policy.elastic_sigma}")
         return policy
+
+    @property
+    def is_identity(self) -> bool:
+        return not any((self.rotation_degrees, self.shift_fraction, self.zoom_range, self.horizontal_flip,
+                        self.brightness, self.contrast, self.noise_stddev, self.elastic_alpha, self.cutout_fraction))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -88,6 +111,8 @@ def augment_image(image, index, copy, policy: AugmentPolicy):
         x = tf.raw_ops.ImageProjectiveTransformV3(
             images=x[None], transforms=transform, output_shape=tf.constant([height, width]),
             fill_value=0.0, interpolation="BILINEAR", fill_mode="NEAREST")[0]
+    if policy.elastic_alpha:
+        x = _elastic(x, seed, policy.elastic_alpha, policy.elastic_sigma)
     if policy.horizontal_flip:
         x = tf.cond(u[4] > 0, lambda: tf.reverse(x, axis=[1]), lambda: x)
     if policy.contrast:
@@ -108,6 +133,48 @@ def augment_image(image, index, copy, policy: AugmentPolicy):
         inside = (rows >= y0) & (rows < y0 + side_h) & (cols >= x0) & (cols < x0 + side_w)
         x = tf.where(inside, 0.0, x)
     return tf.cast(tf.clip_by_value(tf.round(x), 0.0, 255.0), tf.uint8)
+
+
+def _smooth(field, sigma: float):
+    """Gaussian blur of an HxW field (separable, reflected borders), as in scipy's gaussian_filter."""
+    import tensorflow as tf
+
+    height, width = field.shape
+    radius = int(min(math.ceil(3 * sigma), height - 1, width - 1))
+    taps = tf.range(-radius, radius + 1, dtype=tf.float32)
+    kernel = tf.exp(-0.5 * (taps / sigma) ** 2)
+    kernel = kernel / tf.reduce_sum(kernel)
+    f = tf.pad(field[None, :, :, None], [[0, 0], [radius, radius], [0, 0], [0, 0]], mode="REFLECT")
+    f = tf.nn.conv2d(f, tf.reshape(kernel, [-1, 1, 1, 1]), strides=1, padding="VALID")
+    f = tf.pad(f, [[0, 0], [0, 0], [radius, radius], [0, 0]], mode="REFLECT")
+    f = tf.nn.conv2d(f, tf.reshape(kernel, [1, -1, 1, 1]), strides=1, padding="VALID")
+    return f[0, :, :, 0]
+
+
+def _elastic(x, seed, alpha: float, sigma: float):
+    """Elastic distortion (Simard, Steinkraus & Platt 2003): each pixel is moved by a smooth random field,
+    uniform noise in [-1, 1] blurred by a gaussian of `sigma` pixels and scaled by `alpha` pixels; bilinear
+    sampling, borders repeated."""
+    import tensorflow as tf
+
+    height, width, channels = x.shape
+    dy = _smooth(tf.random.stateless_uniform([height, width], seed=seed + 3, minval=-1.0, maxval=1.0), sigma) * alpha
+    dx = _smooth(tf.random.stateless_uniform([height, width], seed=seed + 4, minval=-1.0, maxval=1.0), sigma) * alpha
+    rows, cols = tf.meshgrid(tf.range(height, dtype=tf.float32), tf.range(width, dtype=tf.float32), indexing="ij")
+    sy = tf.clip_by_value(rows + dy, 0.0, height - 1.0)
+    sx = tf.clip_by_value(cols + dx, 0.0, width - 1.0)
+    y0, x0 = tf.floor(sy), tf.floor(sx)
+    wy, wx = (sy - y0)[..., None], (sx - x0)[..., None]
+    y0, x0 = tf.cast(y0, tf.int32), tf.cast(x0, tf.int32)
+    y1, x1 = tf.minimum(y0 + 1, height - 1), tf.minimum(x0 + 1, width - 1)
+    flat = tf.reshape(x, [height * width, channels])
+
+    def at(r, c):
+        return tf.reshape(tf.gather(flat, tf.reshape(r * width + c, [-1])), [height, width, channels])
+
+    top = at(y0, x0) * (1 - wx) + at(y0, x1) * wx
+    bottom = at(y1, x0) * (1 - wx) + at(y1, x1) * wx
+    return top * (1 - wy) + bottom * wy
 
 
 @dataclasses.dataclass
@@ -136,10 +203,15 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
     manifest = data.read_manifest(dataset_dir)
     train_count = manifest["splits"]["train"]["count"]
     out = {**manifest, "augmentation": {"mode": mode, "copies": copies, "policy": policy.to_json()}}
+    out.pop("samples", None)  # the sample grid stays with the original dataset
     data.gfile().makedirs(output_dir)
     if mode == "online" or copies == 0:
         # Nothing to materialise: training reads the original shards (and applies the policy when online).
-        out["splits"] = {"train": {**manifest["splits"]["train"], PASSTHROUGH: True}}
+        # The split points at the original shards, so readers of this manifest find them too.
+        original = manifest["splits"]["train"]
+        location = original["path"] if "://" in original["path"] or os.path.isabs(original["path"]) else \
+            data.join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), original["path"])
+        out["splits"] = {"train": {**original, "path": location, PASSTHROUGH: True}}
         data.write_json(data.join(output_dir, data.MANIFEST), out)
         return AugmentResult(output_dir, mode, copies, train_count, time.monotonic() - start)
 
@@ -167,6 +239,43 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
     return AugmentResult(output_dir, mode, copies, writer.count, seconds)
 
 
+def policy_preview(dataset_dir: str, policy: AugmentPolicy, *, rows: int = 10, copies: int = 7,
+                   scan_limit: int = 5000, note: str = "") -> str:
+    """An HTML page showing what the policy does: the first training image of each class (up to `rows`) and its
+    augmented copies 1..`copies`, exactly as offline copy k / online epoch k will see them."""
+    import base64
+    import html
+
+    import tensorflow as tf
+
+    manifest = data.read_manifest(dataset_dir)
+    names = manifest["class_names"]
+    picked: dict[int, tuple[int, object]] = {}
+    wanted = min(rows, len(names))
+    for index, (image, label) in enumerate(data.read_split(dataset_dir, "train").take(scan_limit).as_numpy_iterator()):
+        if int(label) not in picked:
+            picked[int(label)] = (index, image)
+            if len(picked) >= wanted:
+                break
+    height = manifest["image_shape"][0]
+    scale = max(1, 56 // height)
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>Augmentation policy</title><style>"
+           "body{font-family:sans-serif;margin:1em}td{padding:2px 8px}img{image-rendering:pixelated}</style>"
+           "</head><body><h1>Augmentation policy</h1>",
+           f"<p><b>{html.escape(note)}</b></p>" if note else "",
+           f"<pre>{html.escape(json.dumps(policy.to_json(), indent=2))}</pre>",
+           f"<p>Each row: the original, then copies 1-{copies} (offline copy k = online epoch k).</p><table>"]
+    for label in sorted(picked):
+        index, image = picked[label]
+        augmented = [augment_image(tf.constant(image), index, c, policy).numpy() for c in range(1, copies + 1)]
+        strip = data.tile([image] + augmented, copies + 1, gap=2)
+        uri = "data:image/png;base64," + base64.b64encode(data.encode_png(strip)).decode()
+        out.append(f"<tr><td>{html.escape(names[label])}</td><td><img alt='{html.escape(names[label])}' src='{uri}' "
+                   f"width='{strip.shape[1] * scale}' height='{strip.shape[0] * scale}'></td></tr>")
+    out.append("</table></body></html>")
+    return "\n".join(out) + "\n"
+
+
 def train_files(dataset_dir: str, augmented_dir: str | None) -> tuple[str, dict | None]:
     """Where training reads its train split from, and the online policy to apply (if any)."""
     if not augmented_dir:
@@ -186,11 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copies", type=int, default=0)
     parser.add_argument("--mode", choices=("offline", "online"), default="offline")
     parser.add_argument("--policy", default="{}", help="JSON object, e.g. '{\"rotation_degrees\": 15, \"seed\": 1}'")
+    parser.add_argument("--preview", help="also write an HTML page of originals and their augmentations here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        result = augment(args.dataset_dir, args.output_dir, copies=args.copies, mode=args.mode,
-                         policy=AugmentPolicy.from_json(args.policy))
+        policy = AugmentPolicy.from_json(args.policy)
+        result = augment(args.dataset_dir, args.output_dir, copies=args.copies, mode=args.mode, policy=policy)
+        if args.preview:
+            with data.gfile().GFile(args.preview, "w") as f:
+                f.write(policy_preview(args.dataset_dir, policy))
     except (data.DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

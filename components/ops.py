@@ -17,8 +17,10 @@ UNSET_IMAGE = "python:3.11-slim"
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def preprocess_op(source: str, validation_fraction: float, test_fraction: float, image_size: int, channels: int,
                   limit: int, min_shards: int, dataset: Output[Dataset], stats: Output[Metrics],
-                  card: Output[Markdown]) -> NamedTuple("Counts", train=int, validation=int, test=int, rejected=int):
-    """Reads the source (idx files, an image folder or tfds:NAME) into sharded TFRecords for train/validation/test."""
+                  card: Output[HTML], classes: str = "") -> NamedTuple("Counts", train=int, validation=int, test=int,
+                                                                        rejected=int):
+    """Reads the source (idx files, an image folder, a CSV/JSONL manifest or tfds:NAME) into sharded TFRecords for
+    train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason."""
     import collections
     import logging
 
@@ -26,7 +28,8 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     result = preprocess(source, dataset.path, validation_fraction=validation_fraction, test_fraction=test_fraction,
-                        image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards)
+                        image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards,
+                        classes=classes or None)
     for split, count in result.counts.items():
         stats.log_metric(f"images_{split}", count)
     stats.log_metric("rejected", result.rejected)
@@ -40,14 +43,20 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
-def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, augmented: Output[Dataset]):
-    """Writes augmented training shards (offline), or hands the policy to training (online)."""
+def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, augmented: Output[Dataset],
+               preview: Output[HTML]):
+    """Writes augmented training shards (offline), or hands the policy to training (online); the preview shows
+    originals next to their augmented copies."""
     import logging
 
-    from components.augment import AugmentPolicy, augment
+    from components.augment import AugmentPolicy, augment, policy_preview
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
-    result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=AugmentPolicy.from_json(policy))
+    chosen = AugmentPolicy.from_json(policy)
+    result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=chosen)
+    with open(preview.path, "w") as f:
+        f.write(policy_preview(dataset.path, chosen, note="" if mode == "online" or copies else
+                               "Not applied in this run: offline mode with 0 copies passes the data through."))
     augmented.metadata.update({"mode": mode, "copies": copies, "train": result.train_count})
 
 

@@ -70,6 +70,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         channels: int = 1,
         limit: int = 0,
         min_shards: int = 2,
+        classes: str = "",
         augment_copies: int = 0,
         augment_mode: str = "offline",
         augment_policy: str = "{}",
@@ -104,6 +105,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             channels: 1 for grayscale, 3 for RGB.
             limit: At most this many images per source split (0: all); for quick runs.
             min_shards: At least this many shards per split (one per training worker that reads them).
+            classes: Comma-separated allowed class names, in label order (empty: any class the source has).
             augment_copies: Augmented copies of each training image (offline mode; 0 passes the data through).
             augment_mode: offline (materialise copies) or online (training augments on the fly).
             augment_policy: JSON augmentation policy (rotation_degrees, shift_fraction, zoom_range, ..., seed).
@@ -131,7 +133,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         """
         prep = ops.preprocess_op(
             source=data, validation_fraction=validation_fraction, test_fraction=test_fraction, image_size=image_size,
-            channels=channels, limit=limit, min_shards=min_shards)
+            channels=channels, limit=limit, min_shards=min_shards, classes=classes)
         on_cpu(prep.set_display_name("Preprocess"), settings, "2", "4G")
 
         aug = ops.augment_op(dataset=prep.outputs["dataset"], copies=augment_copies, mode=augment_mode,

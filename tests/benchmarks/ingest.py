@@ -1,0 +1,217 @@
+"""Ingestion benchmark: preprocess over a folder of PNGs against keras.utils.image_dataset_from_directory.
+
+    python -m tests.benchmarks.ingest [--images 20000] [--memory 10000,40000] [--workdir DIR]
+
+One run measures, on the same files and machine:
+  - throughput (images/s) on a class-per-folder tree of real Fashion-MNIST PNGs: our preprocess (decode,
+    hash, split, write TFRecord shards) against the baseline, `image_dataset_from_directory` iterated once
+    (decode only, nothing written); plus decode-only rates for 1 worker, threads and processes, which is
+    why local files are decoded by processes;
+  - the same on camera-sized JPEGs (480x480), where decoding at a reduced DCT scale pays off;
+  - peak memory of a preprocess child process over 10k and 40k images (main process, and main plus its
+    decode workers): it must stay flat as the number of images grows.
+Timings on a shared machine are noisy: runs are interleaved and repeated (best of each is kept), and the
+ratios are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from components import data
+from components import preprocess as pp
+
+
+def make_png_tree(root: str, count: int) -> str:
+    """`count` real Fashion-MNIST images (train, then test) as PNGs in one folder per class."""
+    from PIL import Image
+
+    marker = root.rstrip("/") + ".complete"  # beside the tree, not in it (it would be a stray file)
+    if os.path.exists(marker) and os.path.isdir(root):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    images, labels = [], []
+    for prefix in ("train", "t10k"):
+        images.append(data.read_idx(os.path.join(data.DEFAULT_SOURCE, f"{prefix}-images-idx3-ubyte.gz")))
+        labels.append(data.read_idx(os.path.join(data.DEFAULT_SOURCE, f"{prefix}-labels-idx1-ubyte.gz")))
+    images, labels = np.concatenate(images)[:count], np.concatenate(labels)[:count]
+    for name in data.FASHION_MNIST_CLASSES:
+        os.makedirs(os.path.join(root, name.replace("/", "-")), exist_ok=True)
+    for i, (image, label) in enumerate(zip(images, labels)):
+        Image.fromarray(image).save(os.path.join(root, data.FASHION_MNIST_CLASSES[label].replace("/", "-"),
+                                                 f"{i:06d}.png"))
+    with open(marker, "w") as f:
+        f.write(str(count))
+    return root
+
+
+def make_photo_tree(root: str, count: int, size: int = 480) -> str:
+    """`count` camera-sized JPEGs (size x size RGB, quality 90): Fashion-MNIST images scaled up, tinted and
+    given sensor-like noise, so that they compress like photos rather than flat drawings."""
+    from PIL import Image
+
+    marker = root.rstrip("/") + ".complete"
+    if os.path.exists(marker) and os.path.isdir(root):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    images = data.read_idx(os.path.join(data.DEFAULT_SOURCE, "t10k-images-idx3-ubyte.gz"))[:count]
+    labels = data.read_idx(os.path.join(data.DEFAULT_SOURCE, "t10k-labels-idx1-ubyte.gz"))[:count]
+    rng = np.random.default_rng(0)
+    for name in data.FASHION_MNIST_CLASSES:
+        os.makedirs(os.path.join(root, name.replace("/", "-")), exist_ok=True)
+    for i, (image, label) in enumerate(zip(images, labels)):
+        big = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.BICUBIC), np.float32)
+        tint = rng.uniform(0.6, 1.0, 3)
+        rgb = big[..., None] * tint + rng.normal(0, 6, (size, size, 3)) + 20
+        Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).save(
+            os.path.join(root, data.FASHION_MNIST_CLASSES[label].replace("/", "-"), f"{i:06d}.jpg"), quality=90)
+    with open(marker, "w") as f:
+        f.write(str(count))
+    return root
+
+
+def baseline_rate(root: str) -> tuple[float, int]:
+    """keras.utils.image_dataset_from_directory, iterated once: images/s and the count it saw."""
+    import keras
+
+    start = time.monotonic()
+    ds = keras.utils.image_dataset_from_directory(root, image_size=(28, 28), color_mode="grayscale",
+                                                  batch_size=256, shuffle=False, verbose=False)
+    count = sum(int(labels.shape[0]) for _, labels in ds)
+    return count / (time.monotonic() - start), count
+
+
+def preprocess_rate(root: str, out: str, workers: int) -> tuple[float, int]:
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.monotonic()
+    result = pp.preprocess(root, out, workers=workers, min_shards=2)
+    return sum(result.counts.values()) / (time.monotonic() - start), sum(result.counts.values())
+
+
+def decode_rate(root: str, workers: int, use_processes: bool) -> float:
+    """Decode-only rate (read, hash, decode, resize) of the files under root."""
+    def items():
+        for folder in sorted(os.listdir(root)):
+            if os.path.isdir(os.path.join(root, folder)):
+                for uri in data.list_files(os.path.join(root, folder)):
+                    yield uri, 0, None
+
+    start = time.monotonic()
+    count = sum(1 for _ in pp.parallel_decode(items, height=28, width=28, channels=1, check_extension=True,
+                                              workers=workers, use_processes=use_processes))
+    return count / (time.monotonic() - start)
+
+
+def peak_memory(root: str, out: str) -> dict:
+    """Runs preprocess in a child process and samples the RSS of it and its decode workers every 20 ms."""
+    import psutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    child = subprocess.Popen([sys.executable, "-m", "components.preprocess", "--source", root, "--output-dir", out],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = psutil.Process(child.pid)
+    peak = {"main_mb": 0.0, "total_mb": 0.0}
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                main = proc.memory_info().rss
+                workers = sum(c.memory_info().rss for c in proc.children(recursive=True))
+            except psutil.Error:
+                continue
+            peak["main_mb"] = max(peak["main_mb"], main / 2**20)
+            peak["total_mb"] = max(peak["total_mb"], (main + workers) / 2**20)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.monotonic()
+    stdout, _ = child.communicate()
+    seconds = time.monotonic() - start
+    done.set()
+    sampler.join()
+    if child.returncode != 0:
+        raise RuntimeError(f"preprocess failed on {root} (exit {child.returncode})")
+    result = json.loads(stdout)
+    return {**{k: round(v, 1) for k, v in peak.items()}, "images": sum(result["counts"].values()),
+            "seconds": round(seconds, 1)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=20_000, help="PNGs in the throughput folder")
+    parser.add_argument("--memory", default="10000,40000", help="image counts for the peak-memory runs")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each; the best is reported")
+    parser.add_argument("--photos", type=int, default=2000, help="480x480 JPEGs for the photo run (0: skip)")
+    parser.add_argument("--workdir", help="where the PNG trees go (default: a temporary directory, removed)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ingest-bench-")
+    memory_counts = [int(n) for n in args.memory.split(",")]
+    cpus = pp.available_cpus()
+    try:
+        print(f"generating PNG trees in {workdir} ...", flush=True)
+        trees = {n: make_png_tree(os.path.join(workdir, f"png{n}"), n) for n in sorted({args.images, *memory_counts})}
+        root = trees[args.images]
+        # Interleaved repeats, best of each: other load on a shared machine comes and goes within a run.
+        runs = {"baseline": [], "ours": [], "1 worker": [], f"{cpus} threads": [], f"{cpus} processes": []}
+        for _ in range(args.repeats):
+            runs["baseline"].append(baseline_rate(root))
+            runs["ours"].append(preprocess_rate(root, os.path.join(workdir, "out"), workers=cpus))
+            runs["1 worker"].append((decode_rate(root, 1, False), 0))
+            runs[f"{cpus} threads"].append((decode_rate(root, cpus, False), 0))
+            runs[f"{cpus} processes"].append((decode_rate(root, cpus, True), 0))
+        (baseline, baseline_count), (ours, ours_count) = max(runs["baseline"]), max(runs["ours"])
+        decode = {name: max(rate for rate, _ in runs[name]) for name in list(runs)[2:]}
+        memory = {n: peak_memory(trees[n], os.path.join(workdir, f"out{n}")) for n in memory_counts}
+        photos = {}
+        if args.photos:
+            photo_root = make_photo_tree(os.path.join(workdir, f"jpeg{args.photos}"), args.photos)
+            photos["baseline"] = max(baseline_rate(photo_root)[0] for _ in range(args.repeats))
+            photos["ours"] = max(preprocess_rate(photo_root, os.path.join(workdir, "out-photos"), workers=cpus)[0]
+                                 for _ in range(args.repeats))
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print(f"\nIngestion of {args.images} Fashion-MNIST PNGs (28x28), {cpus} CPUs available, "
+          f"best of {args.repeats} interleaved runs")
+    print(f"{'':44} {'images/s':>10} {'vs baseline':>12}")
+    print(f"{'baseline: image_dataset_from_directory x1':44} {baseline:10.0f} {1.0:11.2f}x   ({baseline_count} images)")
+    print(f"{'ours: preprocess (decode+split+write shards)':44} {ours:10.0f} {ours / baseline:11.2f}x   "
+          f"({ours_count} images)")
+    for name, rate in decode.items():
+        print(f"{'  decode only, ' + name:44} {rate:10.0f} {rate / baseline:11.2f}x")
+    if photos:
+        print(f"\nIngestion of {args.photos} camera-sized JPEGs (480x480 RGB) to 28x28 grayscale")
+        print(f"{'baseline: image_dataset_from_directory x1':44} {photos['baseline']:10.0f} {1.0:11.2f}x")
+        print(f"{'ours: preprocess (decode+split+write shards)':44} {photos['ours']:10.0f} "
+              f"{photos['ours'] / photos['baseline']:11.2f}x")
+    print(f"\nPeak memory of a preprocess process (RSS, MB)")
+    print(f"{'images':>8} {'main':>8} {'main+workers':>13} {'seconds':>8}")
+    for n, m in memory.items():
+        print(f"{n:8d} {m['main_mb']:8.0f} {m['total_mb']:13.0f} {m['seconds']:8.1f}")
+    first, last = memory[memory_counts[0]], memory[memory_counts[-1]]
+    growth = last["total_mb"] - first["total_mb"]
+    print(f"growth from {memory_counts[0]} to {memory_counts[-1]} images: {growth:+.0f} MB "
+          f"({100 * growth / first['total_mb']:+.1f}%)")
+    return {"images": args.images, "cpus": cpus, "baseline_images_per_s": round(baseline, 1),
+            "ours_images_per_s": round(ours, 1), "speedup": round(ours / baseline, 2),
+            "decode_only_images_per_s": {k: round(v, 1) for k, v in decode.items()},
+            "peak_memory": {str(n): m for n, m in memory.items()}, "memory_growth_mb": round(growth, 1),
+            "photos": {k: round(v, 1) for k, v in photos.items()}}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))

@@ -1,0 +1,207 @@
+"""Augmentation on real Fashion-MNIST images: each transform does what it says, seeds fix every draw, offline
+copy k equals what training sees online at epoch k, and 0 copies passes the data through untouched."""
+
+import collections
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from components import augment as aug
+from components import data
+
+NONE = {"rotation_degrees": 0, "shift_fraction": 0, "zoom_range": 0}  # the default geometric changes off
+
+
+@pytest.fixture(scope="module")
+def dataset(fashion_dir, tmp_path_factory) -> str:
+    from components.preprocess import preprocess
+
+    out = str(tmp_path_factory.mktemp("aug_dataset"))
+    preprocess(fashion_dir, out, limit=200, min_shards=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(dataset) -> list[np.ndarray]:
+    return [img for img, _ in data.read_split(dataset, "train").take(8).as_numpy_iterator()]
+
+
+def run(image: np.ndarray, policy: dict, index: int = 0, copy: int = 1) -> np.ndarray:
+    import tensorflow as tf
+
+    return aug.augment_image(tf.constant(image), index, copy, aug.AugmentPolicy.from_json(policy)).numpy()
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"rotation": 10}, "Unknown augmentation policy keys"),
+    ({"rotation_degrees": -1}, "must be >= 0"),
+    ({"zoom_range": 1.0}, "must be < 1"),
+    ({"horizontal_flip": "yes"}, "true or false"),
+    ({"seed": 1.5}, "integer"),
+    ({"brightness": "0.1"}, "number"),
+    ({"elastic_alpha": 10, "elastic_sigma": 0}, "elastic_sigma must be > 0"),
+])
+def test_policy_validation(raw, message):
+    with pytest.raises(ValueError, match=message):
+        aug.AugmentPolicy.from_json(raw)
+
+
+def test_policy_round_trip_and_defaults():
+    policy = aug.AugmentPolicy.from_json('{"elastic_alpha": 30, "seed": 4}')
+    assert aug.AugmentPolicy.from_json(policy.to_json()) == policy
+    assert aug.AugmentPolicy().horizontal_flip is False  # it breaks digits and text
+    assert aug.AugmentPolicy.from_json(NONE).is_identity and not policy.is_identity
+
+
+# ---------------------------------------------------------------------------------------------- transforms
+
+
+def test_identity_policy_returns_the_image(images):
+    np.testing.assert_array_equal(run(images[0], NONE), images[0])
+
+
+def test_seed_copy_and_index_fix_every_draw(images):
+    policy = {"rotation_degrees": 15, "elastic_alpha": 20, "noise_stddev": 0.05, "cutout_fraction": 0.2, "seed": 3}
+    first = run(images[0], policy, index=5, copy=2)
+    np.testing.assert_array_equal(first, run(images[0], policy, index=5, copy=2))
+    assert not np.array_equal(first, run(images[0], policy, index=5, copy=3))
+    assert not np.array_equal(first, run(images[0], policy, index=6, copy=2))
+    assert not np.array_equal(first, run(images[0], {**policy, "seed": 4}, index=5, copy=2))
+
+
+def test_shift_moves_the_centre_of_mass_within_the_range(images):
+    def centre(image):
+        weights = image[..., 0].astype(np.float64)
+        rows, cols = np.indices(weights.shape)
+        return np.array([(rows * weights).sum(), (cols * weights).sum()]) / weights.sum()
+
+    moves = [centre(run(images[1], {**NONE, "shift_fraction": 0.1}, copy=c)) - centre(images[1]) for c in range(1, 9)]
+    assert max(abs(m).max() for m in moves) <= 0.1 * 28 + 0.5
+    assert max(abs(m).max() for m in moves) > 0.5
+
+
+def test_flip_mirrors_or_keeps(images):
+    outs = [run(images[2], {**NONE, "horizontal_flip": True}, copy=c) for c in range(1, 9)]
+    assert all(np.array_equal(o, images[2]) or np.array_equal(o, images[2][:, ::-1]) for o in outs)
+    assert any(np.array_equal(o, images[2][:, ::-1]) for o in outs) and any(np.array_equal(o, images[2]) for o in outs)
+
+
+def test_rotation_and_zoom_keep_the_shape(images):
+    for policy in ({**NONE, "rotation_degrees": 30}, {**NONE, "zoom_range": 0.3}):
+        out = run(images[3], policy)
+        assert out.shape == images[3].shape and out.dtype == np.uint8 and not np.array_equal(out, images[3])
+
+
+def test_brightness_contrast_and_noise(images):
+    gray = np.full((28, 28, 1), 128, np.uint8)
+    shifts = [int(run(gray, {**NONE, "brightness": 0.2}, copy=c)[0, 0, 0]) - 128 for c in range(1, 9)]
+    assert all(abs(s) <= 0.2 * 255 + 1 for s in shifts) and len(set(shifts)) > 1
+    noisy = run(gray, {**NONE, "noise_stddev": 0.05}).astype(np.float64) - 128
+    assert 0.03 * 255 < noisy.std() < 0.07 * 255
+    image = images[4]
+    contrasted = run(image, {**NONE, "contrast": 0.5}).astype(np.float64)
+    assert not np.array_equal(contrasted, image)
+    assert abs(contrasted.mean() - image.mean()) < 20  # around the image mean (up to clipping)
+
+
+def test_cutout_zeroes_a_square(images):
+    bright = np.full((28, 28, 1), 200, np.uint8)
+    out = run(bright, {**NONE, "cutout_fraction": 0.25})
+    rows, cols = np.nonzero(out[..., 0] == 0)
+    assert len(rows) == 7 * 7 and rows.max() - rows.min() == 6 and cols.max() - cols.min() == 6
+
+
+def test_elastic_distortion_is_smooth_and_bounded():
+    constant = np.full((28, 28, 1), 90, np.uint8)
+    policy = {**NONE, "elastic_alpha": 34, "elastic_sigma": 4}
+    np.testing.assert_array_equal(run(constant, policy), constant)  # sampling weights sum to one
+    ramp = (np.arange(28)[None, :, None] * 8 + np.zeros((28, 1, 1))).astype(np.uint8)  # value = 8 * column
+    out = run(ramp, policy).astype(np.float64)[2:-2, 2:-2]  # away from the clamped borders
+    dx = (out - ramp[2:-2, 2:-2]) / 8  # the horizontal displacement each pixel got
+    assert 0.2 < np.abs(dx).mean() and np.abs(dx).max() < 34  # moved, by less than alpha
+    assert np.abs(np.diff(dx, axis=1)).mean() < 0.5 * np.abs(dx).mean()  # smooth, not pixel noise
+
+
+# ---------------------------------------------------------------------------------------------- the step
+
+
+def shard_files(directory: str) -> list[str]:
+    return glob.glob(os.path.join(directory, "**", "*.tfrecord"), recursive=True)
+
+
+def test_zero_copies_passes_through_without_copying(dataset, tmp_path):
+    result = aug.augment(dataset, str(tmp_path / "out"), copies=0)
+    assert shard_files(str(tmp_path / "out")) == []
+    assert result.train_count == data.read_manifest(dataset)["splits"]["train"]["count"]
+    assert aug.train_files(dataset, str(tmp_path / "out")) == (dataset, None)
+    assert data.split_files(str(tmp_path / "out"), "train") == data.split_files(dataset, "train")
+
+
+def test_online_hands_the_policy_to_training(dataset, tmp_path):
+    policy = aug.AugmentPolicy.from_json({"elastic_alpha": 20, "seed": 9})
+    aug.augment(dataset, str(tmp_path / "out"), copies=3, mode="online", policy=policy)
+    assert shard_files(str(tmp_path / "out")) == []
+    train_dir, online = aug.train_files(dataset, str(tmp_path / "out"))
+    assert train_dir == dataset and aug.AugmentPolicy.from_json(online) == policy
+
+
+def test_offline_writes_originals_and_copies(dataset, tmp_path):
+    policy = aug.AugmentPolicy.from_json({"rotation_degrees": 12, "elastic_alpha": 20, "seed": 2})
+    result = aug.augment(dataset, str(tmp_path / "out"), copies=2, policy=policy)
+    originals = list(data.read_split(dataset, "train", with_uri=True).as_numpy_iterator())
+    stored = list(data.read_split(str(tmp_path / "out"), "train", with_uri=True).as_numpy_iterator())
+    assert result.train_count == len(stored) == 3 * len(originals)
+    by_uri = {u.decode(): (img, int(lab)) for img, lab, u in stored}
+    for index, (image, label, uri) in enumerate(originals[:20]):
+        np.testing.assert_array_equal(by_uri[uri.decode()][0], image)
+        for copy in (1, 2):
+            augmented, augmented_label = by_uri[f"{uri.decode()}#aug{copy}"]
+            assert augmented_label == label
+            np.testing.assert_array_equal(augmented, run(image, policy.to_json(), index=index, copy=copy))
+    assert aug.train_files(dataset, str(tmp_path / "out"))[0] == str(tmp_path / "out")
+
+
+def test_online_epoch_k_equals_offline_copy_k(dataset, tmp_path):
+    """What training's own input pipeline feeds at epoch k is exactly offline copy k (as a multiset: it shuffles)."""
+    from components import train
+
+    policy = aug.AugmentPolicy.from_json({"rotation_degrees": 10, "shift_fraction": 0.1, "elastic_alpha": 25,
+                                          "noise_stddev": 0.02, "cutout_fraction": 0.2, "seed": 11})
+    aug.augment(dataset, str(tmp_path / "offline"), copies=2, policy=policy)
+    aug.augment(dataset, str(tmp_path / "online"), copies=2, mode="online", policy=policy)
+    offline = collections.defaultdict(list)
+    for image, label, uri in data.read_split(str(tmp_path / "offline"), "train", with_uri=True).as_numpy_iterator():
+        copy = uri.decode().rsplit("#aug", 1)[1] if "#aug" in uri.decode() else "0"
+        offline[int(copy)].append((int(label), image.tobytes()))
+    train_dir, online_policy = aug.train_files(dataset, str(tmp_path / "online"))
+    ds, epoch = train.make_train_dataset(train_dir, train.Recipe(shuffle_buffer=64), 32, online_policy)
+    for k in (1, 2):
+        epoch.assign(k - 1)  # what the epoch callback sets at the start of epoch k
+        seen = [(int(lab), img.astype(np.uint8).tobytes()) for images, labels in ds.as_numpy_iterator()
+                for img, lab in zip(images, labels)]
+        assert sorted(seen) == sorted(offline[k])
+    assert sorted(offline[1]) != sorted(offline[2])
+
+
+def test_preview_shows_originals_and_copies(dataset):
+    html = aug.policy_preview(dataset, aug.AugmentPolicy.from_json({"elastic_alpha": 20}), rows=4, copies=5,
+                              note="not applied")
+    assert html.count("data:image/png;base64,") == 4 and "elastic_alpha" in html and "not applied" in html
+    assert "copies 1-5" in html
+
+
+def test_bad_arguments_and_cli(dataset, tmp_path, capsys):
+    with pytest.raises(ValueError, match="mode"):
+        aug.augment(dataset, str(tmp_path / "x"), mode="sometimes")
+    with pytest.raises(ValueError, match="copies"):
+        aug.augment(dataset, str(tmp_path / "x"), copies=-1)
+    assert aug.main(["--dataset-dir", dataset, "--output-dir", str(tmp_path / "y"), "--policy", '{"spin": 1}']) == 2
+    assert "Unknown augmentation policy keys ['spin']" in capsys.readouterr().err
+    assert aug.main(["--dataset-dir", dataset, "--output-dir", str(tmp_path / "z"), "--copies", "1", "--policy",
+                     '{"seed": 1}', "--preview", str(tmp_path / "preview.html")]) == 0
+    assert (tmp_path / "preview.html").read_text().startswith("<!doctype html>")
