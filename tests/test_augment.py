@@ -179,11 +179,14 @@ def test_online_epoch_k_equals_offline_copy_k(dataset, tmp_path):
         copy = uri.decode().rsplit("#aug", 1)[1] if "#aug" in uri.decode() else "0"
         offline[int(copy)].append((int(label), image.tobytes()))
     train_dir, online_policy = aug.train_files(dataset, str(tmp_path / "online"))
-    ds, epoch = train.make_train_dataset(train_dir, train.Recipe(shuffle_buffer=64), 32, online_policy)
+    image_shape = data.read_manifest(train_dir)["image_shape"]
+    inputs = train.TrainInput(train_dir, image_shape, pipeline_id=0, num_pipelines=1, recipe=train.Recipe(),
+                              online_policy=online_policy, mode="memory")
+    count = inputs.total_count
     for k in (1, 2):
-        epoch.assign(k - 1)  # what the epoch callback sets at the start of epoch k
-        seen = [(int(lab), img.astype(np.uint8).tobytes()) for images, labels in ds.as_numpy_iterator()
-                for img, lab in zip(images, labels)]
+        # Epoch k-1 (counted from 0) augments as copy k; one batch of the whole split holds each image once.
+        ((images, labels),) = list(inputs.dataset(k - 1, 0, 1, count).as_numpy_iterator())
+        seen = [(int(lab), img.astype(np.uint8).tobytes()) for img, lab in zip(images, labels)]
         assert sorted(seen) == sorted(offline[k])
     assert sorted(offline[1]) != sorted(offline[2])
 

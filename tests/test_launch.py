@@ -172,12 +172,13 @@ def test_compile_tfjob_launcher(tmp_path):
     assert evaluate_inputs["producerTask"] == "train-job-op"
 
 
-def test_compile_vertex_target_takes_the_accelerator_from_the_schedule_step(tmp_path):
-    path = training.compile_pipeline(str(tmp_path / "vertex.yaml"), config.PipelineSettings(target="vertex"))
+def test_compile_vertex_target_fixes_the_accelerator_when_compiling(tmp_path):
+    settings = config.PipelineSettings(target="vertex", train_accelerator="nvidia-l4", train_gpus=2)
+    path = training.compile_pipeline(str(tmp_path / "vertex.yaml"), settings)
     with open(path) as f:
         docs = list(yaml.safe_load_all(f))
     resources = docs[0]["deploymentSpec"]["executors"]["exec-train-op"]["container"]["resources"]["accelerator"]
-    assert resources["resourceType"] == "{{$.inputs.parameters['pipelinechannel--schedule-op-vertex_accelerator']}}"
+    assert (resources["resourceType"], resources["resourceCount"]) == ("NVIDIA_L4", "2")
 
 
 # ---------------------------------------------------------------------------------------------- TFJob

@@ -74,6 +74,7 @@ def mixed_folder(tmp_path, fashion_arrays):
     good.append(write(root / "c" / "gray.jpg", encode(images[24], "JPEG", quality=90)))
     good.append(write(root / "c" / "color.JPEG", encode(np.kron(rgb, np.ones((2, 2, 1), np.uint8)), "JPEG")))
     good.append(write(root / "c" / "d" / "progressive.jpeg", encode(images[25], "JPEG", progressive=True)))
+    good.append(write(root / "anim.gif", encode(images[28], "GIF")))  # GIF/BMP/WebP/TIFF decode like training's
     full_png = encode(images[26], "PNG")
     bad[write(root / "truncated.png", full_png[:len(full_png) // 2])] = "truncated"
     bad[write(root / "c" / "truncated.jpg", encode(images[27], "JPEG")[:150])] = "truncated"
@@ -81,7 +82,6 @@ def mixed_folder(tmp_path, fashion_arrays):
     bad[write(root / "empty.png", b"")] = "empty file"
     bad[write(root / "README.txt", b"these are the images to classify\n")] = "not an image"
     bad[write(root / "c" / "d" / "weights.npy", np.arange(10).tobytes())] = "not an image"
-    bad[write(root / "anim.gif", encode(images[28], "GIF"))] = "unsupported image format GIF"
     return str(root), sorted(good), bad
 
 
