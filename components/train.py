@@ -215,6 +215,19 @@ def choose_strategy(tf_config: str | None = None):
 # ---------------------------------------------------------------------------------------------- model
 
 
+def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
+    """Fails fast when the pod was given GPUs (the device plugin mounts /dev/nvidiaN) but TensorFlow sees none:
+    a driver/CUDA mismatch in the image would otherwise train on the CPU of a GPU node, silently and slowly."""
+    try:
+        devices = [n for n in os.listdir(device_dir) if n.startswith("nvidia") and n[len("nvidia"):].isdigit()]
+    except OSError:
+        return
+    if devices and not gpus:
+        raise RuntimeError(f"This machine has GPU devices ({', '.join(sorted(devices))} in {device_dir}) but "
+                           "TensorFlow sees none: the image's CUDA/cuDNN does not match the node's driver. Check "
+                           "with: python3 -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"")
+
+
 def build_model(image_shape: list[int] | tuple[int, ...], num_classes: int, dtype_policy: str = "float32"):
     """The reference CNN. Pixel scaling is part of the model, so serving takes raw 0-255 pixels."""
     import keras
@@ -554,6 +567,7 @@ def train(dataset_dir: str, model_dir: str, *, augmented_dir: str | None = None,
     # The strategy first: MultiWorkerMirroredStrategy must configure the runtime before any other TF op.
     strategy = choose_strategy(tf_config)
     gpus = tf.config.list_physical_devices("GPU")
+    check_gpus_visible(gpus)
     precision_used = resolve_precision(chosen.precision, gpus)
     use_jit = resolve_jit(chosen.jit_compile, gpus)
     replicas = strategy.num_replicas_in_sync

@@ -228,3 +228,15 @@ def test_a_finished_backup_is_not_trained_again(small_dataset, tmp_path):
     assert os.path.exists(tmp_path / "m2" / "model.keras")
     with pytest.raises(ValueError, match="different training setup"):
         train.train(small_dataset, str(tmp_path / "m3"), epochs=2, backup_dir=backup, validate=False)
+
+
+def test_gpus_given_but_invisible_to_tensorflow_fail_fast(tmp_path):
+    from components.train import check_gpus_visible
+
+    (tmp_path / "nvidia0").touch()
+    (tmp_path / "nvidiactl").touch()
+    with pytest.raises(RuntimeError, match=r"GPU devices \(nvidia0 in .*\) but TensorFlow sees none"):
+        check_gpus_visible([], device_dir=str(tmp_path))
+    check_gpus_visible(["a GPU"], device_dir=str(tmp_path))  # seen: fine
+    (tmp_path / "nvidia0").unlink()
+    check_gpus_visible([], device_dir=str(tmp_path))  # no GPU given: CPU training is expected
