@@ -33,7 +33,8 @@ def test_summary_reports_what_the_run_produced(runs):
     assert 0.3 <= first["test_accuracy"] <= 1 and first["test_loss"] > 0
     assert first["train_seconds"] > 0
     assert first["blessed"] is True and first["decision"].startswith("blessed: ")
-    assert set(first["artifacts"]) == {"preprocess", "augment", "train", "evaluate", "predict", "register"}
+    assert set(first["artifacts"]) == {"preprocess", "augment", "schedule", "train", "evaluate", "predict",
+                                       "register"}
 
 
 def test_model_and_training_artifacts(runs):
@@ -60,7 +61,8 @@ def test_kfp_ui_artifacts(runs):
     report = open(first["artifacts"]["evaluate"]["report"]).read()
     assert report.count("data:image/png;base64,") >= 3 and "Per class" in report
     assert open(first["artifacts"]["evaluate"]["decision"]).read().startswith("**blessed: ")
-    assert "| Sneaker |" in open(first["artifacts"]["preprocess"]["card"]).read()
+    card = open(first["artifacts"]["preprocess"]["card"]).read()
+    assert card.startswith("<!doctype html>") and "Sneaker" in card and "data:image/png;base64," in card
 
 
 def test_predictions_of_the_exported_test_images(runs):
