@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
-import hashlib
 import json
 import math
 import os
@@ -118,11 +117,6 @@ def idx_class_names(directory: str, num_classes: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- split
-
-
-def content_fraction(image_bytes: bytes) -> float:
-    """A number in [0, 1) fixed by the image's bytes: the same image lands in the same split anywhere."""
-    return int.from_bytes(hashlib.sha256(image_bytes).digest()[:8], "big") / 2.0**64
 
 
 def num_shards_for(num_images: int, image_bytes: int, *, min_shards: int = 1, uri_bytes: int = 100) -> int:
