@@ -225,7 +225,7 @@ def test_tfjob_runs_to_success_and_streams_the_chief_log():
         assert k8s.created_bodies[0]["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 2
         pods = k8s.job("ml", "train-1").pods
         assert sorted(pods) == ["train-1-chief-0", "train-1-worker-0", "train-1-worker-1"]
-        assert ("POST", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs") in k8s.requests
+        assert k8s.requests_to("POST", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs")
         assert k8s.deleted == []  # a finished job is left for inspection; its pods are cleaned up
 
 
@@ -296,7 +296,7 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
                 launcher.kill()
         assert launcher.returncode == 143, stderr
         assert ("ml", "train-cancel") in k8s.deleted
-        assert ("DELETE", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-cancel") in k8s.requests
+        assert k8s.requests_to("DELETE", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-cancel")
         assert all(pod.process.poll() is not None for pod in pods)
         assert "cancelled" in stderr
 

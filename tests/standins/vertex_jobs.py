@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.parse
 
-from tests.standins.k8s_api import Pod, free_port
+from tests.standins.pods import Pod, free_port
 
 TERMINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
 POOL_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
