@@ -270,6 +270,11 @@ class StandIn:
         assert self._server is not None, f"start the stand-in first (with {type(self).__name__}() as api: ...)"
         return f"http://{self.host}:{self._server.server_address[1]}"
 
+    @property
+    def api_endpoint(self) -> str:
+        """`url`, by the name Google Cloud clients take it (`client_options={"api_endpoint": ...}`)."""
+        return self.url
+
     # -- test controls ---------------------------------------------------------------------------------
 
     def fail_next(self, code: int | str, count: int = 1, *, rpc: str | None = None, message: str | None = None,
