@@ -463,9 +463,9 @@ def vertex_serving(tiny_model):
 
 @pytest.fixture
 def vertex(tmp_path, vertex_serving):
-    from tests.standins.vertex_batch import VertexBatchStandIn
+    from tests.standins.vertex_api import VertexStandIn
 
-    with VertexBatchStandIn(str(tmp_path / "gcs"), vertex_serving) as standin:
+    with VertexStandIn(storage_root=str(tmp_path / "gcs"), serve=vertex_serving) as standin:
         yield standin
 
 
@@ -490,9 +490,9 @@ def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image
 
     assert (result.count, result.errors) == (12, 1)
     assert sleeps == [5, 5]  # PENDING, RUNNING, SUCCEEDED
-    create = next(r for r in vertex.requests if r["rpc"] == "CreateBatchPredictionJob")
-    assert create["path"] == "v1/projects/test-project/locations/us-central1/batchPredictionJobs"
-    body = create["body"]
+    (create,) = vertex.calls("CreateBatchPredictionJob")
+    assert create.path == "/v1/projects/test-project/locations/us-central1/batchPredictionJobs"
+    body = create.body
     assert body["model"] == model + "@champion"
     assert body["inputConfig"] == {"instancesFormat": "jsonl",
                                    "gcsSource": {"uris": ["gs://bucket/batch/run-1/instances.jsonl"]}}
@@ -521,17 +521,17 @@ def test_vertex_batch_job_failures_are_reported(vertex, image_folder, tiny_model
     common = dict(client=job_client(vertex), staging_uri="gs://bucket/batch", storage_root=str(tmp_path / "gcs"),
                   poll_seconds=1, sleep=lambda s: None)
 
-    vertex.fail_next_job("Model server terminated: out of memory")
+    vertex.fail_next_batch_job("Model server terminated: out of memory")
     with pytest.raises(predict_lib.VertexBatchError, match="ended JOB_STATE_FAILED: Model server terminated"):
         predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o1"), **common)
 
     with pytest.raises(predict_lib.VertexBatchError, match=r"failed: .*does not exist.*registered in this project"):
         predict_lib.vertex_batch_predict(tiny_model, model.replace("/77", "/78"), folder, str(tmp_path / "o2"), **common)
 
-    vertex.polls = (100, 1)
+    vertex.batch_polls = (100, 1)
     with pytest.raises(predict_lib.VertexBatchError, match="did not finish within 3s; it was cancelled"):
         predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o3"), timeout_seconds=3, **common)
-    assert list(vertex.jobs.values())[-1]["job"]["state"] == "JOB_STATE_CANCELLED"
+    assert vertex.batch_jobs()[-1]["state"] == "JOB_STATE_CANCELLED"
 
     with pytest.raises(ValueError, match="Not a Vertex AI model resource name"):
         predict_lib.run_vertex_batch_job(common["client"], model="image-classifier", instances_uri="gs://b/i.jsonl",

@@ -1,5 +1,6 @@
-"""The shared stand-in base (tests/standins/base.py): loopback only, routes, one request log, scripted failures in
-each API's error shape, streamed answers, the clock."""
+"""The stand-ins themselves: the shared base (tests/standins/base.py: loopback only, routes, one request log,
+scripted failures, streamed answers, the clock), each API's error shape through its real client, and Vertex AI
+batch prediction, which runs the jobs it is given."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.standins.base import (
     rfc3339,
     route,
 )
+from tests.standins.vertex_api import VertexStandIn
 
 
 class Things(StandIn):
@@ -158,3 +160,165 @@ def test_wait_for_and_the_clock():
     assert rfc3339(1_767_225_600.5, 9) == "2026-01-01T00:00:00.500000000Z"
     assert rfc3339(1_767_225_600.5, 9, trim=True) == "2026-01-01T00:00:00.5Z"
     assert rfc3339(1_767_225_600, 6, trim=True) == "2026-01-01T00:00:00Z"
+
+
+# ---------------------------------------------------------------------------------------------- each API's shape
+
+
+def test_kfp_scripted_failures_use_grpc_gateway_and_upload_error_bodies(kfp_api, tmp_path):
+    import kfp
+    from kfp_server_api.exceptions import ApiException
+
+    client = kfp.Client(host=kfp_api.url)
+    kfp_api.fail_next(503, rpc="ListPipelines")
+    with pytest.raises(ApiException) as listed:
+        client.list_pipelines()
+    assert listed.value.status == 503
+    assert json.loads(listed.value.body) == {"code": 14, "message": "Scripted UNAVAILABLE error.", "details": []}
+
+    package = tmp_path / "p.yaml"
+    package.write_text("pipelineInfo: {name: p}\nroot: {dag: {tasks: {}}}\nschemaVersion: 2.1.0\n")
+    kfp_api.fail_next("ALREADY_EXISTS", rpc="UploadPipeline", message="Failed to create a pipeline")
+    with pytest.raises(ApiException) as uploaded:
+        client.upload_pipeline(str(package), pipeline_name="p")
+    assert uploaded.value.status == 409
+    assert json.loads(uploaded.value.body) == {"error_message": "Failed to create a pipeline",
+                                               "error_details": "Failed to create a pipeline"}
+    assert [r.rpc for r in kfp_api.requests if r.status >= 400] == ["ListPipelines", "UploadPipeline"]
+
+
+def test_kubernetes_errors_are_status_objects():
+    from kubernetes import client
+
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    with KubernetesStandIn(run_containers=False) as k8s:
+        configuration = client.Configuration()
+        configuration.host = k8s.url
+        api = client.CustomObjectsApi(client.ApiClient(configuration))
+        k8s.fail_next(409, rpc="createKubeflowOrgV1NamespacedTFJob", message='tfjobs.kubeflow.org "t" already exists')
+        with pytest.raises(client.ApiException) as created:
+            api.create_namespaced_custom_object("kubeflow.org", "v1", "ml", "tfjobs", {"metadata": {"name": "t"}})
+        with pytest.raises(client.ApiException) as read:
+            api.get_namespaced_custom_object("kubeflow.org", "v1", "ml", "tfjobs", "t")
+    assert created.value.status == 409 and json.loads(created.value.body) == {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": 'tfjobs.kubeflow.org "t" already exists', "reason": "AlreadyExists", "code": 409}
+    assert read.value.status == 404 and json.loads(read.value.body)["reason"] == "NotFound"
+
+
+# ---------------------------------------------------------------------------------------------- Vertex AI batch
+
+PROJECT, LOCATION = "test-project", "us-central1"
+PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
+
+
+def vertex_clients(endpoint: str):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1
+
+    options = dict(transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
+    return aiplatform_v1.ModelServiceClient(**options), aiplatform_v1.JobServiceClient(**options)
+
+
+def batch_job(model: str, **overrides):
+    from google.cloud import aiplatform_v1
+
+    fields = dict(display_name="predict", model=model,
+                  input_config={"instances_format": "jsonl", "gcs_source": {"uris": ["gs://b/in.jsonl"]}},
+                  instance_config={"key_field": "id"},
+                  output_config={"predictions_format": "jsonl", "gcs_destination": {"output_uri_prefix": "gs://b/out"}},
+                  dedicated_resources={"machine_spec": {"machine_type": "n1-standard-2"}, "starting_replica_count": 1})
+    return aiplatform_v1.BatchPredictionJob(**{**fields, **overrides})
+
+
+def summing_server(instances: list) -> list:
+    """A model server: the sum of each instance's `x`; it refuses an instance whose `x` is not a list."""
+    for instance in instances:
+        if not isinstance(instance.get("x"), list):
+            raise ValueError(f"x must be a list, not {instance.get('x')!r}")
+    return [sum(instance["x"]) for instance in instances]
+
+
+@pytest.fixture
+def gcs(tmp_path):
+    (tmp_path / "gcs" / "b").mkdir(parents=True)
+    (tmp_path / "gcs" / "b" / "in.jsonl").write_text('{"id": "a", "x": [1, 2]}\n{"id": "b", "x": [3]}\n'
+                                                    '{"id": "c", "x": "three"}\n')
+    return tmp_path / "gcs"
+
+
+def test_vertex_batch_prediction_of_a_registered_model_runs_to_success(gcs):
+    """A model uploaded to the Model Registry and named by an alias: the job resolves the version, sends the
+    instances to the model server and writes the results where the service does."""
+    from google.cloud import aiplatform_v1
+
+    with VertexStandIn(storage_root=str(gcs), serve=summing_server) as vertex:
+        models, jobs = vertex_clients(vertex.api_endpoint)
+        uploaded = models.upload_model(request=aiplatform_v1.UploadModelRequest(
+            parent=PARENT, model_id="image-classifier", model=aiplatform_v1.Model(
+                display_name="image-classifier", artifact_uri="gs://b/model",
+                container_spec={"image_uri": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"}))).result()
+        models.merge_version_aliases(name=f"{uploaded.model}@{uploaded.model_version_id}",
+                                     version_aliases=["champion"])
+        model = f"{PARENT}/models/image-classifier@champion"
+        job = jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(model))
+        states = [job.state]
+        while job.state not in (aiplatform_v1.JobState.JOB_STATE_SUCCEEDED, aiplatform_v1.JobState.JOB_STATE_FAILED):
+            job = jobs.get_batch_prediction_job(name=job.name)
+            states.append(job.state)
+    assert states == [aiplatform_v1.JobState.JOB_STATE_PENDING, aiplatform_v1.JobState.JOB_STATE_RUNNING,
+                      aiplatform_v1.JobState.JOB_STATE_SUCCEEDED]
+    assert job.model_version_id == "1"
+    directory = job.output_info.gcs_output_directory
+    assert directory.startswith("gs://b/out/prediction-image-classifier-")  # the model's display name
+    with open(gcs / directory[len("gs://"):] / "prediction.results-00000-of-00001") as f:
+        rows = [json.loads(line) for line in f]
+    assert rows == [{"key": "a", "prediction": 3}, {"key": "b", "prediction": 3},
+                    {"key": "c", "error": {"code": 3, "message": "x must be a list, not 'three'"}}]
+    assert (job.completion_stats.successful_count, job.completion_stats.failed_count) == (2, 1)
+
+
+def test_vertex_batch_prediction_refusals_failures_and_cancel(gcs):
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    state = aiplatform_v1.JobState
+    with VertexStandIn(storage_root=str(gcs), serve=summing_server, batch_polls=(1, 2)) as vertex:
+        model = vertex.add_model("77", "image-classifier", versions=("1", "2"), aliases={"default": "2"})
+        _, jobs = vertex_clients(vertex.api_endpoint)
+        with pytest.raises(exceptions.NotFound, match="does not exist"):
+            jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(model + "@3"))
+        with pytest.raises(exceptions.BadRequest, match="machine_type must be set"):
+            jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(
+                model, dedicated_resources=None))
+
+        def run(job) -> aiplatform_v1.BatchPredictionJob:
+            job = jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=job)
+            while job.state not in (state.JOB_STATE_SUCCEEDED, state.JOB_STATE_FAILED, state.JOB_STATE_CANCELLED):
+                job = jobs.get_batch_prediction_job(name=job.name)
+            return job
+
+        vertex.fail_next_batch_job("Model server terminated: out of memory")
+        failed = run(batch_job(model))
+        assert failed.state == state.JOB_STATE_FAILED
+        assert failed.error.message == "Model server terminated: out of memory"
+        assert failed.model_version_id == "2"
+        missing = run(batch_job(model, input_config={"instances_format": "jsonl",
+                                                     "gcs_source": {"uris": ["gs://b/missing.jsonl"]}}))
+        assert missing.state == state.JOB_STATE_FAILED and "gs://b/missing.jsonl" in missing.error.message
+
+        running = jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(model))
+        jobs.get_batch_prediction_job(name=running.name)
+        jobs.cancel_batch_prediction_job(name=running.name)
+        assert jobs.get_batch_prediction_job(name=running.name).state == state.JOB_STATE_CANCELLED
+    assert [job["state"] for job in vertex.batch_jobs()] == ["JOB_STATE_FAILED", "JOB_STATE_FAILED",
+                                                            "JOB_STATE_CANCELLED"]
+
+    with VertexStandIn() as bare:  # no storage, no model server: the job says so instead of pretending
+        model = bare.add_model("77", "image-classifier")
+        _, jobs = vertex_clients(bare.api_endpoint)
+        job = jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(model))
+        while job.state not in (state.JOB_STATE_SUCCEEDED, state.JOB_STATE_FAILED):
+            job = jobs.get_batch_prediction_job(name=job.name)
+    assert job.state == state.JOB_STATE_FAILED and "serve=" in job.error.message
