@@ -125,38 +125,7 @@ class KfpStandIn(StandIn):
 
     # --- HTTP ------------------------------------------------------------------------------------
     def routes(self) -> list:
-        p, id_ = "/apis/v2beta1", r"[^/:]+"
-        return [
-            route("GET", f"{p}/healthz", "GetHealthz", self.healthz),
-            route("POST", f"{p}/pipelines/upload", "UploadPipeline", self.upload_pipeline),
-            route("POST", f"{p}/pipelines/upload_version", "UploadPipelineVersion", self.upload_pipeline_version),
-            route("GET", f"{p}/pipelines/names/(?P<name>{id_})", "GetPipelineByName", self.get_pipeline_by_name),
-            route("POST", f"{p}/pipelines", "CreatePipeline", self.create_pipeline),
-            route("GET", f"{p}/pipelines", "ListPipelines", self.list_pipelines),
-            route("GET", f"{p}/pipelines/(?P<pipeline>{id_})", "GetPipeline", self.get_pipeline),
-            route("DELETE", f"{p}/pipelines/(?P<pipeline>{id_})", "DeletePipeline", self.delete_pipeline),
-            route("GET", f"{p}/pipelines/(?P<pipeline>{id_})/versions", "ListPipelineVersions",
-                  self.list_pipeline_versions),
-            route("GET", f"{p}/pipelines/(?P<pipeline>{id_})/versions/(?P<version>{id_})", "GetPipelineVersion",
-                  self.get_pipeline_version),
-            route("DELETE", f"{p}/pipelines/(?P<pipeline>{id_})/versions/(?P<version>{id_})",
-                  "DeletePipelineVersion", self.delete_pipeline_version),
-            route("POST", f"{p}/experiments", "CreateExperiment", self.create_experiment),
-            route("GET", f"{p}/experiments", "ListExperiments", self.list_experiments),
-            route("GET", f"{p}/experiments/(?P<experiment>{id_})", "GetExperiment", self.get_experiment),
-            route("POST", f"{p}/runs", "CreateRun", self.create_run),
-            route("GET", f"{p}/runs", "ListRuns", self.list_runs),
-            route("GET", f"{p}/runs/(?P<run>{id_})", "GetRun", self.get_run),
-            route("POST", f"{p}/recurringruns", "CreateRecurringRun", self.create_recurring_run),
-            route("GET", f"{p}/recurringruns", "ListRecurringRuns", self.list_recurring_runs),
-            route("GET", f"{p}/recurringruns/(?P<recurring_run>{id_})", "GetRecurringRun", self.get_recurring_run),
-            route("DELETE", f"{p}/recurringruns/(?P<recurring_run>{id_})", "DeleteRecurringRun",
-                  self.delete_recurring_run),
-            route("POST", f"{p}/recurringruns/(?P<recurring_run>{id_}):enable", "EnableRecurringRun",
-                  lambda req: self.switch_recurring_run(req, enable=True)),
-            route("POST", f"{p}/recurringruns/(?P<recurring_run>{id_}):disable", "DisableRecurringRun",
-                  lambda req: self.switch_recurring_run(req, enable=False)),
-        ]
+        return [route(method, _P + path, rpc, getattr(self, handler)) for method, path, rpc, handler in _ROUTES]
 
     def authorize(self, request: Request) -> None:
         token = self.require_token
@@ -480,7 +449,13 @@ class KfpStandIn(StandIn):
         del self.recurring_runs[recurring_run_id]
         return {}
 
-    def switch_recurring_run(self, req, *, enable: bool) -> dict:
+    def enable_recurring_run(self, req) -> dict:
+        return self._switch_recurring_run(req, enable=True)
+
+    def disable_recurring_run(self, req) -> dict:
+        return self._switch_recurring_run(req, enable=False)
+
+    def _switch_recurring_run(self, req, *, enable: bool) -> dict:
         recurring_run = self._recurring_run(req.params["recurring_run"])
         recurring_run["mode"] = "ENABLE" if enable else "DISABLE"
         recurring_run["status"] = "ENABLED" if enable else "DISABLED"
@@ -488,6 +463,35 @@ class KfpStandIn(StandIn):
         return {}
 
 
+_P, _ID = "/apis/v2beta1", r"[^/:]+"
+# (method, path under /apis/v2beta1, RPC, handler method)
+_ROUTES = [
+    ("GET", "/healthz", "GetHealthz", "healthz"),
+    ("POST", "/pipelines/upload", "UploadPipeline", "upload_pipeline"),
+    ("POST", "/pipelines/upload_version", "UploadPipelineVersion", "upload_pipeline_version"),
+    ("GET", f"/pipelines/names/(?P<name>{_ID})", "GetPipelineByName", "get_pipeline_by_name"),
+    ("POST", "/pipelines", "CreatePipeline", "create_pipeline"),
+    ("GET", "/pipelines", "ListPipelines", "list_pipelines"),
+    ("GET", f"/pipelines/(?P<pipeline>{_ID})", "GetPipeline", "get_pipeline"),
+    ("DELETE", f"/pipelines/(?P<pipeline>{_ID})", "DeletePipeline", "delete_pipeline"),
+    ("GET", f"/pipelines/(?P<pipeline>{_ID})/versions", "ListPipelineVersions", "list_pipeline_versions"),
+    ("GET", f"/pipelines/(?P<pipeline>{_ID})/versions/(?P<version>{_ID})", "GetPipelineVersion",
+     "get_pipeline_version"),
+    ("DELETE", f"/pipelines/(?P<pipeline>{_ID})/versions/(?P<version>{_ID})", "DeletePipelineVersion",
+     "delete_pipeline_version"),
+    ("POST", "/experiments", "CreateExperiment", "create_experiment"),
+    ("GET", "/experiments", "ListExperiments", "list_experiments"),
+    ("GET", f"/experiments/(?P<experiment>{_ID})", "GetExperiment", "get_experiment"),
+    ("POST", "/runs", "CreateRun", "create_run"),
+    ("GET", "/runs", "ListRuns", "list_runs"),
+    ("GET", f"/runs/(?P<run>{_ID})", "GetRun", "get_run"),
+    ("POST", "/recurringruns", "CreateRecurringRun", "create_recurring_run"),
+    ("GET", "/recurringruns", "ListRecurringRuns", "list_recurring_runs"),
+    ("GET", f"/recurringruns/(?P<recurring_run>{_ID})", "GetRecurringRun", "get_recurring_run"),
+    ("DELETE", f"/recurringruns/(?P<recurring_run>{_ID})", "DeleteRecurringRun", "delete_recurring_run"),
+    ("POST", f"/recurringruns/(?P<recurring_run>{_ID}):enable", "EnableRecurringRun", "enable_recurring_run"),
+    ("POST", f"/recurringruns/(?P<recurring_run>{_ID}):disable", "DisableRecurringRun", "disable_recurring_run"),
+]
 _UPLOADS = ("UploadPipeline", "UploadPipelineVersion")
 
 
