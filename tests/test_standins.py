@@ -322,3 +322,26 @@ def test_vertex_batch_prediction_refusals_failures_and_cancel(gcs):
         while job.state not in (state.JOB_STATE_SUCCEEDED, state.JOB_STATE_FAILED):
             job = jobs.get_batch_prediction_job(name=job.name)
     assert job.state == state.JOB_STATE_FAILED and "serve=" in job.error.message
+
+
+@pytest.mark.parametrize("accelerator, accepted", [("NVIDIA_L4", True), ("TPU_V3", True), ("nvidia.com/gpu", False),
+                                                   ("NVIDIA_TESLA_T5", False), ("ACCELERATOR_TYPE_UNSPECIFIED", False)])
+def test_vertex_pipeline_accelerators_are_the_apis_enum(accelerator, accepted):
+    """Validated against google.cloud.aiplatform_v1.AcceleratorType itself, so the stand-in cannot drift from it."""
+    from google.api_core import exceptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1
+
+    spec = {"pipelineInfo": {"name": "p"}, "root": {"dag": {"tasks": {}}}, "schemaVersion": "2.1.0",
+            "deploymentSpec": {"executors": {"exec-train": {"container": {
+                "image": "img", "resources": {"accelerator": {"resourceType": accelerator, "resourceCount": "1"}}}}}}}
+    with VertexStandIn() as vertex:
+        client = aiplatform_v1.PipelineServiceClient(transport="rest", credentials=AnonymousCredentials(),
+                                                     client_options={"api_endpoint": vertex.api_endpoint})
+        job = aiplatform_v1.PipelineJob(pipeline_spec=spec, runtime_config={"gcs_output_directory": "gs://bucket/root"})
+        if accepted:
+            assert client.create_pipeline_job(parent=PARENT, pipeline_job=job).state == \
+                aiplatform_v1.PipelineState.PIPELINE_STATE_PENDING
+        else:
+            with pytest.raises(exceptions.BadRequest, match=f"accelerator type '{accelerator}'.*NVIDIA_L4.*TPU_V3"):
+                client.create_pipeline_job(parent=PARENT, pipeline_job=job)

@@ -7,11 +7,12 @@ the google.cloud.aiplatform.v1 PipelineJob / Schedule protos:
   taken), `GET v1/{name=.../pipelineJobs/*}`. The body is checked as Vertex AI Pipelines checks it: a
   `pipelineSpec` with `pipelineInfo.name` and `root`, `runtimeConfig.gcsOutputDirectory` a gs:// path (or the
   spec's `defaultPipelineRoot`), `parameterValues` naming only root input parameters, with every parameter that
-  has no default given, in the parameter's type; accelerator types that Vertex AI knows (`NVIDIA_TESLA_T4`,
-  ..., not GKE's `nvidia.com/gpu`); a service account email; valid labels. The job runs
-  `PIPELINE_STATE_PENDING -> RUNNING -> SUCCEEDED` as it is polled (`pipeline_polls`), or ends FAILED with the
-  error body Vertex AI writes when `fail_next_pipeline(task=...)` scripted it; `jobDetail.taskDetails` lists the
-  tasks. The service adds the `vertex-ai-pipelines-run-billing-id` label, like the real one.
+  has no default given, in the parameter's type; accelerator types that Vertex AI knows (the API's
+  AcceleratorType enum, `NVIDIA_TESLA_T4`, ..., not GKE's `nvidia.com/gpu`); a service account email; valid
+  labels. The job runs `PIPELINE_STATE_PENDING -> RUNNING -> SUCCEEDED` as it is polled (`pipeline_polls`), or
+  ends FAILED with the error body Vertex AI writes when `fail_next_pipeline(task=...)` scripted it;
+  `jobDetail.taskDetails` lists the tasks. The service adds the `vertex-ai-pipelines-run-billing-id` label, like
+  the real one. Enums are the API's own (google.cloud.aiplatform_v1), not copies.
 - ScheduleService: `POST v1/{parent}/schedules`, `GET v1/{name=.../schedules/*}`, `GET v1/{parent}/schedules`
   (`filter` on `display_name` with `=`, `!=` and `:` wildcards, `state`, `create_pipeline_job_request:*`, terms
   joined by `AND`; `orderBy` `create_time [desc]`, newest first by default; paging; list items carry no
@@ -30,26 +31,14 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import functools
 import re
 from typing import Any
 
 from tests.standins.base import ApiError, Request, route
 from tests.standins.vertex_common import API, LOCATION, VertexService, filter_terms
 
-# Accelerator types of Vertex AI machine specs (google.cloud.aiplatform.v1.AcceleratorType) for GPUs.
-VERTEX_ACCELERATORS = {
-    "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P4", "NVIDIA_TESLA_T4",
-    "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_L4", "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB",
-    "NVIDIA_H200_141GB", "NVIDIA_B200", "NVIDIA_GB200", "NVIDIA_RTX_PRO_6000",
-}
-# Enum values (google.cloud.aiplatform.v1 protos) for answers to `$alt=json;enum-encoding=int`, which the
-# generated REST clients ask for: the real service then writes enums as numbers.
-PIPELINE_STATES = ("PIPELINE_STATE_UNSPECIFIED", "PIPELINE_STATE_QUEUED", "PIPELINE_STATE_PENDING",
-                   "PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED",
-                   "PIPELINE_STATE_CANCELLING", "PIPELINE_STATE_CANCELLED", "PIPELINE_STATE_PAUSED")
-TASK_STATES = ("STATE_UNSPECIFIED", "PENDING", "RUNNING", "SUCCEEDED", "CANCEL_PENDING", "CANCELLING", "CANCELLED",
-               "FAILED", "SKIPPED", "NOT_TRIGGERED")
-SCHEDULE_STATES = ("STATE_UNSPECIFIED", "ACTIVE", "PAUSED", "COMPLETED")
+# Answers whose enums are written as numbers when the client asks for `$alt=json;enum-encoding=int`.
 PIPELINE_RPCS = {"CreatePipelineJob", "GetPipelineJob", "CreateSchedule", "GetSchedule", "ListSchedules",
                  "UpdateSchedule", "PauseSchedule", "ResumeSchedule", "DeleteSchedule"}
 PIPELINE_JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,127}$")
@@ -187,10 +176,10 @@ class PipelineService(VertexService):
         for executor_name, executor in ((spec.get("deploymentSpec") or {}).get("executors") or {}).items():
             accelerator = (((executor.get("container") or {}).get("resources") or {}).get("accelerator")) or {}
             kind = accelerator.get("resourceType") or accelerator.get("type")
-            if kind and kind not in VERTEX_ACCELERATORS:
+            if kind and kind not in _accelerator_types():
                 raise ApiError("INVALID_ARGUMENT", f"Executor {executor_name} asks for accelerator type {kind!r}, which "
                                                    f"Vertex AI does not support; use one of "
-                                                   f"{', '.join(sorted(VERTEX_ACCELERATORS))}.")
+                                                   f"{', '.join(sorted(_accelerator_types()))}.")
         service_account = job.get("serviceAccount", "")
         if service_account:
             if not SERVICE_ACCOUNT_RE.match(service_account):
@@ -440,19 +429,29 @@ class PipelineService(VertexService):
         return copy.deepcopy(result)
 
 
+@functools.cache
+def _accelerator_types() -> frozenset[str]:
+    """The accelerator types a Vertex AI machine spec takes: the API's own enum, not a copy of it."""
+    from google.cloud.aiplatform_v1 import AcceleratorType
+
+    return frozenset(name for name in AcceleratorType.__members__ if name != "ACCELERATOR_TYPE_UNSPECIFIED")
+
+
 def int_enums(payload: Any) -> Any:
-    """A PipelineJob / Schedule answer (or a list of schedules) with its enums as numbers."""
+    """A PipelineJob / Schedule answer (or a list of schedules) with its enums as numbers (the API's enum values)."""
+    from google.cloud.aiplatform_v1 import PipelineState, PipelineTaskDetail, Schedule
+
     payload = copy.deepcopy(payload)
 
     def job(j: dict) -> None:
-        if j.get("state") in PIPELINE_STATES:
-            j["state"] = PIPELINE_STATES.index(j["state"])
+        if j.get("state") in PipelineState.__members__:
+            j["state"] = PipelineState[j["state"]].value
         for task in (j.get("jobDetail") or {}).get("taskDetails") or []:
-            task["state"] = TASK_STATES.index(task["state"])
+            task["state"] = PipelineTaskDetail.State[task["state"]].value
 
     def schedule(s: dict) -> None:
-        if s.get("state") in SCHEDULE_STATES:
-            s["state"] = SCHEDULE_STATES.index(s["state"])
+        if s.get("state") in Schedule.State.__members__:
+            s["state"] = Schedule.State[s["state"]].value
 
     if isinstance(payload.get("schedules"), list):
         for item in payload["schedules"]:
@@ -467,6 +466,8 @@ def int_enums(payload: Any) -> Any:
 def _parse_schedule_filter(text: str) -> list:
     """ListSchedules filters: display_name (=, !=, : with * wildcards), state (=, !=), create_pipeline_job_request:*,
     terms joined by AND. Anything else is refused, so a client cannot rely on what the stand-in does not check."""
+    from google.cloud.aiplatform_v1 import Schedule
+
     terms = []
     for part, field, op, value in filter_terms(text, r"[A-Za-z_]+"):
         field = {"displayName": "display_name", "createPipelineJobRequest": "create_pipeline_job_request"}.get(field, field)
@@ -477,7 +478,7 @@ def _parse_schedule_filter(text: str) -> list:
             else:
                 terms.append(lambda s, v=value, eq=(op == "="): (s["displayName"] == v) == eq)
         elif field == "state" and op in ("=", "!="):
-            if value not in ("ACTIVE", "PAUSED", "COMPLETED", "STATE_UNSPECIFIED"):
+            if value not in Schedule.State.__members__:
                 raise ApiError("INVALID_ARGUMENT", f"Invalid state {value!r} in filter {text!r}")
             terms.append(lambda s, v=value, eq=(op == "="): (s["state"] == v) == eq)
         elif field == "create_pipeline_job_request" and op == ":" and value == "*":
