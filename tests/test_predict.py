@@ -15,6 +15,7 @@ from PIL import Image
 from components import data
 from components import predict as predict_lib
 from components.predict import predict
+from tests.conftest import vertex_client
 
 
 def encode(array: np.ndarray, fmt: str, mode: str | None = None, **options) -> bytes:
@@ -469,14 +470,6 @@ def vertex(tmp_path, vertex_serving):
         yield standin
 
 
-def job_client(vertex):
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1
-
-    return aiplatform_v1.JobServiceClient(transport="rest", credentials=AnonymousCredentials(),
-                                          client_options={"api_endpoint": vertex.api_endpoint})
-
-
 def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image_folder, tiny_model, classifier,
                                                                    tmp_path):
     folder = image_folder(per_class=4)
@@ -485,8 +478,9 @@ def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image
     sleeps = []
     out = str(tmp_path / "vertex-out")
     result = predict_lib.vertex_batch_predict(
-        tiny_model, model + "@champion", folder, out, client=job_client(vertex), staging_uri="gs://bucket/batch/run-1",
-        storage_root=str(tmp_path / "gcs"), machine_type="n1-standard-8", poll_seconds=5, sleep=sleeps.append)
+        tiny_model, model + "@champion", folder, out, client=vertex_client(vertex.api_endpoint),
+        staging_uri="gs://bucket/batch/run-1", storage_root=str(tmp_path / "gcs"), machine_type="n1-standard-8",
+        poll_seconds=5, sleep=sleeps.append)
 
     assert (result.count, result.errors) == (12, 1)
     assert sleeps == [5, 5]  # PENDING, RUNNING, SUCCEEDED
@@ -518,8 +512,8 @@ def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image
 def test_vertex_batch_job_failures_are_reported(vertex, image_folder, tiny_model, tmp_path):
     folder = image_folder(per_class=2)
     model = vertex.add_model("77", "image-classifier")
-    common = dict(client=job_client(vertex), staging_uri="gs://bucket/batch", storage_root=str(tmp_path / "gcs"),
-                  poll_seconds=1, sleep=lambda s: None)
+    common = dict(client=vertex_client(vertex.api_endpoint), staging_uri="gs://bucket/batch",
+                  storage_root=str(tmp_path / "gcs"), poll_seconds=1, sleep=lambda s: None)
 
     vertex.fail_next_batch_job("Model server terminated: out of memory")
     with pytest.raises(predict_lib.VertexBatchError, match="ended JOB_STATE_FAILED: Model server terminated"):

@@ -8,7 +8,6 @@ reach another host (a metadata server, a real Google endpoint).
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -35,27 +34,7 @@ PROJECT, PROJECT_NUMBER, LOCATION = "test-project", "123456789012", "us-central1
 MODEL = "image-classifier"
 
 
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
-    """Fails a test that opens a connection to anything but this machine."""
-    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
-
-    def check(address):
-        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
-            raise AssertionError(f"test tried to reach {address!r}")
-
-    def connect(self, address):
-        check(address)
-        return real_connect(self, address)
-
-    def connect_ex(self, address):
-        check(address)
-        return real_connect_ex(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
-    for name in ("GOOGLE_API_USE_CLIENT_CERTIFICATE", "GOOGLE_API_USE_MTLS_ENDPOINT", "GOOGLE_CLOUD_UNIVERSE_DOMAIN"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("loopback_only")  # tests/conftest.py: fails a test that leaves this machine
 
 
 @pytest.fixture

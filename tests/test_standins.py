@@ -22,6 +22,7 @@ from tests.standins.base import (
     rfc3339,
     route,
 )
+from tests.conftest import vertex_client
 from tests.standins.vertex_api import VertexStandIn
 
 
@@ -213,14 +214,6 @@ PROJECT, LOCATION = "test-project", "us-central1"
 PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
 
 
-def vertex_clients(endpoint: str):
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1
-
-    options = dict(transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
-    return aiplatform_v1.ModelServiceClient(**options), aiplatform_v1.JobServiceClient(**options)
-
-
 def batch_job(model: str, **overrides):
     from google.cloud import aiplatform_v1
 
@@ -254,7 +247,7 @@ def test_vertex_batch_prediction_of_a_registered_model_runs_to_success(gcs):
     from google.cloud import aiplatform_v1
 
     with VertexStandIn(storage_root=str(gcs), serve=summing_server) as vertex:
-        models, jobs = vertex_clients(vertex.api_endpoint)
+        models, jobs = vertex_client(vertex.api_endpoint, "ModelServiceClient"), vertex_client(vertex.api_endpoint)
         uploaded = models.upload_model(request=aiplatform_v1.UploadModelRequest(
             parent=PARENT, model_id="image-classifier", model=aiplatform_v1.Model(
                 display_name="image-classifier", artifact_uri="gs://b/model",
@@ -286,7 +279,7 @@ def test_vertex_batch_prediction_refusals_failures_and_cancel(gcs):
     state = aiplatform_v1.JobState
     with VertexStandIn(storage_root=str(gcs), serve=summing_server, batch_polls=(1, 2)) as vertex:
         model = vertex.add_model("77", "image-classifier", versions=("1", "2"), aliases={"default": "2"})
-        _, jobs = vertex_clients(vertex.api_endpoint)
+        jobs = vertex_client(vertex.api_endpoint)
         with pytest.raises(exceptions.NotFound, match="does not exist"):
             jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(model + "@3"))
         with pytest.raises(exceptions.BadRequest, match="machine_type must be set"):
@@ -317,7 +310,7 @@ def test_vertex_batch_prediction_refusals_failures_and_cancel(gcs):
 
     with VertexStandIn() as bare:  # no storage, no model server: the job says so instead of pretending
         model = bare.add_model("77", "image-classifier")
-        _, jobs = vertex_clients(bare.api_endpoint)
+        jobs = vertex_client(bare.api_endpoint)
         job = jobs.create_batch_prediction_job(parent=PARENT, batch_prediction_job=batch_job(model))
         while job.state not in (state.JOB_STATE_SUCCEEDED, state.JOB_STATE_FAILED):
             job = jobs.get_batch_prediction_job(name=job.name)
@@ -329,15 +322,13 @@ def test_vertex_batch_prediction_refusals_failures_and_cancel(gcs):
 def test_vertex_pipeline_accelerators_are_the_apis_enum(accelerator, accepted):
     """Validated against google.cloud.aiplatform_v1.AcceleratorType itself, so the stand-in cannot drift from it."""
     from google.api_core import exceptions
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import aiplatform_v1
 
     spec = {"pipelineInfo": {"name": "p"}, "root": {"dag": {"tasks": {}}}, "schemaVersion": "2.1.0",
             "deploymentSpec": {"executors": {"exec-train": {"container": {
                 "image": "img", "resources": {"accelerator": {"resourceType": accelerator, "resourceCount": "1"}}}}}}}
     with VertexStandIn() as vertex:
-        client = aiplatform_v1.PipelineServiceClient(transport="rest", credentials=AnonymousCredentials(),
-                                                     client_options={"api_endpoint": vertex.api_endpoint})
+        client = vertex_client(vertex.api_endpoint, "PipelineServiceClient")
         job = aiplatform_v1.PipelineJob(pipeline_spec=spec, runtime_config={"gcs_output_directory": "gs://bucket/root"})
         if accepted:
             assert client.create_pipeline_job(parent=PARENT, pipeline_job=job).state == \
