@@ -1,9 +1,11 @@
 """Containers as local processes, for the stand-ins that run jobs (k8s_api.py's TFJobs, vertex_jobs.py's CustomJobs).
 
-The image is not pulled: the test's own environment stands in for it, so a container's `command` + `args` run with
-this Python first on PATH, from the repository root, with the container's `env` plus what the platform injects
-(`TF_CONFIG`). Output is kept line by line with the timestamp a container runtime gives it; `stop()` sends
-SIGTERM to the process group and SIGKILL after the grace period, as the kubelet does.
+A container is read as the Kubernetes core/v1 `Container` API reference defines the fields used here (`command`,
+`args`, `env` name/value; Vertex AI's `ContainerSpec` has the same three). The image is not pulled: the test's own
+environment stands in for it, so `command` + `args` run with this Python first on PATH, from the repository root,
+with the container's `env` plus what the platform injects (`TF_CONFIG`). Output is kept line by line with the
+timestamp a container runtime gives it; `stop()` sends SIGTERM to the process group and SIGKILL after the grace
+period, as the kubelet does.
 """
 
 from __future__ import annotations
