@@ -135,9 +135,9 @@ class ModelService(VertexService):
                   aliases: dict[str, str] | None = None, *, artifact_uri: str = "") -> str:
         """Registers a model as uploads would have: `versions`, each alias on the version it names (`default` on
         the last one unless `aliases` says otherwise). Returns its resource name."""
-        aliases = dict(aliases or {"default": versions[-1]})
-        if aliases.get("default") not in versions:
-            raise ValueError(f"the default alias must name one of the versions {versions}")
+        aliases = {"default": versions[-1], **(aliases or {})}
+        if not set(aliases.values()) <= set(versions):
+            raise ValueError(f"aliases {aliases} must name versions among {versions}")
         with self.lock:
             if model_id in self._models:
                 raise ValueError(f"model {model_id} exists already")
