@@ -244,11 +244,8 @@ class StandIn:
 
         self._routes = self.routes()
         self._server = http.server.ThreadingHTTPServer((self.host, 0), Handler)
-        if self._server.server_address[0] != LOOPBACK:
-            self._server.server_close()
-            raise RuntimeError(f"the stand-in bound {self._server.server_address[0]}, not {LOOPBACK}")
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name=f"{type(self).__name__}", daemon=True)  # short poll: fast shutdown
+                                        name=type(self).__name__, daemon=True)  # short poll: fast shutdown
         self._thread.start()
 
     def stop(self) -> None:
