@@ -1,10 +1,16 @@
-"""Shared fixtures: small real data (slices of Fashion-MNIST) and a model trained on it once per session."""
+"""Shared fixtures and helpers: small real data (slices of Fashion-MNIST) and a model trained on it once per session;
+the socket guard and clients for the stand-ins of remote APIs (tests/standins/); stopping a process as a cancelled
+run's pod is stopped."""
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import contextlib  # noqa: E402
 import itertools  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -32,14 +38,26 @@ def fashion_arrays(fashion_dir):
     return images, labels
 
 
+def preprocessed_slice(fashion_dir: str, tmp_path_factory, name: str, limit: int) -> str:
+    """`limit` train-source and `limit` test images of Fashion-MNIST, preprocessed into 2+ shards in a new folder."""
+    from components.preprocess import preprocess
+
+    out = str(tmp_path_factory.mktemp(name))
+    preprocess(fashion_dir, out, limit=limit, min_shards=2)
+    return out
+
+
+def accuracy_of(model_dir: str, dataset_dir: str) -> float:
+    """A saved model's accuracy on a preprocessed dataset's test split."""
+    classifier = data.load_classifier(model_dir)
+    images, labels = data.load_split_arrays(dataset_dir, "test")
+    return float((classifier.predict_proba(images.astype("float32")).argmax(1) == labels).mean())
+
+
 @pytest.fixture(scope="session")
 def small_dataset(fashion_dir, tmp_path_factory) -> str:
     """A preprocessed slice of Fashion-MNIST: 1500 train-source images (train + validation), 1500 test."""
-    from components.preprocess import preprocess
-
-    out = str(tmp_path_factory.mktemp("small_dataset"))
-    preprocess(fashion_dir, out, limit=1500, min_shards=2)
-    return out
+    return preprocessed_slice(fashion_dir, tmp_path_factory, "small_dataset", limit=1500)
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +106,54 @@ def kfp_api():
     ticks = itertools.count(1_767_225_600)  # 2026-01-01T00:00:00Z
     with KfpStandIn(clock=lambda: next(ticks)) as api:
         yield api
+
+
+@pytest.fixture
+def loopback_only(monkeypatch):
+    """Fails a test that opens a connection to anything but this machine (a metadata server, a real endpoint), and
+    clears the variables that would send Google clients elsewhere."""
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def check(address):
+        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise AssertionError(f"test tried to reach {address!r}")
+
+    def connect(self, address):
+        check(address)
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        check(address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    for name in ("GOOGLE_API_USE_CLIENT_CERTIFICATE", "GOOGLE_API_USE_MTLS_ENDPOINT", "GOOGLE_CLOUD_UNIVERSE_DOMAIN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def vertex_client(api_endpoint: str, service: str = "JobServiceClient"):
+    """A real google.cloud.aiplatform_v1 client (`service`: "JobServiceClient", "ModelServiceClient", ...) for a
+    Vertex AI stand-in: REST transport, anonymous credentials."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1
+
+    return getattr(aiplatform_v1, service)(transport="rest", credentials=AnonymousCredentials(),
+                                           client_options={"api_endpoint": api_endpoint})
+
+
+@contextlib.contextmanager
+def reaped(process: subprocess.Popen):
+    """Yields `process`; on the way out kills it if it still runs (the test failed before the process ended)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def sigterm(process: subprocess.Popen, timeout: float = 60.0) -> tuple[str, str]:
+    """Sends SIGTERM, as Kubernetes does to the pod of a cancelled run, and waits: the process's (stdout, stderr)."""
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=timeout)

@@ -10,17 +10,14 @@ import pytest
 
 from components import augment as aug
 from components import data
+from tests.conftest import preprocessed_slice
 
 NONE = {"rotation_degrees": 0, "shift_fraction": 0, "zoom_range": 0}  # the default geometric changes off
 
 
 @pytest.fixture(scope="module")
 def dataset(fashion_dir, tmp_path_factory) -> str:
-    from components.preprocess import preprocess
-
-    out = str(tmp_path_factory.mktemp("aug_dataset"))
-    preprocess(fashion_dir, out, limit=200, min_shards=2)
-    return out
+    return preprocessed_slice(fashion_dir, tmp_path_factory, "aug_dataset", limit=200)
 
 
 @pytest.fixture(scope="module")

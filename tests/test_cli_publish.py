@@ -30,7 +30,7 @@ def test_upload_compiles_pinned_and_never_overwrites(kfp_api, host, capsys):
     assert cli.main(argv) == 0
     first = output(capsys)
     assert first["version_name"] == "abc1234" and first["created"] is True
-    uploaded = kfp_api.requests_to("POST", "/apis/v2beta1/pipelines/upload_version")[-1].body
+    uploaded = kfp_api.requests_to("POST", "/apis/v2beta1/pipelines/upload_version")[-1].raw
     assert b"europe-docker.pkg.dev/p/ml/gpu:abc1234" in uploaded
 
     assert cli.main(argv) == 2
@@ -52,7 +52,7 @@ def test_run_on_host_waits_and_fails_loudly(kfp_api, host, capsys):
                      "0.01", "--experiment", "nightly"]) == 0
     result = output(capsys)
     assert result["state"] == "SUCCEEDED" and "/#/runs/details/" in result["url"]
-    body = json.loads(kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body)
+    body = kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body
     assert body["runtime_config"]["parameters"] == {"epochs": 3}
 
     kfp_api.run_outcomes["bad-run"] = "FAILED"
@@ -76,7 +76,7 @@ def test_schedule_create_update_disable_delete_keeps_one(kfp_api, host, capsys):
     capsys.readouterr()
     listed = [r for r in kfp_api.requests_to("GET", "/apis/v2beta1/recurringruns")]
     assert listed  # schedules are looked up by name before changing them
-    live = [json.loads(r.body) for r in kfp_api.requests_to("POST", "/apis/v2beta1/recurringruns")]
+    live = [r.body for r in kfp_api.requests_to("POST", "/apis/v2beta1/recurringruns")]
     assert live[-1]["trigger"]["cron_schedule"]["cron"] == "0 30 4 * * *"
     assert "pipeline_version_id" not in live[-1]["pipeline_version_reference"]  # newest version at each trigger
     assert len(kfp_api.requests_to("DELETE", "/apis/v2beta1/recurringruns/", prefix=True)) == 1
@@ -92,13 +92,13 @@ def test_schedule_create_update_disable_delete_keeps_one(kfp_api, host, capsys):
 def test_cache_switch_keeps_the_registry_steps_uncached(kfp_api, host, capsys):
     assert cli.main(["upload", "--host", host, "--version", "v1"]) == 0
     assert cli.main(["run", "--host", host, "--run-name", "cached", "--cache"]) == 0
-    body = json.loads(kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body)
+    body = kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body
     # "--cache" is the compiled per-step setting: the run refers to the version, whose evaluate/register
     # steps never cache.
     assert body["pipeline_version_reference"]["pipeline_version_id"] and "pipeline_spec" not in body
 
     assert cli.main(["run", "--host", host, "--run-name", "fresh", "--no-cache"]) == 0
-    spec = json.loads(kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body)["pipeline_spec"]
+    spec = kfp_api.requests_to("POST", "/apis/v2beta1/runs")[-1].body["pipeline_spec"]
     spec = spec.get("pipeline_spec", spec)
     dags = [spec["root"]["dag"]] + [c["dag"] for c in spec["components"].values() if "dag" in c]
     flags = {name: t.get("cachingOptions", {}).get("enableCache", False) for dag in dags for name, t in dag["tasks"].items()}

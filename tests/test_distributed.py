@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from components import data, train
+from tests.conftest import accuracy_of, preprocessed_slice
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH = 6, 64
@@ -34,17 +35,7 @@ def free_ports(count: int) -> list[int]:
 @pytest.fixture(scope="module")
 def sharded_dataset(fashion_dir, tmp_path_factory) -> str:
     """6000 source images: ~5400 train in 2 shards (one per worker), 6000 test."""
-    from components.preprocess import preprocess
-
-    out = str(tmp_path_factory.mktemp("sharded_dataset"))
-    preprocess(fashion_dir, out, limit=6000, min_shards=2)
-    return out
-
-
-def accuracy_of(model_dir: str, dataset_dir: str) -> float:
-    classifier = data.load_classifier(model_dir)
-    images, labels = data.load_split_arrays(dataset_dir, "test")
-    return float((classifier.predict_proba(images.astype("float32")).argmax(1) == labels).mean())
+    return preprocessed_slice(fashion_dir, tmp_path_factory, "sharded_dataset", limit=6000)
 
 
 @pytest.mark.slow

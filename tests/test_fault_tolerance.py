@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from components import data, train
+from components import train
+from tests.conftest import accuracy_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH = 6, 8  # ~1000 small steps: long enough to be interrupted several times, quick to run
@@ -76,12 +77,6 @@ def test_attempt_log_parsing():
     attempt.lines = ["... INFO train: resuming from step 120 of 400 (epoch 2, step 20) from /b/ckpt-120",
                      "... INFO train: checkpoint /b/ckpt-140 (epoch 2, step 40)"]
     assert attempt.resumed_from() == 120 and attempt.saved_steps() == [140]
-
-
-def accuracy_of(model_dir: str, dataset_dir: str) -> float:
-    classifier = data.load_classifier(model_dir)
-    images, labels = data.load_split_arrays(dataset_dir, "test")
-    return float((classifier.predict_proba(images.astype("float32")).argmax(1) == labels).mean())
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ platform would set. Compile tests assert on the compiled pipeline YAML.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import yaml
 
 from components import launch
 from pipelines import config, training
+from tests.conftest import reaped, sigterm, vertex_client
 from tests.standins.k8s_api import KubernetesStandIn
 from tests.standins.vertex_jobs import VertexJobsStandIn
 
@@ -225,7 +225,7 @@ def test_tfjob_runs_to_success_and_streams_the_chief_log():
         assert k8s.created_bodies[0]["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 2
         pods = k8s.job("ml", "train-1").pods
         assert sorted(pods) == ["train-1-chief-0", "train-1-worker-0", "train-1-worker-1"]
-        assert ("POST", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs") in k8s.requests
+        assert k8s.requests_to("POST", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs")
         assert k8s.deleted == []  # a finished job is left for inspection; its pods are cleaned up
 
 
@@ -286,17 +286,13 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
             [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
              "train-cancel", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with reaped(launcher):
             k8s.wait_for(lambda: started.exists(), timeout=60)
             pods = list(k8s.job("ml", "train-cancel").pods.values())
-            launcher.send_signal(signal.SIGTERM)
-            _, stderr = launcher.communicate(timeout=60)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
+            _, stderr = sigterm(launcher)
         assert launcher.returncode == 143, stderr
         assert ("ml", "train-cancel") in k8s.deleted
-        assert ("DELETE", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-cancel") in k8s.requests
+        assert k8s.requests_to("DELETE", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-cancel")
         assert all(pod.process.poll() is not None for pod in pods)
         assert "cancelled" in stderr
 
@@ -333,15 +329,6 @@ def test_tfjob_trains_a_model_on_two_workers(small_dataset, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- Vertex AI
-
-
-def vertex_client(url: str):
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1
-
-    return aiplatform_v1.JobServiceClient(transport="rest", credentials=AnonymousCredentials(),
-                                          client_options=ClientOptions(api_endpoint=url))
 
 
 def test_custom_job_worker_pools():
@@ -416,13 +403,9 @@ def test_cancelling_the_run_cancels_the_custom_job(tmp_path):
                 print("cancelled:", e)
                 sys.exit(143)
         """)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with reaped(runner):
             vertex.wait_for(lambda: started.exists(), timeout=60)
-            runner.send_signal(signal.SIGTERM)
-            stdout, stderr = runner.communicate(timeout=60)
-        finally:
-            if runner.poll() is None:
-                runner.kill()
+            stdout, stderr = sigterm(runner)
         assert runner.returncode == 143, stderr
         assert "cancelled" in stdout
         name = vertex.cancelled[0]

@@ -15,6 +15,7 @@ from PIL import Image
 from components import data
 from components import predict as predict_lib
 from components.predict import predict
+from tests.conftest import vertex_client
 
 
 def encode(array: np.ndarray, fmt: str, mode: str | None = None, **options) -> bytes:
@@ -463,18 +464,10 @@ def vertex_serving(tiny_model):
 
 @pytest.fixture
 def vertex(tmp_path, vertex_serving):
-    from tests.standins.vertex_batch import VertexBatchStandIn
+    from tests.standins.vertex_api import VertexStandIn
 
-    with VertexBatchStandIn(str(tmp_path / "gcs"), vertex_serving) as standin:
+    with VertexStandIn(storage_root=str(tmp_path / "gcs"), serve=vertex_serving) as standin:
         yield standin
-
-
-def job_client(vertex):
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform_v1
-
-    return aiplatform_v1.JobServiceClient(transport="rest", credentials=AnonymousCredentials(),
-                                          client_options={"api_endpoint": vertex.api_endpoint})
 
 
 def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image_folder, tiny_model, classifier,
@@ -485,14 +478,15 @@ def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image
     sleeps = []
     out = str(tmp_path / "vertex-out")
     result = predict_lib.vertex_batch_predict(
-        tiny_model, model + "@champion", folder, out, client=job_client(vertex), staging_uri="gs://bucket/batch/run-1",
-        storage_root=str(tmp_path / "gcs"), machine_type="n1-standard-8", poll_seconds=5, sleep=sleeps.append)
+        tiny_model, model + "@champion", folder, out, client=vertex_client(vertex.api_endpoint),
+        staging_uri="gs://bucket/batch/run-1", storage_root=str(tmp_path / "gcs"), machine_type="n1-standard-8",
+        poll_seconds=5, sleep=sleeps.append)
 
     assert (result.count, result.errors) == (12, 1)
     assert sleeps == [5, 5]  # PENDING, RUNNING, SUCCEEDED
-    create = next(r for r in vertex.requests if r["rpc"] == "CreateBatchPredictionJob")
-    assert create["path"] == "v1/projects/test-project/locations/us-central1/batchPredictionJobs"
-    body = create["body"]
+    (create,) = vertex.calls("CreateBatchPredictionJob")
+    assert create.path == "/v1/projects/test-project/locations/us-central1/batchPredictionJobs"
+    body = create.body
     assert body["model"] == model + "@champion"
     assert body["inputConfig"] == {"instancesFormat": "jsonl",
                                    "gcsSource": {"uris": ["gs://bucket/batch/run-1/instances.jsonl"]}}
@@ -518,20 +512,20 @@ def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image
 def test_vertex_batch_job_failures_are_reported(vertex, image_folder, tiny_model, tmp_path):
     folder = image_folder(per_class=2)
     model = vertex.add_model("77", "image-classifier")
-    common = dict(client=job_client(vertex), staging_uri="gs://bucket/batch", storage_root=str(tmp_path / "gcs"),
-                  poll_seconds=1, sleep=lambda s: None)
+    common = dict(client=vertex_client(vertex.api_endpoint), staging_uri="gs://bucket/batch",
+                  storage_root=str(tmp_path / "gcs"), poll_seconds=1, sleep=lambda s: None)
 
-    vertex.fail_next_job("Model server terminated: out of memory")
+    vertex.fail_next_batch_job("Model server terminated: out of memory")
     with pytest.raises(predict_lib.VertexBatchError, match="ended JOB_STATE_FAILED: Model server terminated"):
         predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o1"), **common)
 
     with pytest.raises(predict_lib.VertexBatchError, match=r"failed: .*does not exist.*registered in this project"):
         predict_lib.vertex_batch_predict(tiny_model, model.replace("/77", "/78"), folder, str(tmp_path / "o2"), **common)
 
-    vertex.polls = (100, 1)
+    vertex.batch_polls = (100, 1)
     with pytest.raises(predict_lib.VertexBatchError, match="did not finish within 3s; it was cancelled"):
         predict_lib.vertex_batch_predict(tiny_model, model, folder, str(tmp_path / "o3"), timeout_seconds=3, **common)
-    assert list(vertex.jobs.values())[-1]["job"]["state"] == "JOB_STATE_CANCELLED"
+    assert vertex.batch_jobs()[-1]["state"] == "JOB_STATE_CANCELLED"
 
     with pytest.raises(ValueError, match="Not a Vertex AI model resource name"):
         predict_lib.run_vertex_batch_job(common["client"], model="image-classifier", instances_uri="gs://b/i.jsonl",

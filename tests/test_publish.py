@@ -40,7 +40,7 @@ def client(kfp_api) -> kfp.Client:
 
 
 def _body(kfp_api, method: str, path: str) -> dict:
-    return json.loads(kfp_api.requests_to(method, path)[-1].body)
+    return kfp_api.requests_to(method, path)[-1].body
 
 
 def _versions(client, pipeline_id: str) -> list[str]:
@@ -63,7 +63,7 @@ def test_new_pipeline_gets_exactly_one_version_named_as_asked(kfp_api, client, p
     assert info["url"] == f"{kfp_api.url}/#/pipelines/details/{info['pipeline_id']}/version/{info['version_id']}"
     assert kfp_api.requests_to("POST", f"{P}/pipelines")  # created empty, then given its first version:
     assert not kfp_api.requests_to("POST", f"{P}/pipelines/upload")  # the endpoint that names it after the pipeline
-    assert kfp_api.requests_to("POST", f"{P}/pipelines/upload_version")[0].query["name"] == "v1"
+    assert kfp_api.requests_to("POST", f"{P}/pipelines/upload_version")[0].query["name"] == ["v1"]
 
 
 def test_second_version_is_added_to_the_same_pipeline(client, package):

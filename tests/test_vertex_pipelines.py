@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-import socket
 
 import pytest
 import yaml
@@ -32,19 +31,7 @@ SA = "pipelines@test-project.iam.gserviceaccount.com"
 PIPELINE = training.PIPELINE_NAME
 
 
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
-    """Fails a test that opens a connection to anything but this machine."""
-    real_connect = socket.socket.connect
-
-    def connect(self, address):
-        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
-            raise AssertionError(f"test tried to reach {address!r}")
-        return real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    for name in ("GOOGLE_API_USE_CLIENT_CERTIFICATE", "GOOGLE_API_USE_MTLS_ENDPOINT", "GOOGLE_CLOUD_UNIVERSE_DOMAIN"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("loopback_only")  # tests/conftest.py: fails a test that leaves this machine
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,9 @@
 """A stand-in for the parts of the Kubernetes API that the TFJob launcher calls, on 127.0.0.1.
 
+It follows the public definitions: the Kubeflow training operator's TFJob CRD (kubeflow.org/v1, the
+`kubeflow/training-operator` v1 API types and CRD manifest) and the Kubernetes core/v1 REST API reference for pod
+logs; errors are meta/v1 `Status` objects, as the API server writes them (shared stand-in base, base.py).
+
 Endpoints, as the `kubernetes` Python client calls them:
 
     POST   /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs             create (201; 409 AlreadyExists; 422 Invalid)
@@ -8,8 +12,8 @@ Endpoints, as the `kubernetes` Python client calls them:
     GET    /api/v1/namespaces/{ns}/pods/{pod}/log?container=&follow=  pod log (follow streams until exit)
 
 Behind them runs a small local "training operator": each replica of a created TFJob becomes a process
-running the container's `command` + `args` (the image is not pulled: the test's own environment stands in
-for it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the
+running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment stands
+in for it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the
 container's `env`. Pods are named `{job}-{type}-{index}` as the operator names them. With
 `restartPolicy: ExitCode`, a replica exiting 128-255 is restarted (up to `runPolicy.backoffLimit` restarts
 for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 without a chief) exits 0.
@@ -18,97 +22,29 @@ Conditions follow the operator's: Created, Running, Restarting, Succeeded, Faile
 
 from __future__ import annotations
 
-import datetime as _dt
-import http.server
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.parse
 import uuid
+from typing import Callable
+
+from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
+from tests.standins.pods import Pod, free_port
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Pod:
-    def __init__(self, name: str, replica_type: str, index: int, container: dict, env: dict):
-        self.name, self.replica_type, self.index = name, replica_type, index
-        self.container, self.env = container, env
-        self.lines: list[str] = []
-        self.process: subprocess.Popen | None = None
-        self.exit_code: int | None = None
-        self.restarts = 0
-        self.changed = threading.Condition()
-        self.deleted = False
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.exit_code is None
-
-    def start(self) -> None:
-        command = list(self.container.get("command", [])) + list(self.container.get("args", []))
-        env = {**os.environ, **{e["name"]: e.get("value", "") for e in self.container.get("env", [])}, **self.env}
-        # The test's environment stands in for the image: its `python` is the one running the tests.
-        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-        with self.changed:
-            self.exit_code = None
-            self.lines = []
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            self.changed.notify_all()
-            threading.Thread(target=self._pump, args=(self.process,), daemon=True).start()
-
-    def _pump(self, process: subprocess.Popen) -> None:
-        lines = self.lines
-        for line in process.stdout:
-            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".") + "Z"
-            with self.changed:
-                lines.append((stamp, line))
-                self.changed.notify_all()
-        code = process.wait()
-        with self.changed:
-            if self.process is process:
-                self.exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as in a container
-            self.changed.notify_all()
-
-    def stop(self, grace_seconds: float = 5.0) -> None:
-        self.deleted = True
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace_seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 class TFJob:
     """One TFJob and the operator loop that runs its replicas."""
 
-    def __init__(self, body: dict, namespace: str, run_containers: bool):
+    def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
         self.body = body
+        self.now = now
         self.namespace = namespace
         self.name = body["metadata"]["name"]
-        body["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=_now(),
+        body["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now(),
                                 resourceVersion="1", generation=1)
         body["status"] = {"conditions": [], "replicaStatuses": {}}
         self.pods: dict[str, Pod] = {}
@@ -126,11 +62,11 @@ class TFJob:
                                                                        "Failed"):
                     c["status"] = "False"
             conditions.append({"type": kind, "status": "True", "reason": reason, "message": message,
-                               "lastUpdateTime": _now(), "lastTransitionTime": _now()})
+                               "lastUpdateTime": self.now(), "lastTransitionTime": self.now()})
             if kind == "Running" and "startTime" not in self.body["status"]:
-                self.body["status"]["startTime"] = _now()
+                self.body["status"]["startTime"] = self.now()
             if kind in ("Succeeded", "Failed"):
-                self.body["status"]["completionTime"] = _now()
+                self.body["status"]["completionTime"] = self.now()
             self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
 
     def _operate(self) -> None:
@@ -208,157 +144,105 @@ class TFJob:
             return json.loads(json.dumps(self.body))
 
 
-class KubernetesStandIn:
+class KubernetesStandIn(StandIn):
     """Start with `with KubernetesStandIn() as k8s:`; point the client at `k8s.url`."""
 
+    name = "Kubernetes"
+
     def __init__(self, run_containers: bool = True):
+        super().__init__()
         self.run_containers = run_containers
         self.jobs: dict[tuple[str, str], TFJob] = {}
         self.deleted: list[tuple[str, str]] = []
-        self.requests: list[tuple[str, str]] = []
         self.created_bodies: list[dict] = []
-        self._server: http.server.ThreadingHTTPServer | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+    def routes(self) -> list:
+        jobs = rf"/apis/{GROUP}/{VERSION}/namespaces/(?P<namespace>[^/]+)/{PLURAL}"
+        return [
+            route("POST", jobs, "createKubeflowOrgV1NamespacedTFJob", self._create),
+            route("GET", jobs + "/(?P<name>[^/]+)", "readKubeflowOrgV1NamespacedTFJob", self._read),
+            route("DELETE", jobs + "/(?P<name>[^/]+)", "deleteKubeflowOrgV1NamespacedTFJob", self._delete),
+            route("GET", r"/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<pod>[^/]+)/log",
+                  "readCoreV1NamespacedPodLog", self._log),
+        ]
 
-    def __enter__(self) -> "KubernetesStandIn":
-        standin = self
+    def error_body(self, error: ApiError, request: Request) -> dict:
+        return kubernetes_status(error)
 
-        class Handler(_Handler):
-            state = standin
+    def no_route(self, request: Request, path_known: bool) -> ApiError:
+        return ApiError("NOT_FOUND", "the server could not find the requested resource")
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         for job in list(self.jobs.values()):
             job.delete()
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
 
     def job(self, namespace: str, name: str) -> TFJob:
         return self.jobs[(namespace, name)]
 
-    def wait_for(self, predicate, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError("condition not reached in the Kubernetes stand-in")
-            time.sleep(0.05)
+    # -- handlers --------------------------------------------------------------------------------------
 
-
-def _status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    state: KubernetesStandIn
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:  # keep test output clean
-        pass
-
-    def _send(self, code: int, body: dict) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def _route(self):
-        url = urllib.parse.urlsplit(self.path)
-        self.state.requests.append((self.command, url.path))
-        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
-        jobs = re.fullmatch(rf"/apis/{GROUP}/{VERSION}/namespaces/([^/]+)/{PLURAL}(?:/([^/]+))?", url.path)
-        log = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", url.path)
-        return jobs, log, query
-
-    def do_POST(self) -> None:
-        jobs, _, _ = self._route()
-        if not jobs or jobs.group(2):
-            return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
-        namespace = jobs.group(1)
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+    def _create(self, request: Request) -> tuple[int, dict]:
+        namespace, body = request.params["namespace"], request.json()
         problems = _validate_tfjob(body)
         if problems:
-            return self._send(422, _status(422, "Invalid", f"TFJob.kubeflow.org is invalid: {'; '.join(problems)}"))
+            raise ApiError("INVALID_ARGUMENT", f"TFJob.kubeflow.org is invalid: {'; '.join(problems)}",
+                           http_status=422)
         name = body["metadata"]["name"]
-        if (namespace, name) in self.state.jobs:
-            return self._send(409, _status(409, "AlreadyExists", f'tfjobs.kubeflow.org "{name}" already exists'))
-        self.state.created_bodies.append(json.loads(json.dumps(body)))
-        job = TFJob(body, namespace, self.state.run_containers)
-        self.state.jobs[(namespace, name)] = job
-        self._send(201, job.snapshot())
+        if (namespace, name) in self.jobs:
+            raise ApiError("ALREADY_EXISTS", f'tfjobs.kubeflow.org "{name}" already exists')
+        self.created_bodies.append(json.loads(json.dumps(body)))
+        job = TFJob(body, namespace, self.run_containers, lambda: self.now(0))
+        self.jobs[(namespace, name)] = job
+        return 201, job.snapshot()
 
-    def do_GET(self) -> None:
-        jobs, log, query = self._route()
-        if jobs and jobs.group(2):
-            job = self.state.jobs.get((jobs.group(1), jobs.group(2)))
-            if job is None:
-                return self._send(404, _status(404, "NotFound", f'tfjobs.kubeflow.org "{jobs.group(2)}" not found'))
-            return self._send(200, job.snapshot())
-        if log:
-            return self._log(log.group(1), log.group(2), query)
-        self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
-
-    def do_DELETE(self) -> None:
-        jobs, _, _ = self._route()
-        if not jobs or not jobs.group(2):
-            return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
-        key = (jobs.group(1), jobs.group(2))
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        job = self.state.jobs.pop(key, None)
+    def _read(self, request: Request) -> dict:
+        job = self.jobs.get((request.params["namespace"], request.params["name"]))
         if job is None:
-            return self._send(404, _status(404, "NotFound", f'tfjobs.kubeflow.org "{key[1]}" not found'))
-        job.delete()
-        self.state.deleted.append(key)
-        self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": {"name": key[1], "group": GROUP, "kind": PLURAL, "uid": job.body["metadata"]["uid"]}})
+            raise ApiError("NOT_FOUND", f'tfjobs.kubeflow.org "{request.params["name"]}" not found')
+        return job.snapshot()
 
-    def _log(self, namespace: str, pod_name: str, query: dict) -> None:
-        pod = next((job.pods[pod_name] for (ns, _), job in list(self.state.jobs.items())
+    def _delete(self, request: Request) -> dict:
+        key = (request.params["namespace"], request.params["name"])
+        job = self.jobs.pop(key, None)
+        if job is None:
+            raise ApiError("NOT_FOUND", f'tfjobs.kubeflow.org "{key[1]}" not found')
+        job.delete()
+        self.deleted.append(key)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": key[1], "group": GROUP, "kind": PLURAL, "uid": job.body["metadata"]["uid"]}}
+
+    def _log(self, request: Request) -> Stream:
+        namespace, pod_name = request.params["namespace"], request.params["pod"]
+        pod = next((job.pods[pod_name] for (ns, _), job in self.jobs.items()
                     if ns == namespace and pod_name in job.pods), None)
         if pod is None:
-            return self._send(404, _status(404, "NotFound", f'pods "{pod_name}" not found'))
+            raise ApiError("NOT_FOUND", f'pods "{pod_name}" not found')
         if pod.process is None:
-            return self._send(400, _status(400, "BadRequest", f'container "tensorflow" in pod "{pod_name}" is '
-                                                              "waiting to start: ContainerCreating"))
-        follow, timestamps = _bool(query.get("follow")), _bool(query.get("timestamps"))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        sent = 0
-        process, lines = pod.process, pod.lines  # this container instance's log (a restart starts a new one)
+            raise ApiError("INVALID_ARGUMENT", f'container "tensorflow" in pod "{pod_name}" is waiting to start: '
+                                               "ContainerCreating")
+        follow, timestamps = _bool(request.arg("follow")), _bool(request.arg("timestamps"))
+        return Stream(_follow(pod, follow, timestamps))
 
-        def ended() -> bool:
-            return pod.process is not process or pod.exit_code is not None or pod.deleted
 
-        while True:
-            with pod.changed:
-                while follow and sent == len(lines) and not ended():
-                    pod.changed.wait(0.5)
-                new, sent = lines[sent:], len(lines)
-                finished = (not follow or ended()) and sent == len(lines)
-            for stamp, line in new:
-                raw = (f"{stamp} {line}" if timestamps else line).encode()
-                try:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
-                    self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    return
-            if finished:
-                break
-        try:
-            self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+def _follow(pod: Pod, follow: bool, timestamps: bool):
+    """The log of the pod's current container instance (a restart starts a new one), until it ends when following."""
+    sent = 0
+    process, lines = pod.process, pod.lines
+
+    def ended() -> bool:
+        return pod.process is not process or pod.exit_code is not None or pod.deleted
+
+    while True:
+        with pod.changed:
+            while follow and sent == len(lines) and not ended():
+                pod.changed.wait(0.5)
+            new, sent = lines[sent:], len(lines)
+            finished = (not follow or ended()) and sent == len(lines)
+        for stamp, line in new:
+            yield (f"{stamp} {line}" if timestamps else line).encode()
+        if finished:
+            return
 
 
 def _bool(value: str | None) -> bool:

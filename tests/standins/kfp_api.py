@@ -3,8 +3,10 @@
 Why it exists: the KFP API server cannot be reached from tests, yet the code under test must be
 exercised through the real ``kfp.Client`` and its generated ``kfp_server_api`` package, not a mock.
 So this serves the same URLs, query parameters, JSON shapes, status codes and error bodies over
-HTTP on 127.0.0.1, from a ``ThreadingHTTPServer`` (standard library; PyYAML, a dependency of kfp
-itself, parses the uploaded packages the way the real server does).
+HTTP on 127.0.0.1 (the shared stand-in base, base.py; PyYAML, a dependency of kfp itself, parses
+the uploaded packages the way the real server does). It follows the public API definition, the
+v2beta1 protos and their swagger (backend/api/v2beta1/*.proto, backend/api/v2beta1/swagger/ in
+kubeflow/pipelines); routes are named after their RPCs (``CreateRun``, ``UploadPipelineVersion``...).
 
 Behaviour copied from the KFP backend (backend/src/apiserver, 2.x):
 
@@ -24,10 +26,11 @@ Behaviour copied from the KFP backend (backend/src/apiserver, 2.x):
   "sec min hour dom month"; name filters are case-insensitive.
 - Run parameters are checked against the pipeline spec's root inputs (unknown or missing -> 400).
 
-Test hooks (not part of KFP): ``requests`` records every request; ``run_outcomes`` maps a run's
-display name to its final state, reached over successive GETs (PENDING -> RUNNING -> final);
-``require_token`` makes every call without ``Authorization: Bearer <token>`` fail with 401, as the
-auth proxy in front of KFP does; ``clock`` supplies creation times.
+Test hooks (not part of KFP): ``requests`` records every request and ``fail_next`` scripts errors
+(base.py); ``run_outcomes`` maps a run's display name to its final state, reached over successive
+GETs (PENDING -> RUNNING -> final); ``require_token`` makes every call without ``Authorization:
+Bearer <token>`` fail with 401, as the auth proxy in front of KFP does; ``clock`` supplies creation
+times.
 
 Not modelled: multi-user mode (namespaces are ignored, as in single-user KFP), .zip/.tar.gz
 packages, archiving, run execution, logs and artifacts.
@@ -36,52 +39,22 @@ packages, archiving, run execution, logs and artifacts.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime as _dt
 import email.parser
 import email.policy
 import json
 import re
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote
 
-# gRPC status code -> HTTP status, as grpc-gateway maps them.
-_HTTP_OF_GRPC = {3: 400, 5: 404, 6: 409, 7: 403, 9: 400, 12: 501, 13: 500, 16: 401}
-INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, UNAUTHENTICATED = 3, 5, 6, 9, 16
+from tests.standins.base import ApiError, Request, StandIn, grpc_gateway_error, rfc3339, route
 
 _FILTER_OPS = {1: "EQUALS", 2: "NOT_EQUALS", 3: "GREATER_THAN", 5: "GREATER_THAN_EQUALS",
                6: "LESS_THAN", 7: "LESS_THAN_EQUALS", 8: "IN", 9: "IS_SUBSTRING"}
 _TERMINAL = {"SUCCEEDED", "SKIPPED", "FAILED", "CANCELED"}
 _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE = 20, 200
-
-
-class ApiError(Exception):
-    """An error answer; ``upload`` selects the body shape of the multipart upload endpoints."""
-
-    def __init__(self, grpc_code: int, message: str, *, upload: bool = False, http_status: int | None = None):
-        super().__init__(message)
-        self.grpc_code, self.message, self.upload = grpc_code, message, upload
-        self.http_status = http_status or _HTTP_OF_GRPC[grpc_code]
-
-    def body(self) -> dict:
-        if self.upload:
-            return {"error_message": self.message, "error_details": self.message}
-        return {"code": self.grpc_code, "message": self.message, "details": []}
-
-
-@dataclasses.dataclass
-class RecordedRequest:
-    """One request as the stand-in received it; header names are lower-cased."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-    body: bytes
 
 
 _STRUCT_FIELDS = {"pipeline_spec", "platform_spec", "parameters"}  # google.protobuf.Struct: kept verbatim
@@ -95,10 +68,6 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_clean(v) for v in obj]
     return obj
-
-
-def _rfc3339(seconds: int) -> str:
-    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- cron, as robfig/cron v1 Parse reads it (Second|Minute|Hour|Dom|Month|DowOptional|Descriptor)
@@ -137,85 +106,75 @@ def _cron_error(spec: str) -> str | None:
     return None
 
 
-class KfpStandIn:
+class KfpStandIn(StandIn):
     """The fake KFP API server; use as a context manager, then point ``kfp.Client(host=url)`` at it."""
 
+    name = "KFP API"
+
     def __init__(self, *, require_token: str | None = None, clock: Callable[[], float] = time.time):
+        super().__init__(clock=clock)
         self.require_token = require_token
-        self.clock = clock
-        self.requests: list[RecordedRequest] = []
         self.run_outcomes: dict[str, str] = {}
         self.pipelines: dict[str, dict] = {}
         self.versions: dict[str, dict] = {}
         self.experiments: dict[str, dict] = {}
         self.runs: dict[str, dict] = {}
         self.recurring_runs: dict[str, dict] = {}
-        self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
         self.default_experiment_id = self._new_experiment(
             "Default", "All runs created without specifying an experiment will be grouped here.")["experiment_id"]
 
-    # --- lifecycle -------------------------------------------------------------------------------
-    def __enter__(self) -> "KfpStandIn":
-        stand_in = self
+    # --- HTTP ------------------------------------------------------------------------------------
+    def routes(self) -> list:
+        return [route(method, _P + path, rpc, getattr(self, handler)) for method, path, rpc, handler in _ROUTES]
 
-        class Handler(_Handler):
-            api = stand_in
+    def authorize(self, request: Request) -> None:
+        token = self.require_token
+        if token is not None and request.headers.get("authorization") != f"Bearer {token}":
+            raise ApiError("UNAUTHENTICATED", "Unauthenticated: missing or invalid bearer token")
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name="kfp-stand-in", daemon=True)  # short poll: fast shutdown
-        self._thread.start()
-        return self
+    def no_route(self, request: Request, path_known: bool) -> ApiError:
+        if path_known:
+            return ApiError("UNIMPLEMENTED", "Method Not Allowed", http_status=405)
+        return ApiError("NOT_FOUND", "Not Found")
 
-    def __exit__(self, *exc_info) -> None:
-        assert self._server and self._thread
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+    def error_body(self, error: ApiError, request: Request) -> dict:
+        if request.rpc in _UPLOADS:  # plain HTTP handlers in KFP, not grpc-gateway
+            return {"error_message": error.message, "error_details": error.message}
+        return grpc_gateway_error(error)
 
-    @property
-    def url(self) -> str:
-        assert self._server, "start the stand-in first (with KfpStandIn() as api: ...)"
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def requests_to(self, method: str, path: str, *, prefix: bool = False) -> list[RecordedRequest]:
-        """Recorded requests with that method to exactly ``path`` (or under it, with ``prefix``)."""
-        return [r for r in self.requests
-                if r.method == method and (r.path.startswith(path) if prefix else r.path == path)]
+    def render(self, request: Request, payload: Any) -> Any:
+        return _clean(payload)
 
     # --- helpers ---------------------------------------------------------------------------------
-    def _now(self) -> int:
+    def _seconds(self) -> int:
         return int(self.clock())
 
     def _new_experiment(self, display_name: str, description: str = "") -> dict:
-        created = self._now()
+        created = self._seconds()
         exp = {"experiment_id": str(uuid.uuid4()), "display_name": display_name, "description": description,
-               "created_at": _rfc3339(created), "storage_state": "AVAILABLE", "_created": created}
+               "created_at": rfc3339(created, 0), "storage_state": "AVAILABLE", "_created": created}
         self.experiments[exp["experiment_id"]] = exp
         return exp
 
+    @staticmethod
+    def _found(store: dict, key: str, getting: str, kind: str) -> dict:
+        """``store[key]``, or NOT_FOUND worded as the API server words it."""
+        if key not in store:
+            raise ApiError("NOT_FOUND", f"Failed to get {getting}: ResourceNotFoundError: {kind} {key} not found")
+        return store[key]
+
     def _pipeline(self, pipeline_id: str) -> dict:
-        if pipeline_id not in self.pipelines:
-            raise ApiError(NOT_FOUND, f"Failed to get pipeline {pipeline_id}: ResourceNotFoundError: "
-                                      f"Pipeline {pipeline_id} not found")
-        return self.pipelines[pipeline_id]
+        return self._found(self.pipelines, pipeline_id, f"pipeline {pipeline_id}", "Pipeline")
 
     def _version(self, pipeline_id: str, version_id: str) -> dict:
         version = self.versions.get(version_id)
         if version is None or version["pipeline_id"] != pipeline_id:
-            raise ApiError(NOT_FOUND, f"Failed to get pipeline version {version_id}: ResourceNotFoundError: "
-                                      f"PipelineVersion {version_id} not found")
+            raise ApiError("NOT_FOUND", f"Failed to get pipeline version {version_id}: ResourceNotFoundError: "
+                                        f"PipelineVersion {version_id} not found")
         return version
 
     def _experiment(self, experiment_id: str) -> dict:
-        if experiment_id not in self.experiments:
-            raise ApiError(NOT_FOUND, f"Failed to get experiment {experiment_id}: ResourceNotFoundError: "
-                                      f"Experiment {experiment_id} not found")
-        return self.experiments[experiment_id]
+        return self._found(self.experiments, experiment_id, f"experiment {experiment_id}", "Experiment")
 
     def _pipeline_versions(self, pipeline_id: str) -> list[dict]:
         return [v for v in self.versions.values() if v["pipeline_id"] == pipeline_id]
@@ -234,22 +193,22 @@ class KfpStandIn:
     def _add_pipeline(self, name: str, display_name: str, description: str, *, upload: bool) -> dict:
         if any(p["name"] == name for p in self.pipelines.values()):
             message = (f"Failed to create a new pipeline. The name {name} already exist. Please specify a new name")
-            raise ApiError(ALREADY_EXISTS, "Failed to create a pipeline and a pipeline version" if upload else message,
-                           upload=upload)
-        created = self._now()
+            raise ApiError("ALREADY_EXISTS",
+                           "Failed to create a pipeline and a pipeline version" if upload else message)
+        created = self._seconds()
         pipeline = {"pipeline_id": str(uuid.uuid4()), "name": name, "display_name": display_name or name,
-                    "description": description, "created_at": _rfc3339(created), "_created": created}
+                    "description": description, "created_at": rfc3339(created, 0), "_created": created}
         self.pipelines[pipeline["pipeline_id"]] = pipeline
         return pipeline
 
     def _add_version(self, pipeline: dict, name: str, display_name: str, description: str,
                      package: tuple[dict, dict | None]) -> dict:
         if any(v["name"] == name for v in self._pipeline_versions(pipeline["pipeline_id"])):
-            raise ApiError(ALREADY_EXISTS, "Failed to create a pipeline version", upload=True)
-        created = self._now()
+            raise ApiError("ALREADY_EXISTS", "Failed to create a pipeline version")
+        created = self._seconds()
         version = {"pipeline_id": pipeline["pipeline_id"], "pipeline_version_id": str(uuid.uuid4()),
                    "name": name, "display_name": display_name or name, "description": description,
-                   "created_at": _rfc3339(created), "_created": created,
+                   "created_at": rfc3339(created, 0), "_created": created,
                    "_spec": package[0], "_platform_spec": package[1]}
         self.versions[version["pipeline_version_id"]] = version
         return version
@@ -259,10 +218,9 @@ class KfpStandIn:
         return {"multi_user": False, "pipeline_store": "database"}
 
     def upload_pipeline(self, req) -> dict:
-        filename, package = req.upload_file("Failed to read a pipeline spec file")
-        q = req.query
-        name = _build_name(q.get("name", ""), q.get("display_name", ""), filename)
-        pipeline = self._add_pipeline(name, q.get("display_name", ""), q.get("description", ""), upload=True)
+        filename, package = _upload_file(req, "Failed to read a pipeline spec file")
+        name = _build_name(req.arg("name"), req.arg("display_name"), filename)
+        pipeline = self._add_pipeline(name, req.arg("display_name"), req.arg("description"), upload=True)
         try:
             self._add_version(pipeline, pipeline["name"], pipeline["display_name"], pipeline["description"], package)
         except ApiError:
@@ -271,20 +229,19 @@ class KfpStandIn:
         return pipeline
 
     def upload_pipeline_version(self, req) -> dict:
-        filename, package = req.upload_file("Failed to create a pipeline version")
-        q = req.query
-        pipeline = self.pipelines.get(q.get("pipelineid", ""))
+        filename, package = _upload_file(req, "Failed to create a pipeline version")
+        pipeline = self.pipelines.get(req.arg("pipelineid"))
         if pipeline is None:
-            raise ApiError(INVALID_ARGUMENT, "Failed to create a pipeline version", upload=True)
-        name = _build_name(q.get("name", ""), q.get("display_name", ""), filename)
-        version = self._add_version(pipeline, name, q.get("display_name", ""), q.get("description", ""), package)
+            raise ApiError("INVALID_ARGUMENT", "Failed to create a pipeline version")
+        name = _build_name(req.arg("name"), req.arg("display_name"), filename)
+        version = self._add_version(pipeline, name, req.arg("display_name"), req.arg("description"), package)
         return self._version_json(version)
 
     def create_pipeline(self, req) -> dict:
         body = req.json()
         name = body.get("name") or body.get("display_name") or ""
         if not name:
-            raise ApiError(INVALID_ARGUMENT, "Failed to create a pipeline due to server error: name is required")
+            raise ApiError("INVALID_ARGUMENT", "Failed to create a pipeline due to server error: name is required")
         return self._add_pipeline(name, body.get("display_name", ""), body.get("description", ""), upload=False)
 
     def list_pipelines(self, req) -> dict:
@@ -293,28 +250,32 @@ class KfpStandIn:
         page, token, total = _paginate(req, list(self.pipelines.values()), fields, "pipeline_id")
         return {"pipelines": page, "total_size": total, "next_page_token": token}
 
-    def get_pipeline(self, req, pipeline_id: str) -> dict:
+    def get_pipeline(self, req) -> dict:
+        pipeline_id = req.params["pipeline"]
         return self._pipeline(pipeline_id)
 
-    def get_pipeline_by_name(self, req, name: str) -> dict:
+    def get_pipeline_by_name(self, req) -> dict:
+        name = req.params["name"]
         for pipeline in self.pipelines.values():
             if pipeline["name"] == name:
                 return pipeline
-        raise ApiError(NOT_FOUND, f"Failed to get a pipeline with name {name} and namespace : "
-                                  f"ResourceNotFoundError: Pipeline {name} not found")
+        raise ApiError("NOT_FOUND", f"Failed to get a pipeline with name {name} and namespace : "
+                                    f"ResourceNotFoundError: Pipeline {name} not found")
 
-    def delete_pipeline(self, req, pipeline_id: str) -> dict:
+    def delete_pipeline(self, req) -> dict:
+        pipeline_id = req.params["pipeline"]
         self._pipeline(pipeline_id)
         versions = self._pipeline_versions(pipeline_id)
-        if versions and req.query.get("cascade", "false") != "true":
-            raise ApiError(FAILED_PRECONDITION, f"Failed to delete pipeline {pipeline_id}. Check error stack: "
-                                                f"pipeline has {len(versions)} versions; delete them or set cascade")
+        if versions and req.arg("cascade", "false") != "true":
+            raise ApiError("FAILED_PRECONDITION", f"Failed to delete pipeline {pipeline_id}. Check error stack: "
+                                                  f"pipeline has {len(versions)} versions; delete them or set cascade")
         for version in versions:
             del self.versions[version["pipeline_version_id"]]
         del self.pipelines[pipeline_id]
         return {}
 
-    def list_pipeline_versions(self, req, pipeline_id: str) -> dict:
+    def list_pipeline_versions(self, req) -> dict:
+        pipeline_id = req.params["pipeline"]
         self._pipeline(pipeline_id)
         fields = {"pipeline_version_id": "pipeline_version_id", "id": "pipeline_version_id", "name": "name",
                   "display_name": "display_name", "created_at": "_created", "description": "description"}
@@ -322,10 +283,11 @@ class KfpStandIn:
         page, token, total = _paginate(req, versions, fields, "pipeline_version_id")
         return {"pipeline_versions": page, "total_size": total, "next_page_token": token}
 
-    def get_pipeline_version(self, req, pipeline_id: str, version_id: str) -> dict:
-        return self._version_json(self._version(pipeline_id, version_id))
+    def get_pipeline_version(self, req) -> dict:
+        return self._version_json(self._version(req.params["pipeline"], req.params["version"]))
 
-    def delete_pipeline_version(self, req, pipeline_id: str, version_id: str) -> dict:
+    def delete_pipeline_version(self, req) -> dict:
+        pipeline_id, version_id = req.params["pipeline"], req.params["version"]
         self._version(pipeline_id, version_id)
         del self.versions[version_id]
         return {}
@@ -335,11 +297,11 @@ class KfpStandIn:
         body = req.json()
         name = body.get("display_name", "")
         if not name:
-            raise ApiError(INVALID_ARGUMENT, "Failed to create an experiment: Experiment name is empty. "
-                                             "Please specify a valid experiment name")
+            raise ApiError("INVALID_ARGUMENT", "Failed to create an experiment: Experiment name is empty. "
+                                               "Please specify a valid experiment name")
         if any(e["display_name"] == name for e in self.experiments.values()):
-            raise ApiError(ALREADY_EXISTS, f"Failed to create a new experiment. The name {name} already exists. "
-                                           f"Please specify a new name")
+            raise ApiError("ALREADY_EXISTS", f"Failed to create a new experiment. The name {name} already exists. "
+                                             f"Please specify a new name")
         return self._new_experiment(name, body.get("description", ""))
 
     def list_experiments(self, req) -> dict:
@@ -348,16 +310,16 @@ class KfpStandIn:
         page, token, total = _paginate(req, list(self.experiments.values()), fields, "experiment_id")
         return {"experiments": page, "total_size": total, "next_page_token": token}
 
-    def get_experiment(self, req, experiment_id: str) -> dict:
-        return self._experiment(experiment_id)
+    def get_experiment(self, req) -> dict:
+        return self._experiment(req.params["experiment"])
 
     # --- runs ------------------------------------------------------------------------------------
     def _resolve_source(self, body: dict) -> tuple[dict | None, dict]:
         """Validate a run's or recurring run's pipeline source; return (reference, root inputs)."""
         ref, spec = body.get("pipeline_version_reference"), body.get("pipeline_spec")
         if bool(ref) == bool(spec):
-            raise ApiError(INVALID_ARGUMENT, "Invalid input error: either pipeline_spec or "
-                                             "pipeline_version_reference must be set, not both")
+            raise ApiError("INVALID_ARGUMENT", "Invalid input error: either pipeline_spec or "
+                                               "pipeline_version_reference must be set, not both")
         if spec:
             root_spec = spec.get("pipeline_spec", spec)
             return None, root_spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
@@ -367,18 +329,18 @@ class KfpStandIn:
         else:
             version = self._latest_version(pipeline["pipeline_id"])
             if version is None:
-                raise ApiError(NOT_FOUND, f"Pipeline {pipeline['pipeline_id']} has no versions")
+                raise ApiError("NOT_FOUND", f"Pipeline {pipeline['pipeline_id']} has no versions")
         return dict(ref), version["_spec"].get("root", {}).get("inputDefinitions", {}).get("parameters", {})
 
     @staticmethod
     def _check_parameters(params: dict, inputs: dict) -> None:
         unknown = sorted(set(params) - set(inputs))
         if unknown:
-            raise ApiError(INVALID_ARGUMENT, f"Invalid input error: Unrecognized input parameter: {unknown[0]}")
+            raise ApiError("INVALID_ARGUMENT", f"Invalid input error: Unrecognized input parameter: {unknown[0]}")
         missing = sorted(n for n, d in inputs.items()
                          if n not in params and "defaultValue" not in d and not d.get("isOptional"))
         if missing:
-            raise ApiError(INVALID_ARGUMENT, f"Invalid input error: parameter {missing[0]} is required")
+            raise ApiError("INVALID_ARGUMENT", f"Invalid input error: parameter {missing[0]} is required")
 
     def _experiment_of(self, body: dict) -> str:
         experiment_id = body.get("experiment_id") or self.default_experiment_id
@@ -388,31 +350,29 @@ class KfpStandIn:
     def create_run(self, req) -> dict:
         body = req.json()
         if not body.get("display_name"):
-            raise ApiError(INVALID_ARGUMENT, "Failed to create a run: Run name cannot be empty")
+            raise ApiError("INVALID_ARGUMENT", "Failed to create a run: Run name cannot be empty")
         ref, inputs = self._resolve_source(body)
         runtime_config = body.get("runtime_config") or {}
         self._check_parameters(runtime_config.get("parameters") or {}, inputs)
         if ref is not None and not ref.get("pipeline_version_id"):
             ref["pipeline_version_id"] = self._latest_version(ref["pipeline_id"])["pipeline_version_id"]
-        created = self._now()
+        created = self._seconds()
         run = {"run_id": str(uuid.uuid4()), "display_name": body["display_name"],
                "description": body.get("description", ""), "experiment_id": self._experiment_of(body),
                "pipeline_version_reference": ref, "pipeline_spec": body.get("pipeline_spec"),
                "runtime_config": runtime_config, "service_account": body.get("service_account", ""),
-               "storage_state": "AVAILABLE", "created_at": _rfc3339(created), "scheduled_at": _rfc3339(created),
-               "state": "PENDING", "state_history": [{"update_time": _rfc3339(created), "state": "PENDING"}],
+               "storage_state": "AVAILABLE", "created_at": rfc3339(created, 0), "scheduled_at": rfc3339(created, 0),
+               "state": "PENDING", "state_history": [{"update_time": rfc3339(created, 0), "state": "PENDING"}],
                "_created": created}
         self.runs[run["run_id"]] = run
         return run
 
-    def get_run(self, req, run_id: str) -> dict:
-        run = self.runs.get(run_id)
-        if run is None:
-            raise ApiError(NOT_FOUND, f"Failed to get a run: ResourceNotFoundError: Run {run_id} not found")
+    def get_run(self, req) -> dict:
+        run = self._found(self.runs, req.params["run"], "a run", "Run")
         if run["state"] not in _TERMINAL:  # each GET moves the run one step: PENDING -> RUNNING -> outcome
             final = self.run_outcomes.get(run["display_name"], "SUCCEEDED")
             run["state"] = "RUNNING" if run["state"] == "PENDING" else final
-            now = _rfc3339(self._now())
+            now = rfc3339(self._seconds(), 0)
             run["state_history"].append({"update_time": now, "state": run["state"]})
             if run["state"] in _TERMINAL:
                 run["finished_at"] = now
@@ -424,7 +384,7 @@ class KfpStandIn:
         fields = {"run_id": "run_id", "id": "run_id", "name": "display_name", "display_name": "display_name",
                   "created_at": "_created", "description": "description"}
         runs = [r for r in self.runs.values()
-                if not req.query.get("experiment_id") or r["experiment_id"] == req.query["experiment_id"]]
+                if not req.arg("experiment_id") or r["experiment_id"] == req.arg("experiment_id")]
         page, token, total = _paginate(req, runs, fields, "run_id")
         return {"runs": page, "total_size": total, "next_page_token": token}
 
@@ -432,99 +392,107 @@ class KfpStandIn:
     def create_recurring_run(self, req) -> dict:
         body = req.json()
         if not body.get("display_name"):
-            raise ApiError(INVALID_ARGUMENT, "Invalid input error: The recurring run name is empty. "
-                                             "Please specify a valid name")
+            raise ApiError("INVALID_ARGUMENT", "Invalid input error: The recurring run name is empty. "
+                                               "Please specify a valid name")
         ref, inputs = self._resolve_source(body)
         runtime_config = body.get("runtime_config") or {}
         self._check_parameters(runtime_config.get("parameters") or {}, inputs)
         try:
             max_concurrency = int(body.get("max_concurrency") or 0)
         except (TypeError, ValueError):
-            raise ApiError(INVALID_ARGUMENT, f"invalid value for int64 field max_concurrency: "
-                                             f"{body.get('max_concurrency')!r}") from None
+            raise ApiError("INVALID_ARGUMENT", f"invalid value for int64 field max_concurrency: "
+                                               f"{body.get('max_concurrency')!r}") from None
         if not 1 <= max_concurrency <= 10:
-            raise ApiError(INVALID_ARGUMENT, f"Invalid input error: Max concurrency of a recurring run must be "
-                                             f"at least 1 and at most 10. Received {max_concurrency}")
+            raise ApiError("INVALID_ARGUMENT", f"Invalid input error: Max concurrency of a recurring run must be "
+                                               f"at least 1 and at most 10. Received {max_concurrency}")
         trigger = body.get("trigger") or {}
         cron = (trigger.get("cron_schedule") or {}).get("cron")
         periodic = trigger.get("periodic_schedule")
         if cron is None and not periodic:
-            raise ApiError(INVALID_ARGUMENT, "Invalid input error: a trigger (cron or periodic) is required")
+            raise ApiError("INVALID_ARGUMENT", "Invalid input error: a trigger (cron or periodic) is required")
         if cron is not None and (why := _cron_error(cron)):
-            raise ApiError(INVALID_ARGUMENT, f"Invalid input error: Schedule cron is not a supported "
-                                             f"format(https://godoc.org/github.com/robfig/cron). Error: {why}")
+            raise ApiError("INVALID_ARGUMENT", f"Invalid input error: Schedule cron is not a supported "
+                                               f"format(https://godoc.org/github.com/robfig/cron). Error: {why}")
         if periodic and int(periodic.get("interval_second") or 0) < 1:
-            raise ApiError(INVALID_ARGUMENT, "Invalid input error: Found invalid period schedule interval")
+            raise ApiError("INVALID_ARGUMENT", "Invalid input error: Found invalid period schedule interval")
         mode = body.get("mode", "MODE_UNSPECIFIED")
-        created = self._now()
+        created = self._seconds()
         recurring_run = {
             "recurring_run_id": str(uuid.uuid4()), "display_name": body["display_name"],
             "description": body.get("description", ""), "pipeline_version_reference": ref,
             "pipeline_spec": body.get("pipeline_spec"), "runtime_config": runtime_config,
             "service_account": body.get("service_account", ""), "max_concurrency": str(max_concurrency),
-            "trigger": trigger, "mode": mode, "created_at": _rfc3339(created), "updated_at": _rfc3339(created),
+            "trigger": trigger, "mode": mode, "created_at": rfc3339(created, 0), "updated_at": rfc3339(created, 0),
             "status": "DISABLED" if mode == "DISABLE" else "ENABLED", "no_catchup": bool(body.get("no_catchup")),
             "experiment_id": self._experiment_of(body), "_created": created}
         self.recurring_runs[recurring_run["recurring_run_id"]] = recurring_run
         return recurring_run
 
     def _recurring_run(self, recurring_run_id: str) -> dict:
-        if recurring_run_id not in self.recurring_runs:
-            raise ApiError(NOT_FOUND, f"Failed to get a recurring run: ResourceNotFoundError: "
-                                      f"Job {recurring_run_id} not found")
-        return self.recurring_runs[recurring_run_id]
+        return self._found(self.recurring_runs, recurring_run_id, "a recurring run", "Job")
 
     def list_recurring_runs(self, req) -> dict:
         fields = {"recurring_run_id": "recurring_run_id", "id": "recurring_run_id", "name": "display_name",
                   "display_name": "display_name", "created_at": "_created", "description": "description"}
-        experiment_id = req.query.get("experiment_id")
+        experiment_id = req.arg("experiment_id")
         runs = [r for r in self.recurring_runs.values() if not experiment_id or r["experiment_id"] == experiment_id]
         page, token, total = _paginate(req, runs, fields, "recurring_run_id",
                                        case_insensitive={"name", "display_name", "description"})
         return {"recurringRuns": page, "total_size": total, "next_page_token": token}
 
-    def get_recurring_run(self, req, recurring_run_id: str) -> dict:
-        return self._recurring_run(recurring_run_id)
+    def get_recurring_run(self, req) -> dict:
+        return self._recurring_run(req.params["recurring_run"])
 
-    def delete_recurring_run(self, req, recurring_run_id: str) -> dict:
+    def delete_recurring_run(self, req) -> dict:
+        recurring_run_id = req.params["recurring_run"]
         self._recurring_run(recurring_run_id)
         del self.recurring_runs[recurring_run_id]
         return {}
 
-    def switch_recurring_run(self, req, recurring_run_id: str, action: str) -> dict:
-        recurring_run = self._recurring_run(recurring_run_id)
-        recurring_run["mode"] = "ENABLE" if action == "enable" else "DISABLE"
-        recurring_run["status"] = "ENABLED" if action == "enable" else "DISABLED"
-        recurring_run["updated_at"] = _rfc3339(self._now())
+    def enable_recurring_run(self, req) -> dict:
+        return self._switch_recurring_run(req, enable=True)
+
+    def disable_recurring_run(self, req) -> dict:
+        return self._switch_recurring_run(req, enable=False)
+
+    def _switch_recurring_run(self, req, *, enable: bool) -> dict:
+        recurring_run = self._recurring_run(req.params["recurring_run"])
+        recurring_run["mode"] = "ENABLE" if enable else "DISABLE"
+        recurring_run["status"] = "ENABLED" if enable else "DISABLED"
+        recurring_run["updated_at"] = rfc3339(self._seconds(), 0)
         return {}
 
 
-_P = "/apis/v2beta1"
-_ID = r"([^/:]+)"
-_ROUTES: list[tuple[str, re.Pattern, str]] = [(m, re.compile(p + "$"), h) for m, p, h in [
-    ("GET", f"{_P}/healthz", "healthz"),
-    ("POST", f"{_P}/pipelines/upload", "upload_pipeline"),
-    ("POST", f"{_P}/pipelines/upload_version", "upload_pipeline_version"),
-    ("GET", f"{_P}/pipelines/names/{_ID}", "get_pipeline_by_name"),
-    ("POST", f"{_P}/pipelines", "create_pipeline"),
-    ("GET", f"{_P}/pipelines", "list_pipelines"),
-    ("GET", f"{_P}/pipelines/{_ID}", "get_pipeline"),
-    ("DELETE", f"{_P}/pipelines/{_ID}", "delete_pipeline"),
-    ("GET", f"{_P}/pipelines/{_ID}/versions", "list_pipeline_versions"),
-    ("GET", f"{_P}/pipelines/{_ID}/versions/{_ID}", "get_pipeline_version"),
-    ("DELETE", f"{_P}/pipelines/{_ID}/versions/{_ID}", "delete_pipeline_version"),
-    ("POST", f"{_P}/experiments", "create_experiment"),
-    ("GET", f"{_P}/experiments", "list_experiments"),
-    ("GET", f"{_P}/experiments/{_ID}", "get_experiment"),
-    ("POST", f"{_P}/runs", "create_run"),
-    ("GET", f"{_P}/runs", "list_runs"),
-    ("GET", f"{_P}/runs/{_ID}", "get_run"),
-    ("POST", f"{_P}/recurringruns", "create_recurring_run"),
-    ("GET", f"{_P}/recurringruns", "list_recurring_runs"),
-    ("GET", f"{_P}/recurringruns/{_ID}", "get_recurring_run"),
-    ("DELETE", f"{_P}/recurringruns/{_ID}", "delete_recurring_run"),
-    ("POST", f"{_P}/recurringruns/{_ID}:(enable|disable)", "switch_recurring_run"),
-]]
+_P, _ID = "/apis/v2beta1", r"[^/:]+"
+# (method, path under /apis/v2beta1, RPC, handler method)
+_ROUTES = [
+    ("GET", "/healthz", "GetHealthz", "healthz"),
+    ("POST", "/pipelines/upload", "UploadPipeline", "upload_pipeline"),
+    ("POST", "/pipelines/upload_version", "UploadPipelineVersion", "upload_pipeline_version"),
+    ("GET", f"/pipelines/names/(?P<name>{_ID})", "GetPipelineByName", "get_pipeline_by_name"),
+    ("POST", "/pipelines", "CreatePipeline", "create_pipeline"),
+    ("GET", "/pipelines", "ListPipelines", "list_pipelines"),
+    ("GET", f"/pipelines/(?P<pipeline>{_ID})", "GetPipeline", "get_pipeline"),
+    ("DELETE", f"/pipelines/(?P<pipeline>{_ID})", "DeletePipeline", "delete_pipeline"),
+    ("GET", f"/pipelines/(?P<pipeline>{_ID})/versions", "ListPipelineVersions", "list_pipeline_versions"),
+    ("GET", f"/pipelines/(?P<pipeline>{_ID})/versions/(?P<version>{_ID})", "GetPipelineVersion",
+     "get_pipeline_version"),
+    ("DELETE", f"/pipelines/(?P<pipeline>{_ID})/versions/(?P<version>{_ID})", "DeletePipelineVersion",
+     "delete_pipeline_version"),
+    ("POST", "/experiments", "CreateExperiment", "create_experiment"),
+    ("GET", "/experiments", "ListExperiments", "list_experiments"),
+    ("GET", f"/experiments/(?P<experiment>{_ID})", "GetExperiment", "get_experiment"),
+    ("POST", "/runs", "CreateRun", "create_run"),
+    ("GET", "/runs", "ListRuns", "list_runs"),
+    ("GET", f"/runs/(?P<run>{_ID})", "GetRun", "get_run"),
+    ("POST", "/recurringruns", "CreateRecurringRun", "create_recurring_run"),
+    ("GET", "/recurringruns", "ListRecurringRuns", "list_recurring_runs"),
+    ("GET", f"/recurringruns/(?P<recurring_run>{_ID})", "GetRecurringRun", "get_recurring_run"),
+    ("DELETE", f"/recurringruns/(?P<recurring_run>{_ID})", "DeleteRecurringRun", "delete_recurring_run"),
+    ("POST", f"/recurringruns/(?P<recurring_run>{_ID}):enable", "EnableRecurringRun", "enable_recurring_run"),
+    ("POST", f"/recurringruns/(?P<recurring_run>{_ID}):disable", "DisableRecurringRun", "disable_recurring_run"),
+]
+_UPLOADS = ("UploadPipeline", "UploadPipelineVersion")
 
 
 def _build_name(name: str, display_name: str, filename: str) -> str:
@@ -537,13 +505,13 @@ def _parse_package(filename: str, data: bytes, fallback: str) -> tuple[dict, dic
     import yaml  # kfp's own dependency; only YAML packages are modelled
 
     if not filename.endswith((".yaml", ".yml")):
-        raise ApiError(INVALID_ARGUMENT, fallback, upload=True)
+        raise ApiError("INVALID_ARGUMENT", fallback)
     try:
         docs = [d for d in yaml.safe_load_all(data) if d]
     except yaml.YAMLError:
-        raise ApiError(INVALID_ARGUMENT, fallback, upload=True) from None
+        raise ApiError("INVALID_ARGUMENT", fallback) from None
     if not docs or not isinstance(docs[0], dict) or "pipelineInfo" not in docs[0] or "root" not in docs[0]:
-        raise ApiError(INVALID_ARGUMENT, fallback, upload=True)
+        raise ApiError("INVALID_ARGUMENT", fallback)
     return docs[0], (docs[1] if len(docs) > 1 else None)
 
 
@@ -558,13 +526,13 @@ def _parse_filter(raw: str) -> list[tuple[str, str, Any]]:
         except ValueError:
             continue
     else:
-        raise ApiError(INVALID_ARGUMENT, f"Invalid filter: failed to parse {raw!r}")
+        raise ApiError("INVALID_ARGUMENT", f"Invalid filter: failed to parse {raw!r}")
     predicates = []
     for p in spec.get("predicates", []):
         op = p.get("operation")
         op = _FILTER_OPS.get(op, op) if isinstance(op, int) else op
         if op not in _FILTER_OPS.values():
-            raise ApiError(INVALID_ARGUMENT, f"Invalid filter operation: {p.get('operation')!r}")
+            raise ApiError("INVALID_ARGUMENT", f"Invalid filter operation: {p.get('operation')!r}")
         value: Any = None
         for camel, snake in (("stringValue", "string_value"), ("intValue", "int_value"),
                              ("longValue", "long_value"), ("timestampValue", "timestamp_value")):
@@ -597,18 +565,17 @@ def _matches(item_value: Any, op: str, value: Any) -> bool:
 def _paginate(req, items: list[dict], fields: dict[str, str], id_field: str,
               case_insensitive: set[str] = frozenset()) -> tuple[list[dict], str, int]:
     """Filter, sort and page ``items`` the way KFP's list.Options does (opaque page tokens)."""
-    q = req.query
-    if q.get("page_token"):
+    if req.arg("page_token"):
         try:
-            state = json.loads(base64.urlsafe_b64decode(q["page_token"].encode()))
+            state = json.loads(base64.urlsafe_b64decode(req.arg("page_token").encode()))
         except ValueError:
-            raise ApiError(INVALID_ARGUMENT, "Invalid input error: invalid page token") from None
+            raise ApiError("INVALID_ARGUMENT", "Invalid input error: invalid page token") from None
     else:
-        state = {"offset": 0, "sort_by": q.get("sort_by", ""), "filter": q.get("filter", "")}
+        state = {"offset": 0, "sort_by": req.arg("sort_by"), "filter": req.arg("filter")}
 
     def field(key: str) -> str:
         if key not in fields:
-            raise ApiError(INVALID_ARGUMENT, f"Invalid input error: {key!r} is not a valid field")
+            raise ApiError("INVALID_ARGUMENT", f"Invalid input error: {key!r} is not a valid field")
         return fields[key]
 
     def norm(key: str, v: Any) -> Any:
@@ -621,12 +588,12 @@ def _paginate(req, items: list[dict], fields: dict[str, str], id_field: str,
 
     sort_key, _, direction = state["sort_by"].partition(" ")
     if direction.strip() not in ("", "asc", "desc"):
-        raise ApiError(INVALID_ARGUMENT, f"Invalid input error: invalid sort_by {state['sort_by']!r}")
+        raise ApiError("INVALID_ARGUMENT", f"Invalid input error: invalid sort_by {state['sort_by']!r}")
     name = field(sort_key) if sort_key else "_created"
     items = sorted(items, key=lambda i: (i[name] if i.get(name) is not None else "", i[id_field]),
                    reverse=direction.strip() == "desc")
 
-    size = int(q.get("page_size") or 0) or _DEFAULT_PAGE_SIZE
+    size = int(req.arg("page_size") or 0) or _DEFAULT_PAGE_SIZE
     size = min(size, _MAX_PAGE_SIZE)
     start = state["offset"]
     page = items[start:start + size]
@@ -636,74 +603,15 @@ def _paginate(req, items: list[dict], fields: dict[str, str], id_field: str,
     return page, token, len(items)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """Routes one HTTP request to a KfpStandIn method and writes its JSON answer."""
-
-    api: KfpStandIn
-    protocol_version = "HTTP/1.1"  # keep-alive, like the real gateway; every answer has Content-Length
-    disable_nagle_algorithm = True  # headers and body go out as two writes: avoid 40 ms delayed-ACK stalls
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: tests assert on `requests` instead
-        pass
-
-    def _handle(self) -> None:
-        split = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        self.raw_body = self.rfile.read(length) if length else b""
-        self.query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        with self.api._lock:
-            self.api.requests.append(RecordedRequest(self.command, split.path, dict(self.query), headers,
-                                                     self.raw_body))
-            try:
-                status, body = 200, self._dispatch(split.path, headers)
-            except ApiError as err:
-                status, body = err.http_status, err.body()
-            except Exception as err:  # a stand-in bug: answer 500 so the test shows it instead of hanging
-                status, body = 500, {"code": 13, "message": f"stand-in error: {err!r}", "details": []}
-        payload = json.dumps(_clean(body)).encode() if status == 200 else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _dispatch(self, path: str, headers: dict[str, str]) -> dict:
-        token = self.api.require_token
-        if token is not None and headers.get("authorization") != f"Bearer {token}":
-            raise ApiError(UNAUTHENTICATED, "Unauthenticated: missing or invalid bearer token")
-        path_matched = False
-        for method, pattern, handler in _ROUTES:
-            m = pattern.match(path)
-            if m:
-                path_matched = True
-                if method == self.command:
-                    return getattr(self.api, handler)(self, *(unquote(g) for g in m.groups()))
-        if path_matched:
-            raise ApiError(12, "Method Not Allowed", http_status=405)
-        raise ApiError(NOT_FOUND, "Not Found")
-
-    do_GET = do_POST = do_DELETE = do_PATCH = _handle
-
-    # --- request helpers used by the handlers ----------------------------------------------------
-    def json(self) -> dict:
-        try:
-            body = json.loads(self.raw_body or b"{}")
-        except ValueError:
-            raise ApiError(INVALID_ARGUMENT, "invalid JSON body") from None
-        if not isinstance(body, dict):
-            raise ApiError(INVALID_ARGUMENT, "request body must be a JSON object")
-        return body
-
-    def upload_file(self, fallback: str) -> tuple[str, tuple[dict, dict | None]]:
-        """The ``uploadfile`` part of a multipart/form-data body, parsed as a pipeline package."""
-        ctype = self.headers.get("Content-Type", "")
-        if not ctype.startswith("multipart/form-data"):
-            raise ApiError(INVALID_ARGUMENT, fallback, upload=True)
-        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-            f"Content-Type: {ctype}\r\n\r\n".encode() + self.raw_body)
-        for part in message.iter_parts():
-            if part.get_param("name", header="content-disposition") == "uploadfile":
-                filename = part.get_filename() or ""
-                return filename, _parse_package(filename, part.get_payload(decode=True) or b"", fallback)
-        raise ApiError(INVALID_ARGUMENT, fallback, upload=True)
+def _upload_file(req: Request, fallback: str) -> tuple[str, tuple[dict, dict | None]]:
+    """The ``uploadfile`` part of a multipart/form-data body, parsed as a pipeline package."""
+    ctype = req.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise ApiError("INVALID_ARGUMENT", fallback)
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {ctype}\r\n\r\n".encode() + req.raw)
+    for part in message.iter_parts():
+        if part.get_param("name", header="content-disposition") == "uploadfile":
+            filename = part.get_filename() or ""
+            return filename, _parse_package(filename, part.get_payload(decode=True) or b"", fallback)
+    raise ApiError("INVALID_ARGUMENT", fallback)

@@ -1,39 +1,37 @@
 """A stand-in for Vertex AI's CustomJob REST endpoints (v1), on 127.0.0.1.
 
+It follows the public Vertex AI v1 REST reference for `projects.locations.customJobs` (create, get, cancel) and
+its `CustomJob` / `WorkerPoolSpec` resources; errors use Google's JSON error body (shared stand-in base, base.py).
+
     POST /v1/projects/{p}/locations/{l}/customJobs              create (state JOB_STATE_PENDING)
     GET  /v1/projects/{p}/locations/{l}/customJobs/{id}         read
     POST /v1/projects/{p}/locations/{l}/customJobs/{id}:cancel  cancel (CANCELLING, then CANCELLED)
 
 As on Vertex AI, each worker pool's replicas run the pool's container command with the `TF_CONFIG` Vertex
-sets (pool 0 is the chief, pool 1 the workers); here they are local processes on 127.0.0.1 (the image is not
-pulled). The job succeeds when the replicas of pool 0 exit 0 and fails, with Vertex's message, when any
+sets (pool 0 is the chief, pool 1 the workers); here they are local processes on 127.0.0.1 (pods.py: the image
+is not pulled). The job succeeds when the replicas of pool 0 exit 0 and fails, with Vertex's message, when any
 replica exits otherwise. `google.cloud.aiplatform_v1.JobServiceClient(transport="rest")` talks to it
 unchanged, with `client_options={"api_endpoint": standin.url}`.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import http.server
 import json
-import re
 import threading
 import time
-import urllib.parse
+from typing import Callable
 
-from tests.standins.k8s_api import Pod, free_port
+from tests.standins.base import ApiError, Request, StandIn, route
+from tests.standins.pods import Pod, free_port
 
 TERMINAL = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
 POOL_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class CustomJob:
-    def __init__(self, name: str, body: dict, run_containers: bool):
-        self.body = {**body, "name": name, "state": "JOB_STATE_PENDING", "createTime": _now(), "updateTime": _now()}
+    def __init__(self, name: str, body: dict, run_containers: bool, now: Callable[[], str]):
+        self.now = now
+        self.body = {**body, "name": name, "state": "JOB_STATE_PENDING", "createTime": now(), "updateTime": now()}
         self.pods: list[Pod] = []
         self.lock = threading.Lock()
         self.cancelled = threading.Event()
@@ -44,11 +42,11 @@ class CustomJob:
         with self.lock:
             if self.body["state"] in TERMINAL:
                 return
-            self.body.update(state=state, updateTime=_now())
+            self.body.update(state=state, updateTime=self.now())
             if state == "JOB_STATE_RUNNING":
-                self.body["startTime"] = _now()
+                self.body["startTime"] = self.now()
             if state in TERMINAL:
-                self.body["endTime"] = _now()
+                self.body["endTime"] = self.now()
             if error:
                 self.body["error"] = {"code": code, "message": error}
 
@@ -103,106 +101,60 @@ class CustomJob:
         return "".join(line for pod in self.pods for _, line in pod.lines)
 
 
-class VertexJobsStandIn:
+class VertexJobsStandIn(StandIn):
     """Start with `with VertexJobsStandIn() as vertex:`; point the REST client at `vertex.url`."""
 
+    name = "Vertex AI CustomJob"
+
     def __init__(self, run_containers: bool = True):
+        super().__init__()
         self.run_containers = run_containers
         self.jobs: dict[str, CustomJob] = {}
         self.created_bodies: list[dict] = []
         self.cancelled: list[str] = []
-        self.requests: list[tuple[str, str]] = []
         self._next_id = 1000
-        self._server: http.server.ThreadingHTTPServer | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+    def routes(self) -> list:
+        parent = r"/v1/(?P<parent>projects/[^/]+/locations/[^/]+)"
+        job = parent + r"/customJobs/(?P<id>[^/:]+)"
+        return [
+            route("POST", parent + "/customJobs", "CreateCustomJob", self._create),
+            route("GET", job, "GetCustomJob", self._get),
+            route("POST", job + ":cancel", "CancelCustomJob", self._cancel),
+        ]
 
-    def __enter__(self) -> "VertexJobsStandIn":
-        standin = self
-
-        class Handler(_Handler):
-            state = standin
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         for job in self.jobs.values():
             job.cancelled.set()
             for pod in job.pods:
                 pod.stop()
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
 
-    def wait_for(self, predicate, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError("condition not reached in the Vertex AI stand-in")
-            time.sleep(0.05)
+    def _job(self, request: Request) -> tuple[str, CustomJob]:
+        name = f"{request.params['parent']}/customJobs/{request.params['id']}"
+        if name not in self.jobs:
+            raise ApiError("NOT_FOUND", f"CustomJob {name} not found")
+        return name, self.jobs[name]
 
+    def _create(self, request: Request) -> dict:
+        body = request.json()
+        problems = _validate(body)
+        if problems:
+            raise ApiError("INVALID_ARGUMENT", "; ".join(problems))
+        self.created_bodies.append(json.loads(json.dumps(body)))
+        self._next_id += 1
+        name = f"{request.params['parent']}/customJobs/{self._next_id}"
+        self.jobs[name] = CustomJob(name, body, self.run_containers, self.now)
+        return self.jobs[name].snapshot()
 
-def _error(code: int, status: str, message: str) -> dict:
-    return {"error": {"code": code, "message": message, "status": status}}
+    def _get(self, request: Request) -> dict:
+        return self._job(request)[1].snapshot()
 
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    state: VertexJobsStandIn
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _send(self, code: int, body: dict) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def _body(self) -> dict:
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        return json.loads(raw) if raw else {}
-
-    def do_POST(self) -> None:
-        path = urllib.parse.urlsplit(self.path).path
-        self.state.requests.append(("POST", path))
-        create = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+)/customJobs", path)
-        cancel = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+):cancel", path)
-        if create:
-            body = self._body()
-            problems = _validate(body)
-            if problems:
-                return self._send(400, _error(400, "INVALID_ARGUMENT", "; ".join(problems)))
-            self.state.created_bodies.append(json.loads(json.dumps(body)))
-            self.state._next_id += 1
-            name = f"{create.group(1)}/customJobs/{self.state._next_id}"
-            job = CustomJob(name, body, self.state.run_containers)
-            self.state.jobs[name] = job
-            return self._send(200, job.snapshot())
-        if cancel:
-            self._body()
-            job = self.state.jobs.get(cancel.group(1))
-            if job is None:
-                return self._send(404, _error(404, "NOT_FOUND", f"CustomJob {cancel.group(1)} not found"))
-            self.state.cancelled.append(cancel.group(1))
-            job.cancel()
-            return self._send(200, {})
-        self._send(404, _error(404, "NOT_FOUND", f"no such method {path}"))
-
-    def do_GET(self) -> None:
-        path = urllib.parse.urlsplit(self.path).path
-        self.state.requests.append(("GET", path))
-        match = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)", path)
-        job = self.state.jobs.get(match.group(1)) if match else None
-        if job is None:
-            return self._send(404, _error(404, "NOT_FOUND", f"CustomJob {path} not found"))
-        self._send(200, job.snapshot())
+    def _cancel(self, request: Request) -> dict:
+        name, job = self._job(request)
+        self.cancelled.append(name)
+        job.cancel()
+        return {}
 
 
 def _validate(body: dict) -> list[str]:
