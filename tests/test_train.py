@@ -1,5 +1,6 @@
-"""Training: outputs, recipes, learning-rate schedule, strategy choice, input pipeline, NaN stop, exit codes."""
+"""Training: outputs, recipes, settings, learning-rate schedule, strategy, input pipeline, NaN stop, exit codes."""
 
+import dataclasses
 import json
 import math
 import os
@@ -100,6 +101,47 @@ def test_reference_recipe_run_steps_the_rate_at_epochs_3_and_7(small_dataset, tm
     result = train.train(small_dataset, str(tmp_path / "model"), recipe="reference", epochs=8, validate=False)
     assert result.history["learning_rate"] == pytest.approx([1e-3] * 3 + [1e-4] * 4 + [1e-5])
     assert result.global_batch_size == 64 and result.steps == 8 * result.steps_per_epoch
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+FULL_SETTINGS = dict(augmented_dir="gs://b/augmented", recipe="reference", epochs=3, batch_size=32,
+                     learning_rate=1e-38, scale_lr=False, steps_per_execution=4, precision="mixed_bfloat16",
+                     jit_compile="off", seed=7, backup_dir="gs://b/checkpoints/run-1/train", checkpoint_seconds=30.5,
+                     input_mode="stream", tensorboard_dir="gs://b/tensorboard")
+
+
+@pytest.mark.parametrize("given", [{}, FULL_SETTINGS, {"scale_lr": True, "learning_rate": 0.002}],
+                         ids=["defaults", "every-field", "scale-lr"])
+def test_settings_round_trip_through_the_training_cli(given):
+    """What a launcher puts in a replica's command is read back by the replica as the same settings."""
+    settings = train.TrainSettings("gs://b/dataset", "gs://b/model", **given)
+    argv = settings.to_argv()
+    assert train.TrainSettings.from_args(train.build_parser().parse_args(argv)) == settings
+    assert settings.command()[:3] == ["python", "-m", "components.train"] and settings.command()[3:] == argv
+
+
+def test_settings_are_the_training_clis_options():
+    """Every option of the CLI is a settings field and back, so a new setting cannot miss the launchers."""
+    parsed = train.build_parser().parse_args(["--dataset-dir", "d", "--model-dir", "m"])
+    assert set(vars(parsed)) == {field.name for field in dataclasses.fields(train.TrainSettings)}
+    assert train.TrainSettings.from_args(parsed) == train.TrainSettings("d", "m")
+    assert train.TrainSettings("d", "m").to_argv() == ["--dataset-dir", "d", "--model-dir", "m", "--recipe",
+                                                      train.DEFAULT_RECIPE, "--checkpoint-seconds", "120.0",
+                                                      "--input-mode", "auto"]
+    assert "--no-scale-lr" in train.TrainSettings("d", "m", scale_lr=False).to_argv()
+
+
+def test_settings_from_pipeline_parameters_read_zero_as_the_recipes_value():
+    settings = train.TrainSettings.from_pipeline("d", "m", recipe="reference", epochs=0, batch_size=16,
+                                                 learning_rate=0.0, augmented_dir="", backup_dir="b")
+    assert (settings.epochs, settings.batch_size, settings.learning_rate) == (None, 16, None)
+    assert settings.augmented_dir is None and settings.backup_dir == "b"
+    recipe = settings.resolve_recipe()
+    assert recipe.epochs == train.RECIPES["reference"].epochs and recipe.batch_size == 16
+    with pytest.raises(ValueError, match="epochs must be >= 1"):
+        train.TrainSettings("d", "m", epochs=0).resolve_recipe()  # 0 is unset only for pipeline parameters
 
 
 # ---------------------------------------------------------------------------------------------- strategy
