@@ -88,15 +88,15 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
     """
     import logging
 
-    from components.train import attempt, backup_dir_for, log_to_kfp, train
+    from components.train import TrainingLoop, TrainSettings, attempt, backup_dir_for, log_to_kfp
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
-    # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
-    backup_dir = backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name)
-    result = attempt(lambda: train(
-        dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs or None,
-        batch_size=batch_size or None, learning_rate=learning_rate or None, backup_dir=backup_dir,
-        tensorboard_dir=tensorboard.path), backup_dir)
+    settings = TrainSettings.from_pipeline(
+        dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, tensorboard_dir=tensorboard.path,
+        # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
+        backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
+    result = attempt(TrainingLoop(settings).run, settings.backup_dir)
     log_to_kfp(result.to_json(), metrics, model)
     return result.train_seconds
 

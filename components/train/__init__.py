@@ -27,17 +27,18 @@ Outputs in `model_dir`: `model.keras` (Keras, float32), `saved_model/` (TF Saved
 probabilities, what Vertex AI's TensorFlow serving containers load), `training.json` (recipe, class names,
 image shape, per-epoch history, steps, timings, throughput).
 
-Where things are: `loop` (`train`, the training loop), `settings` (`TrainSettings`, everything a run is
-told), `recipes` (the presets), `learning_rate`, `model` (the CNN, precision, XLA, export), `cluster` (TF_CONFIG
-and the strategy), `inputs` (the seekable training input), `faults` (preemption, exit codes, the failure
-marker, the checkpoint directory), `results` (`TrainResult`, training.json, KFP metrics), `cli`.
+Where things are: `loop` (`TrainingLoop`, the training loop in named phases, and `train`), `settings`
+(`TrainSettings`, everything a run is told), `recipes` (the presets), `learning_rate`, `model` (the CNN,
+precision, XLA, export), `cluster` (TF_CONFIG and the strategy), `inputs` (the seekable training input),
+`faults` (preemption, exit codes, the failure marker, the checkpoint directory), `results` (`TrainResult`,
+training.json, KFP metrics), `cli`.
 """
 
 from components.train.cli import build_parser, main
 from components.train.faults import (EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_PREEMPTED, FAILED_MARKER,
                                      RETRYABLE_EXIT_CODES, NonFiniteLossError, PermanentFailure, Preempted, attempt,
                                      backup_dir_for)
-from components.train.loop import train
+from components.train.loop import TrainingLoop, train
 from components.train.model import build_model
 from components.train.recipes import DEFAULT_RECIPE, PRECISIONS, RECIPES, Recipe, resolve_recipe
 from components.train.results import TRAINING_INFO, TrainResult, log_to_kfp
@@ -45,5 +46,5 @@ from components.train.settings import TrainSettings
 
 __all__ = ["DEFAULT_RECIPE", "EXIT_BUG", "EXIT_KILLED", "EXIT_OK", "EXIT_PERMANENT", "EXIT_PREEMPTED", "FAILED_MARKER",
            "PRECISIONS", "RECIPES", "RETRYABLE_EXIT_CODES", "TRAINING_INFO", "NonFiniteLossError", "PermanentFailure",
-           "Preempted", "Recipe", "TrainResult", "TrainSettings", "attempt", "backup_dir_for", "build_model",
-           "build_parser", "log_to_kfp", "main", "resolve_recipe", "train"]
+           "Preempted", "Recipe", "TrainResult", "TrainSettings", "TrainingLoop", "attempt", "backup_dir_for",
+           "build_model", "build_parser", "log_to_kfp", "main", "resolve_recipe", "train"]

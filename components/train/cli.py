@@ -4,21 +4,20 @@ runs; `TF_CONFIG` tells it its role. Its options are `TrainSettings`' fields."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 
 from components import data
 from components.train.faults import EXIT_OK, EXIT_PERMANENT, NonFiniteLossError, PermanentFailure, attempt
-from components.train.loop import train
+from components.train.loop import TrainingLoop
 from components.train.settings import TrainSettings
 
 
 def run(settings: TrainSettings) -> int:
     """Trains with the given settings and returns the documented exit code."""
     try:
-        result = attempt(lambda: train(**dataclasses.asdict(settings)), settings.backup_dir)
+        result = attempt(TrainingLoop(settings).run, settings.backup_dir)
     except SystemExit as e:
         return int(e.code)
     except (PermanentFailure, data.DataError, ValueError, NonFiniteLossError) as e:
