@@ -408,15 +408,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from components.predict import VertexBatchError, predict_from_args
+    from components import stepcli
+    from components.predict import EXIT_CODES, predict_from_args
 
-    try:
-        result = predict_from_args(args, args.model, args.images, args.output)
-    except VertexBatchError as e:
-        print(f"pipectl: error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(result.to_json(), indent=2))
-    return 0
+    # The exit codes of `python -m components.predict`, the step's own CLI.
+    return stepcli.run(lambda: predict_from_args(args, args.model, args.images, args.output), exit_codes=EXIT_CODES,
+                       prog="pipectl")
 
 
 def vertex_schedule(args: argparse.Namespace) -> int:

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import re
-import sys
 
-from components import data
+from components import stepcli
 from components.predict.local import predict
 from components.predict.output import PredictResult
 from components.predict.vertex import VertexBatchError, vertex_batch_predict, vertex_job_client
+
+# Beyond every step's (stepcli.EXIT_CODES): a batch job that could not be created or did not succeed is
+# reported, not retried; `pipectl predict` maps errors the same way.
+EXIT_CODES = {VertexBatchError: stepcli.EXIT_PERMANENT}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,13 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", required=True)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        result = predict_from_args(args, args.model_dir, args.images, args.output_dir)
-    except (data.DataError, ValueError, VertexBatchError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    json.dump(result.to_json(), sys.stdout, indent=2)
-    print()
-    return 0
+    return stepcli.run(lambda: predict_from_args(args, args.model_dir, args.images, args.output_dir),
+                       exit_codes=EXIT_CODES)
 

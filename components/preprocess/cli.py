@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import sys
 
-from components import data
+from components import data, stepcli
 from components.preprocess.card import dataset_card
 from components.preprocess.step import preprocess
 
@@ -29,17 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="CPUs to decode with (default: the CPUs this process may use)")
     parser.add_argument("--card", help="also write the HTML dataset card to this file")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
+
+    def step():
         result = preprocess(args.source, args.output_dir, validation_fraction=args.validation_fraction,
                             test_fraction=args.test_fraction, image_size=args.image_size, channels=args.channels,
                             limit=args.limit, min_shards=args.min_shards, classes=args.classes, workers=args.workers)
-    except (data.DataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.card:
-        with data.gfile().GFile(args.card, "w") as f:
-            f.write(dataset_card(args.output_dir))
-    json.dump(result.to_json(), sys.stdout, indent=2)
-    print()
-    return 0
+        if args.card:
+            with data.gfile().GFile(args.card, "w") as f:
+                f.write(dataset_card(args.output_dir))
+        return result
+
+    return stepcli.run(step)

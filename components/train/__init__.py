@@ -11,7 +11,8 @@ Fault tolerance. Checkpoints (weights, optimizer state, step, the epoch's runnin
 to `backup_dir`, which the pipeline keys by run and task in durable storage: at the end of every epoch, every
 `checkpoint_seconds` within one, and when SIGTERM arrives (a Spot VM preemption or a pod eviction). A new
 attempt with the same `backup_dir` resumes from the last checkpoint, mid-epoch, on the same batches it would
-have seen, and runs exactly the planned number of steps. Exit codes of `main()` (and of the pipeline step):
+have seen, and runs exactly the planned number of steps. Exit codes of `main()` (and of the pipeline step;
+every step's CLI keeps the same contract, components/stepcli.py):
 
     0    trained (or found already trained in backup_dir: the model is written again)
     143  preempted (SIGTERM; a checkpoint was saved) or a peer worker was lost: retry, it resumes
@@ -35,8 +36,8 @@ training.json, KFP metrics), `cli`.
 """
 
 from components.train.cli import build_parser, main
-from components.train.faults import (EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_PREEMPTED, FAILED_MARKER,
-                                     RETRYABLE_EXIT_CODES, NonFiniteLossError, PermanentFailure, Preempted, attempt,
+from components.stepcli import EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_PREEMPTED, RETRYABLE_EXIT_CODES
+from components.train.faults import (FAILED_MARKER, NonFiniteLossError, PermanentFailure, Preempted, attempt,
                                      backup_dir_for)
 from components.train.loop import TrainingLoop, train
 from components.train.model import build_model

@@ -1,5 +1,6 @@
-"""When training is interrupted or fails: SIGTERM as a flag, the exit codes, the marker that makes retries
-of a permanent failure fail fast, and the durable checkpoint directory of a task."""
+"""When training is interrupted or fails: SIGTERM as a flag, the errors and their exit codes (the contract is
+components/stepcli.py's), the marker that makes retries of a permanent failure fail fast, and the durable
+checkpoint directory of a task."""
 
 from __future__ import annotations
 
@@ -12,30 +13,30 @@ import threading
 import time
 
 from components import data
+from components.stepcli import EXIT_PERMANENT, EXIT_PREEMPTED
 from components.train.cluster import cluster_role
 
 log = logging.getLogger(__name__)
 
 FAILED_MARKER = "FAILED.json"
 
-EXIT_OK = 0
-EXIT_BUG = 1
-EXIT_PERMANENT = 2
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a TFJob's ExitCode policy and a KFP retry restart
-EXIT_KILLED = 137  # 128 + SIGKILL: set by the kernel, not by us; listed for the docs and the launcher
-RETRYABLE_EXIT_CODES = frozenset(range(128, 256))
-
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """The loss became NaN or infinite: the settings or the data are wrong, retrying cannot help."""
+
+    exit_code = EXIT_PERMANENT
 
 
 class Preempted(RuntimeError):
-    """SIGTERM arrived; a checkpoint was saved and the process should exit with EXIT_PREEMPTED."""
+    """SIGTERM arrived (a checkpoint was saved) or a peer worker was lost: a retry resumes."""
+
+    exit_code = EXIT_PREEMPTED
 
 
 class PermanentFailure(RuntimeError):
     """An earlier attempt of this task failed in a way retrying cannot fix."""
+
+    exit_code = EXIT_PERMANENT
 
 
 class PreemptionWatch:
