@@ -138,7 +138,7 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
     import logging
 
     from components.evaluate import decision_markdown, evaluate, log_to_kfp, write_report
-    from components.register import open_registry
+    from components.registry import open_registry
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     champion = open_registry(registry, root=registry_root, project=project, location=location).champion(model_name)
