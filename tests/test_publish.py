@@ -192,7 +192,8 @@ def test_wait_raises_when_the_run_does_not_succeed(kfp_api, client, package, out
 def test_wait_gives_up_after_the_timeout_and_says_the_run_goes_on(client, package):
     publish.upload_version(client, package, name="flowers", version="v1")
     with pytest.raises(PublishError, match="still RUNNING after 0s; it goes on running"):
-        publish.start_run(client, pipeline_name="flowers", run_name="slow", wait=True, timeout_seconds=0, poll_seconds=0)
+        publish.start_run(client, pipeline_name="flowers", run_name="slow", wait=True, timeout_seconds=0,
+                          poll_seconds=0)
 
 
 def test_caching_override_submits_the_stored_spec_with_caching_off(kfp_api, client, package):
