@@ -136,11 +136,11 @@ def validate_parameters(params: dict) -> dict:
     if not 0 <= merged["min_accuracy"] <= 1:
         problems.append(f"min_accuracy must be in [0, 1] (got {merged['min_accuracy']})")
     try:
-        from components.launch import pod_scheduling
+        from components.launch import gpu_placement
 
-        pod_scheduling(merged["train_accelerator_type"], merged["train_gpu_count"],
-                       known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
-                       node_pool=merged["train_node_pool"])
+        gpu_placement(merged["train_accelerator_type"], merged["train_gpu_count"],
+                      known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
+                      node_pool=merged["train_node_pool"])
     except ValueError as e:
         problems.append(str(e))
     if merged["train_workers"] < 0:

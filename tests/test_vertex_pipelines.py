@@ -147,7 +147,7 @@ def test_everything_but_accelerators_matches_the_kfp_target(packages):
         train["inputs"]["parameters"] = {k: v for k, v in train["inputs"]["parameters"].items()
                                          if not k.startswith("pipelinechannel--")
                                          and k not in ("accelerator_count", "accelerator_type")}
-        train["dependentTasks"] = [t for t in train["dependentTasks"] if t != "schedule-op"]
+        train["dependentTasks"] = [t for t in train["dependentTasks"] if t != "placement-op"]
         return spec
 
     assert without_accelerators(packages["vertex"]) == without_accelerators(packages["kfp"])
