@@ -389,21 +389,22 @@ def schedule(client: kfp.Client, *, name: str, pipeline_name: str, cron: str, ve
 
 def disable_schedule(client: kfp.Client, *, name: str, experiment: str = "Default") -> dict:
     """Pause the recurring run ``name`` in ``experiment`` (it stays, and can be re-created/enabled)."""
-    with _calling(f"disabling schedule {name!r}"):
-        ids = [r.recurring_run_id for r in _existing_schedules(client, name, experiment)]
-        for recurring_run_id in ids:
-            client.disable_recurring_run(recurring_run_id)
-    log.info("disabled schedule %r (%s)", name, ", ".join(ids))
-    return {"name": name, "experiment": experiment, "recurring_run_ids": ids}
+    return _for_each_schedule(client, name, experiment, ("disabling", "disabled"), client.disable_recurring_run)
 
 
 def delete_schedule(client: kfp.Client, *, name: str, experiment: str = "Default") -> dict:
     """Delete the recurring run ``name`` in ``experiment``; runs it already started are kept."""
-    with _calling(f"deleting schedule {name!r}"):
+    return _for_each_schedule(client, name, experiment, ("deleting", "deleted"), client.delete_recurring_run)
+
+
+def _for_each_schedule(client: kfp.Client, name: str, experiment: str, verbs: tuple[str, str], action: Any) -> dict:
+    """Applies ``action`` to every recurring run called ``name`` in ``experiment`` (there may be several)."""
+    doing, done = verbs
+    with _calling(f"{doing} schedule {name!r}"):
         ids = [r.recurring_run_id for r in _existing_schedules(client, name, experiment)]
         for recurring_run_id in ids:
-            client.delete_recurring_run(recurring_run_id)
-    log.info("deleted schedule %r (%s)", name, ", ".join(ids))
+            action(recurring_run_id)
+    log.info("%s schedule %r (%s)", done, name, ", ".join(ids))
     return {"name": name, "experiment": experiment, "recurring_run_ids": ids}
 
 

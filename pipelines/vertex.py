@@ -122,7 +122,7 @@ def _short_id(resource_name: str) -> str:
 # ---------------------------------------------------------------------------------------------- client
 
 
-class VertexPipelines:
+class VertexPipelines(gcp.VertexService):
     """Vertex AI Pipelines in one project and region: runs and schedules."""
 
     def __init__(self, project: str, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
@@ -141,18 +141,11 @@ class VertexPipelines:
             raise ValueError("A Google Cloud project is needed (--project).")
         if not location or location == "global" or not re.fullmatch(r"[a-z]+-[a-z]+\d+", location):
             raise ValueError(f"Vertex AI Pipelines needs a region such as us-central1 (--region), got {location!r}.")
-        self.vertex = gcp.VertexConnection(
-            project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
-            retry=gcp.RetryPolicy(max_attempts=max(1, max_attempts), initial_backoff_s=initial_backoff_s,
-                                  max_backoff_s=max_backoff_s, sleep=sleep))
-        self.project = project
-        self.location = location
-        self.parent = self.vertex.parent
-        self.api_endpoint = self.vertex.api_endpoint
+        super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
+                         retry=gcp.RetryPolicy(max(1, max_attempts), initial_backoff_s, max_backoff_s, sleep),
+                         monotonic=monotonic)
         self._pipeline_client = pipeline_client
         self._schedule_client = schedule_client
-        self._sleep = sleep
-        self._monotonic = monotonic
 
     # -- plumbing --------------------------------------------------------------------------------------
 

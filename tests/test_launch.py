@@ -7,8 +7,6 @@ platform would set. Compile tests assert on the compiled pipeline YAML.
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -18,11 +16,11 @@ import yaml
 
 from components import launch
 from pipelines import config, training
+from tests.sigterm import REPO_ROOT, run_then_sigterm
 from tests.standins.k8s_api import KubernetesStandIn
 from tests.standins.vertex_jobs import VertexJobsStandIn
 
 KNOWN = config.ACCELERATORS
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def script(code: str) -> list[str]:
@@ -282,23 +280,15 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
             open({str(started)!r}, "w").close()
             time.sleep(600)
         """)
-        launcher = subprocess.Popen(
+        pods, launcher = run_then_sigterm(
             [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
              "train-cancel", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            k8s.wait_for(lambda: started.exists(), timeout=60)
-            pods = list(k8s.job("ml", "train-cancel").pods.values())
-            launcher.send_signal(signal.SIGTERM)
-            _, stderr = launcher.communicate(timeout=60)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-        assert launcher.returncode == 143, stderr
+            ready=lambda: started.exists() and list(k8s.job("ml", "train-cancel").pods.values()))
+        assert launcher.returncode == 143, launcher.stderr
         assert ("ml", "train-cancel") in k8s.deleted
         assert ("DELETE", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-cancel") in k8s.requests
         assert all(pod.process.poll() is not None for pod in pods)
-        assert "cancelled" in stderr
+        assert "cancelled" in launcher.stderr
 
 
 def test_launch_cli_exit_codes_follow_the_training_contract(capsys):
@@ -416,7 +406,7 @@ def test_cancelling_the_run_cancels_the_custom_job(tmp_path):
         time.sleep(600)
     """)
     with VertexJobsStandIn() as vertex:
-        runner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        _, runner = run_then_sigterm([sys.executable, "-c", textwrap.dedent(f"""
             import sys
             sys.path.insert(0, {REPO_ROOT!r})
             from components import launch
@@ -427,16 +417,9 @@ def test_cancelling_the_run_cancels_the_custom_job(tmp_path):
             except launch.Cancelled as e:
                 print("cancelled:", e)
                 sys.exit(143)
-        """)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            vertex.wait_for(lambda: started.exists(), timeout=60)
-            runner.send_signal(signal.SIGTERM)
-            stdout, stderr = runner.communicate(timeout=60)
-        finally:
-            if runner.poll() is None:
-                runner.kill()
-        assert runner.returncode == 143, stderr
-        assert "cancelled" in stdout
+        """)], ready=started.exists)
+        assert runner.returncode == 143, runner.stderr
+        assert "cancelled" in runner.stdout
         name = vertex.cancelled[0]
         assert vertex.jobs[name].snapshot()["state"] == "JOB_STATE_CANCELLED"
         assert all(pod.process.poll() is not None for pod in vertex.jobs[name].pods)

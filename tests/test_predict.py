@@ -553,16 +553,15 @@ def test_pipectl_predict_on_vertex_needs_a_staging_folder(tiny_model, image_fold
 def test_an_interrupted_vertex_batch_prediction_cancels_its_job(tmp_path):
     """SIGTERM (a cancelled pipeline run, or `kill` of pipectl predict) must not leave a paid batch job running:
     the follower cancels it, as the CustomJob launcher does (tests/test_launch.py), and exits 143."""
-    import signal
     import textwrap
-    import time
 
+    from tests.sigterm import run_then_sigterm
     from tests.standins.vertex_batch import VertexBatchStandIn
 
     with VertexBatchStandIn(str(tmp_path / "gcs"), serve=lambda instances: []) as vertex:
         vertex.polls = (1, 1_000_000)  # RUNNING until cancelled
         model = vertex.add_model("4242", "image-classifier")
-        runner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        _, follower = run_then_sigterm([sys.executable, "-c", textwrap.dedent(f"""
             import sys
             from components import gcp
             from components.predict import run_vertex_batch_job
@@ -574,20 +573,9 @@ def test_an_interrupted_vertex_batch_prediction_cancels_its_job(tmp_path):
             except gcp.JobStopped as e:
                 print("stopped:", e)
                 sys.exit(gcp.exit_code_for(e))
-        """)], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 60
-            while sum(r["rpc"] == "GetBatchPredictionJob" for r in vertex.requests) < 2:  # created and followed
-                assert runner.poll() is None and time.monotonic() < deadline, runner.communicate()
-                time.sleep(0.05)
-            runner.send_signal(signal.SIGTERM)
-            stdout, stderr = runner.communicate(timeout=60)
-        finally:
-            if runner.poll() is None:
-                runner.kill()
-        assert runner.returncode == 143, stderr
-        assert "stopped: Stopped while Batch prediction job projects/" in stdout
+        """)], ready=lambda: sum(r["rpc"] == "GetBatchPredictionJob" for r in vertex.requests) >= 2)
+        assert follower.returncode == 143, follower.stderr
+        assert "stopped: Stopped while Batch prediction job projects/" in follower.stdout
         (job,) = vertex.jobs.values()
         assert job["job"]["state"] == "JOB_STATE_CANCELLED"
         assert [r["rpc"] for r in vertex.requests].count("CancelBatchPredictionJob") == 1

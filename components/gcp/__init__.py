@@ -18,8 +18,8 @@ Importing this package is cheap: the Google client libraries are imported inside
 """
 
 from components.gcp.accelerators import ACCELERATORS, VERTEX_MACHINES, vertex_machine_type
-from components.gcp.clients import (ENDPOINT_REGION_RE, VertexConnection, api_endpoint_for, job_client, location_of,
-                                    rfc3339, vertex_client)
+from components.gcp.clients import (ENDPOINT_REGION_RE, VertexConnection, VertexService, api_endpoint_for,
+                                    job_client, location_of, rfc3339, vertex_client)
 from components.gcp.errors import (EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_RETRY, JobCancelled,
                                    JobEnded, JobError, JobFailed, JobStopped, JobTimedOut, LostTrack,
                                    PermissionDenied, QuotaExhausted, Rejected, RegionMismatch, RemoteError,
@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_RETRY", "Followed", "JobCancelled", "JobEnded", "JobError", "JobFailed", "JobStatus", "JobStopped",
     "JobTimedOut", "LostTrack", "PermissionDenied", "Phase", "QuotaExhausted", "REQUIRED_ROLE", "Rejected",
     "RegionMismatch", "RemoteError", "RetryPolicy", "Unavailable", "VERTEX_MACHINES", "VertexConnection",
+    "VertexService",
     "api_endpoint_for", "exit_code_for", "follow_job", "is_transient", "job_client", "location_of", "rfc3339",
     "vertex_client", "vertex_job_status", "vertex_machine_type",
 ]

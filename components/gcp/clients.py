@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import re
+import time
 from typing import Any, Callable
 
 from components.gcp.errors import PermissionDenied, RegionMismatch
@@ -131,3 +132,16 @@ class VertexConnection:
         return self.retry.call(what, fn, parent=self.parent, api_endpoint=self.api_endpoint,
                                credentials=self.credentials, idempotent=idempotent,
                                service_account=service_account, artifact_uri=artifact_uri)
+
+
+class VertexService:
+    """Base of the classes that work in one project and region of Vertex AI (the Model Registry, Vertex AI
+    Pipelines): their connection (`vertex`), its names, and the clock they back off and wait with."""
+
+    def __init__(self, project: str, location: str, *, api_endpoint: str | None, credentials: Any, transport: str,
+                 retry: RetryPolicy, monotonic: Callable[[], float] = time.monotonic):
+        self.vertex = VertexConnection(project, location, api_endpoint=api_endpoint, credentials=credentials,
+                                       transport=transport, retry=retry)
+        self.project, self.location = project, location
+        self.parent, self.api_endpoint = self.vertex.parent, self.vertex.api_endpoint
+        self._sleep, self._monotonic = retry.sleep, monotonic

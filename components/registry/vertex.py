@@ -126,7 +126,7 @@ def serving_image_for(location: str, accelerator: str = "cpu") -> str:
     return image
 
 
-class VertexRegistry:
+class VertexRegistry(gcp.VertexService):
     """The Vertex AI Model Registry of one project and region, as a `Registry`."""
 
     kind = "vertex"
@@ -156,20 +156,12 @@ class VertexRegistry:
             raise ValueError("VertexRegistry needs a project")
         if not location or location == "global":
             raise ValueError(f"VertexRegistry needs a region such as us-central1 (models are regional), got {location!r}")
-        self.vertex = gcp.VertexConnection(
-            project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
-            retry=gcp.RetryPolicy(max_attempts=max_attempts, initial_backoff_s=initial_backoff_s,
-                                  max_backoff_s=max_backoff_s, sleep=sleep))
-        self.project = project
-        self.location = location
-        self.api_endpoint = self.vertex.api_endpoint
-        self.parent = self.vertex.parent
+        super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
+                         retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep), monotonic=monotonic)
         self.serving_image = serving_image or serving_image_for(location, accelerator)
         self.gcs_fuse_root = gcs_fuse_root.rstrip("/") if gcs_fuse_root else ""
         self.poll_seconds = poll_seconds
         self.upload_timeout_seconds = upload_timeout_seconds
-        self._sleep = sleep
-        self._monotonic = monotonic
         self._bucket_location = bucket_location
         self._client_instance = None
 
