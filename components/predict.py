@@ -911,19 +911,20 @@ def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_p
         dedicated_resources={"machine_spec": machine_spec, "starting_replica_count": replicas,
                              "max_replica_count": max(replicas, max_replicas)})
     retry = gcp.RetryPolicy(sleep=sleep or time.sleep)
-    try:
-        job = retry.call(f"create a batch prediction job for {model}", lambda: client.create_batch_prediction_job(
-            parent=parent, batch_prediction_job=request), parent=parent)
-    except exceptions.GoogleAPICallError as e:  # what the retry policy leaves as the API answered it
-        hint = " (is the model registered in this project and region?)" if e.code == 404 else ""
-        raise VertexBatchError(f"Creating the batch prediction job for {model} failed: {e.message}{hint}") from e
-    followed = gcp.follow_job(
-        lambda: retry.call(f"get {job.name}", lambda: client.get_batch_prediction_job(name=job.name), parent=parent,
-                           idempotent=True),
-        lambda: retry.call(f"cancel {job.name}", lambda: client.cancel_batch_prediction_job(name=job.name),
-                           parent=parent, idempotent=True),
-        status=gcp.vertex_job_status, what=f"Batch prediction job {job.name}", job=job, poll_seconds=poll_seconds,
-        timeout_seconds=timeout_seconds, sleep=sleep)
+    with gcp.sigterm_stops():  # a SIGTERM while the job is being created cancels it too
+        try:
+            job = retry.call(f"create a batch prediction job for {model}", lambda: client.create_batch_prediction_job(
+                parent=parent, batch_prediction_job=request), parent=parent)
+        except exceptions.GoogleAPICallError as e:  # what the retry policy leaves as the API answered it
+            hint = " (is the model registered in this project and region?)" if e.code == 404 else ""
+            raise VertexBatchError(f"Creating the batch prediction job for {model} failed: {e.message}{hint}") from e
+        followed = gcp.follow_job(
+            lambda: retry.call(f"get {job.name}", lambda: client.get_batch_prediction_job(name=job.name),
+                               parent=parent, idempotent=True),
+            lambda: retry.call(f"cancel {job.name}", lambda: client.cancel_batch_prediction_job(name=job.name),
+                               parent=parent, idempotent=True),
+            status=gcp.vertex_job_status, what=f"Batch prediction job {job.name}", job=job,
+            poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep)
     return followed.job
 
 

@@ -17,9 +17,9 @@ projects or regions can be used side by side.
 
 Everything a user can get wrong is checked before the first request (pipelines/vertex_checks.py: a gs:// pipeline
 root, parameter names and types against the pipeline's inputs, a service account email, a YAML compiled for
-Vertex AI; pipelines/cron.py: a 5-field cron with an optional `TZ=` prefix). Refusals from the API come back as `VertexPipelineError`s (the
-layer's `RemoteError`) that say what to do, e.g. a 403 names `roles/aiplatform.user` and, for the run-as service
-account, `roles/iam.serviceAccountUser`.
+Vertex AI; pipelines/cron.py: a 5-field cron with an optional `TZ=` prefix). Refusals from the API come back as
+`VertexPipelineError`s (the layer's `RemoteError`) that say what to do, e.g. a 403 names `roles/aiplatform.user`
+and, for the run-as service account, `roles/iam.serviceAccountUser`.
 
 Production: `VertexPipelines(project="my-project", location="us-central1")` uses Application Default Credentials
 and `https://us-central1-aiplatform.googleapis.com`. Tests pass `api_endpoint="http://127.0.0.1:PORT"` (an http://

@@ -115,6 +115,17 @@ def test_sigterm_cancels_an_owned_job_and_restores_the_handler():
     assert gcp.exit_code_for(error.value) == 143
 
 
+def test_a_sigterm_while_the_job_is_created_cancels_it_once_followed():
+    before = signal.getsignal(signal.SIGTERM)
+    job = ScriptedJob(RUNNING)
+    with gcp.sigterm_stops():
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the job is being created
+        with pytest.raises(gcp.JobStopped):
+            job.follow()
+    assert job.cancels == 1 and job.polls == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_a_watcher_installs_no_sigterm_handler():
     before = signal.getsignal(signal.SIGTERM)
     seen = []

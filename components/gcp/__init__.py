@@ -24,7 +24,7 @@ from components.gcp.errors import (EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANEN
                                    JobEnded, JobError, JobFailed, JobStopped, JobTimedOut, LostTrack,
                                    PermissionDenied, QuotaExhausted, Rejected, RegionMismatch, RemoteError,
                                    Unavailable, exit_code_for)
-from components.gcp.jobs import Followed, JobStatus, Phase, follow_job, vertex_job_status
+from components.gcp.jobs import Followed, JobStatus, Phase, follow_job, sigterm_stops, vertex_job_status
 from components.gcp.retry import ACT_AS_ROLE, REQUIRED_ROLE, RetryPolicy, is_transient
 
 __all__ = [
@@ -34,5 +34,5 @@ __all__ = [
     "RegionMismatch", "RemoteError", "RetryPolicy", "Unavailable", "VERTEX_MACHINES", "VertexConnection",
     "VertexService",
     "api_endpoint_for", "exit_code_for", "follow_job", "is_transient", "job_client", "location_of", "rfc3339",
-    "vertex_client", "vertex_job_status", "vertex_machine_type",
+    "sigterm_stops", "vertex_client", "vertex_job_status", "vertex_machine_type",
 ]

@@ -14,7 +14,8 @@ them all the same behaviour:
   `LostTrack`;
 - ownership: with a `cancel`, the job is ours. It is cancelled when SIGTERM arrives (a cancelled pipeline run
   sends SIGTERM to the step's pod: the job must not outlive the run that asked for it), when the timeout
-  passes, and when the follower itself fails (an exception, Ctrl-C). With `cancel=None` the job is only
+  passes, and when the follower itself fails (an exception, Ctrl-C). Creating the job inside `sigterm_stops()`
+  extends this to a SIGTERM that arrives while the job is being created. With `cancel=None` the job is only
   watched (a whole pipeline run that `pipectl run --wait` started: it is not owned by the terminal that
   started it): nothing is ever cancelled, no SIGTERM handler is installed (the process's default applies and
   the run goes on), and a timeout says the job goes on running;
@@ -28,13 +29,14 @@ Adding a kind of job means writing `get`, `cancel` and a `status` reader that tu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
 import signal
 import threading
 import time
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from components.gcp.errors import JobCancelled, JobFailed, JobStopped, JobTimedOut, LostTrack
 from components.gcp.retry import is_transient
@@ -93,24 +95,32 @@ def vertex_job_status(job: Any) -> JobStatus:
     return JobStatus(state, VERTEX_JOB_PHASES.get(state, Phase.RUNNING), (error.message if error else "") or "")
 
 
-class _SigtermStops:
-    """While following an owned job: SIGTERM sets `stopped` (and wakes the poll wait) instead of ending the process.
+@contextlib.contextmanager
+def sigterm_stops(enabled: bool = True) -> Iterator[threading.Event]:
+    """While inside: SIGTERM sets the yielded event (and wakes follow_job's wait) instead of ending the process.
 
-    Only the main thread can install a signal handler; elsewhere the process's own handling stays."""
+    Wrap the creation of a job and its follow in one block, so a SIGTERM that arrives while the job is being
+    created still cancels it: follow_job inside the block shares the event. Only the main thread can install a
+    signal handler; elsewhere (or with `enabled=False`) the process's own handling stays. The previous handler
+    is restored on the way out."""
+    current = signal.getsignal(signal.SIGTERM)
+    if isinstance(getattr(current, "stop_event", None), threading.Event):  # nested: share the outer block's
+        yield current.stop_event
+        return
+    event = threading.Event()
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield event
+        return
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.stopped = threading.Event()
-        self._previous = None
+    def stop(*_):
+        event.set()
 
-    def __enter__(self) -> "_SigtermStops":
-        if self.enabled and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+    stop.stop_event = event
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _seconds(value: float) -> str:
@@ -147,11 +157,11 @@ def follow_job(get: Callable[[], T], cancel: Callable[[], Any] | None, *, status
     started = clock()
     see = f" (see {where})" if where else ""
     finished = False
-    with _SigtermStops(enabled=cancel is not None) as signals:
+    with sigterm_stops(enabled=cancel is not None) as stopped:
         try:
             interval, failures, last_state, current = poll_seconds, 0, None, job
             while True:
-                if signals.stopped.is_set():
+                if stopped.is_set():
                     raise JobStopped(f"Stopped while {what} was running; it was cancelled")
                 if current is None:
                     try:
@@ -187,7 +197,7 @@ def follow_job(get: Callable[[], T], cancel: Callable[[], Any] | None, *, status
                     raise JobTimedOut(f"{what} is still {last_state or 'unknown'} after {_seconds(timeout_seconds)}; "
                                       f"it goes on running{see}")
                 if sleep is None:
-                    signals.stopped.wait(interval)
+                    stopped.wait(interval)
                 else:
                     sleep(interval)
                 waited[0] += interval

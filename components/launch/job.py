@@ -118,15 +118,17 @@ class Launcher:
     def run(self, spec: Any) -> JobOutcome:
         """Creates the job and blocks until it succeeds; raises LaunchError kinds (gcp.JobError) otherwise, and
         `Cancelled` (gcp.JobStopped) on SIGTERM, after cancelling the job."""
-        name = self.create(spec)
-        what = self.what(name)
+        with gcp.sigterm_stops():  # a SIGTERM while the job is being created cancels it too
+            name = self.create(spec)
+            what = self.what(name)
 
-        def failure(job: Any, status: gcp.JobStatus) -> str:
-            return f"{what} ended {status.state}: {status.message or 'no message'}" + self.failure_detail(name)
+            def failure(job: Any, status: gcp.JobStatus) -> str:
+                return f"{what} ended {status.state}: {status.message or 'no message'}" + self.failure_detail(name)
 
-        with self.watching(name):
-            followed = gcp.follow_job(lambda: self.get(name), lambda: self.cancel(name), status=self.status,
-                                      what=what, poll_seconds=self.poll_seconds, timeout_seconds=self.timeout_seconds,
-                                      describe=failure, on_done=lambda: self.on_done(name), sleep=self.sleep)
+            with self.watching(name):
+                followed = gcp.follow_job(lambda: self.get(name), lambda: self.cancel(name), status=self.status,
+                                          what=what, poll_seconds=self.poll_seconds,
+                                          timeout_seconds=self.timeout_seconds, describe=failure,
+                                          on_done=lambda: self.on_done(name), sleep=self.sleep)
         return JobOutcome(name, followed.status.state, followed.status.message, followed.seconds,
                           self.restarts(followed.job))

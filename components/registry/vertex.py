@@ -157,7 +157,8 @@ class VertexRegistry(gcp.VertexService):
         if not location or location == "global":
             raise ValueError(f"VertexRegistry needs a region such as us-central1 (models are regional), got {location!r}")
         super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
-                         retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep), monotonic=monotonic)
+                         retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep),
+                         monotonic=monotonic)
         self.serving_image = serving_image or serving_image_for(location, accelerator)
         self.gcs_fuse_root = gcs_fuse_root.rstrip("/") if gcs_fuse_root else ""
         self.poll_seconds = poll_seconds
