@@ -162,7 +162,8 @@ def follow_job(get: Callable[[], T], cancel: Callable[[], Any] | None, *, status
             interval, failures, last_state, current = poll_seconds, 0, None, job
             while True:
                 if stopped.is_set():
-                    raise JobStopped(f"Stopped while {what} was running; it was cancelled")
+                    raise JobStopped(f"Stopped while {what} was running; "
+                                     + ("it was cancelled" if cancel else f"it goes on{see}"))
                 if current is None:
                     try:
                         current = get()
