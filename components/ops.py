@@ -60,19 +60,19 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
-def schedule_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict) -> NamedTuple(
-        "Scheduling", node_selector=dict, tolerations=list, vertex_accelerator=str):
+def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict) -> NamedTuple(
+        "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str):
     """Checks the run's GPU choice (a known GKE accelerator, a sane count) and turns it into the training pod's
     node selector and tolerations (accelerator, Spot VMs, node pool)."""
     import collections
 
-    from components.launch import pod_scheduling
+    from components.launch import gpu_placement
 
-    scheduling = pod_scheduling(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
-                                node_pool=node_pool)
-    Scheduling = collections.namedtuple("Scheduling", ["node_selector", "tolerations", "vertex_accelerator"])
-    return Scheduling(scheduling.node_selector, scheduling.tolerations,
-                      known_accelerators.get(scheduling.accelerator, "") if gpus else "")
+    placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
+                              node_pool=node_pool)
+    Placement = collections.namedtuple("Placement", ["node_selector", "tolerations", "vertex_accelerator"])
+    return Placement(placement.node_selector, placement.tolerations,
+                     known_accelerators.get(placement.accelerator, "") if gpus else "")
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
@@ -135,7 +135,7 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
 
     from components import stepcli
     from components.evaluate import decision_markdown, evaluate, log_to_kfp, write_report
-    from components.register import open_registry
+    from components.registry import open_registry
 
     stepcli.setup_logging(force=True)
     champion = open_registry(registry, root=registry_root, project=project, location=location).champion(model_name)

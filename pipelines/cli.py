@@ -98,7 +98,7 @@ def given_parameters(args: argparse.Namespace) -> dict:
 def validate_parameters(params: dict) -> dict:
     """Refuses unknown names, wrong types and out-of-range values before anything runs or is sent."""
     from components.augment import AugmentPolicy
-    from components.register import REGISTRIES
+    from components.registry import REGISTRIES
     from components.train import RECIPES
 
     known = pipeline_parameters()
@@ -136,11 +136,11 @@ def validate_parameters(params: dict) -> dict:
     if not 0 <= merged["min_accuracy"] <= 1:
         problems.append(f"min_accuracy must be in [0, 1] (got {merged['min_accuracy']})")
     try:
-        from components.launch import pod_scheduling
+        from components.launch import gpu_placement
 
-        pod_scheduling(merged["train_accelerator_type"], merged["train_gpu_count"],
-                       known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
-                       node_pool=merged["train_node_pool"])
+        gpu_placement(merged["train_accelerator_type"], merged["train_gpu_count"],
+                      known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
+                      node_pool=merged["train_node_pool"])
     except ValueError as e:
         problems.append(str(e))
     if merged["train_workers"] < 0:
@@ -314,12 +314,8 @@ def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
     if not project or not region:
         raise ValueError("--vertex needs --project PROJECT and --region REGION")
     connection = {"project": project, "location": region}
-    if args.vertex_endpoint:
+    if args.vertex_endpoint:  # an http:// endpoint gets anonymous credentials (components/gcp/clients.py)
         connection["api_endpoint"] = args.vertex_endpoint
-        if args.vertex_endpoint.startswith("http://"):
-            from google.auth.credentials import AnonymousCredentials
-
-            connection["credentials"] = AnonymousCredentials()
     per_run_gpu = sorted(VERTEX_COMPILE_TIME_PARAMETERS & set(given))
     if per_run_gpu:
         raise ValueError(f"On Vertex AI the training GPU is chosen when compiling: use --train-accelerator and "
@@ -347,7 +343,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             run = vertex.submit_pipeline_job(vertex_package(args, tmp), pipeline_root=args.pipeline_root,
                                              parameter_values=params, service_account=args.service_account,
                                              display_name=args.run_name, enable_caching=args.cache, wait=args.wait,
-                                             poll_interval_s=args.poll_seconds, timeout_s=args.timeout,
+                                             poll_seconds=args.poll_seconds, timeout_seconds=args.timeout,
                                              **connection)
         print(json.dumps(run.to_json(), indent=2))
         return 0
@@ -362,8 +358,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_name = args.run_name or f"{args.pipeline_name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     result = start_run(kfp_client(args), pipeline_name=args.pipeline_name, run_name=run_name,
                        version=args.version, experiment=args.experiment, params=params,
-                       enable_caching=args.cache, wait=args.wait, timeout_s=args.timeout,
-                       poll_s=args.poll_seconds)
+                       enable_caching=args.cache, wait=args.wait, timeout_seconds=args.timeout,
+                       poll_seconds=args.poll_seconds)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -1,4 +1,4 @@
-"""Images, accelerators and node-pool labels: the one place these values live.
+"""Images, accelerators and node-pool labels: the pipeline's compile-time settings.
 
 Nothing here is read from the environment: images are passed in when compiling (`pipectl compile
 --image-repo R --image-tag T`, or `--cpu-image`/`--gpu-image` with digests), so a compiled pipeline is
@@ -9,24 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 
+# The known accelerators (GKE label value -> Vertex AI accelerator type), GKE's node label for a pool's
+# accelerator, the resource GPUs are requested as, and Kueue's queue label are facts the steps use too: they live
+# in components/ (one table) and the pipeline reads them from there.
+from components.gcp.accelerators import ACCELERATORS  # noqa: F401
+from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL  # noqa: F401
+
 DEFAULT_IMAGE_REPO = "localhost/kfp-image-classification"
 DEFAULT_IMAGE_TAG = "dev"
 CPU_IMAGE_NAME = "cpu"
 GPU_IMAGE_NAME = "gpu"
 
-# GKE's node label for the accelerator of a node pool, and the resource GPUs are requested as.
-ACCELERATOR_NODE_LABEL = "cloud.google.com/gke-accelerator"
-GPU_RESOURCE = "nvidia.com/gpu"
-
-# Known GKE accelerators (the label value) and the Vertex AI machine-spec accelerator type for each.
-ACCELERATORS = {
-    "nvidia-tesla-t4": "NVIDIA_TESLA_T4",
-    "nvidia-l4": "NVIDIA_L4",
-    "nvidia-tesla-a100": "NVIDIA_TESLA_A100",
-    "nvidia-a100-80gb": "NVIDIA_A100_80GB",
-    "nvidia-h100-80gb": "NVIDIA_H100_80GB",
-    "nvidia-h200-141gb": "NVIDIA_H200_141GB",
-}
 # The reference setup: training on a T4 pool, batch prediction on an H100 pool.
 DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"
@@ -35,7 +28,6 @@ TARGETS = ("kfp", "vertex")
 # Where training runs: "pod" trains in the pipeline task's own pod; "tfjob" launches a Kubeflow TFJob (chief +
 # workers) on the cluster; "vertex-job" launches a Vertex AI CustomJob with worker pools.
 TRAIN_LAUNCHERS = ("pod", "tfjob", "vertex-job")
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 @dataclasses.dataclass(frozen=True)

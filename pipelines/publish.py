@@ -21,7 +21,10 @@ KFP facts this module is built around (checked against kfp 2.17 and the KFP 2.x 
   refuses that combination, so "latest" schedules go through the generated API client.
 - KFP has no update for recurring runs, cron has six fields with seconds first, and a standard
   five-field cron is *accepted* by the server but read as "sec min hour dom month" — hence
-  :func:`to_kfp_cron`.
+  :func:`to_kfp_cron` (the fields are checked by pipelines/cron.py, the validator Vertex AI schedules use).
+- ``kfp.Client.wait_for_run_completion`` never stops on CANCELED and, on a 401, swaps the caller's token for a
+  gcloud access token, so runs are followed with the project's own loop (components/gcp/jobs.py). The run is
+  watched, never cancelled: it belongs to the server, not to the terminal that started it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import logging
 import os
 import re
 import tempfile
-import time
 import warnings
 from typing import Any, Iterator, Literal
 
@@ -43,10 +45,15 @@ from kfp_server_api import (ApiException, RecurringRunMode, V2beta1CronSchedule,
                             V2beta1Trigger)
 from urllib3.exceptions import HTTPError as TransportError
 
+from components import gcp
+from pipelines.cron import parse_cron
+
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
-_TERMINAL_STATES = {"SUCCEEDED", "SKIPPED", "FAILED", "CANCELED"}
+# KFP run states by phase; the others (PENDING, RUNNING, PAUSED, CANCELING, ...) are still going.
+RUN_PHASES = {"SUCCEEDED": gcp.Phase.SUCCEEDED, "FAILED": gcp.Phase.FAILED, "CANCELED": gcp.Phase.CANCELLED,
+              "SKIPPED": gcp.Phase.CANCELLED}
 _FILTER_EQUALS = 1  # v2beta1 Predicate.Operation.EQUALS, sent as a number like kfp.Client does
 
 
@@ -212,11 +219,11 @@ def _version_info(client: kfp.Client, pipeline_name: str, version: Any, *, creat
 # --- runs ---------------------------------------------------------------------------------------------
 def start_run(client: kfp.Client, *, pipeline_name: str, run_name: str, version: str = LATEST,
               experiment: str = "Default", params: dict | None = None, enable_caching: bool | None = None,
-              wait: bool = False, timeout_s: float = 24 * 3600, poll_s: float = 30) -> dict:
+              wait: bool = False, timeout_seconds: float = 24 * 3600, poll_seconds: float = 30) -> dict:
     """Start a run of a pipeline version (``"latest"`` = newest) in ``experiment``, created if missing.
 
     ``enable_caching`` None keeps the compiled caching settings. With ``wait`` it polls until the
-    run ends and raises :class:`PublishError` unless it SUCCEEDED (or ``timeout_s`` passes — the run
+    run ends and raises :class:`PublishError` unless it SUCCEEDED (or ``timeout_seconds`` passes — the run
     keeps going on the server). Returns ``run_id, run_name, url, experiment_id, pipeline_id,
     version_id, version_name`` and, with ``wait``, ``state``.
     """
@@ -238,40 +245,26 @@ def start_run(client: kfp.Client, *, pipeline_name: str, run_name: str, version:
     log.info("started run %r (%s) of %s@%s: %s", run_name, run.run_id, pipeline_name, info["version_name"],
              info["url"])
     if wait:
-        info["state"] = _wait_for_run(client, info, timeout_s=timeout_s, poll_s=poll_s)
+        info["state"] = _wait_for_run(client, info, timeout_seconds=timeout_seconds, poll_seconds=poll_seconds)
     return info
 
 
-def _wait_for_run(client: kfp.Client, info: dict, *, timeout_s: float, poll_s: float) -> str:
-    """Poll the run until it ends, riding out transient errors.
+def _run_status(run: Any) -> gcp.JobStatus:
+    state = run.state or "RUNTIME_STATE_UNSPECIFIED"
+    message = run.error.message if run.error and run.error.message else ""
+    return gcp.JobStatus(state, RUN_PHASES.get(state, gcp.Phase.RUNNING), message)
 
-    Our own loop because kfp's ``wait_for_run_completion`` never stops on CANCELED and, on a 401,
-    swaps the caller's token for a gcloud access token.
-    """
-    deadline = time.monotonic() + timeout_s
-    state = "unknown"
-    while True:
+
+def _wait_for_run(client: kfp.Client, info: dict, *, timeout_seconds: float, poll_seconds: float) -> str:
+    """Follow the run until it ends, riding out transient errors; never cancels it."""
+    with _calling(f"following run {info['run_name']!r}"):
         try:
-            run = client.get_run(info["run_id"])
-        except (ApiException, TransportError) as exc:
-            status = getattr(exc, "status", None)
-            if (status is not None and status < 500) or time.monotonic() >= deadline:
-                with _calling(f"following run {info['run_name']!r}"):
-                    raise
-            log.warning("polling run %s failed (%s); retrying", info["run_id"], status or type(exc).__name__)
-        else:
-            if (run.state or "RUNTIME_STATE_UNSPECIFIED") != state:
-                state = run.state or "RUNTIME_STATE_UNSPECIFIED"
-                log.info("run %r is %s", info["run_name"], state)
-            if state in _TERMINAL_STATES:
-                if state == "SUCCEEDED":
-                    return state
-                reason = f": {run.error.message}" if run.error and run.error.message else ""
-                raise PublishError(f"run {info['run_name']!r} ended {state}{reason}; see {info['url']}")
-        if time.monotonic() >= deadline:
-            raise PublishError(f"run {info['run_name']!r} still {state} after {timeout_s:g} s; it keeps running "
-                               f"on the server, follow it at {info['url']}")
-        time.sleep(poll_s)
+            followed = gcp.follow_job(lambda: client.get_run(info["run_id"]), None, status=_run_status,
+                                      what=f"run {info['run_name']!r}", poll_seconds=poll_seconds,
+                                      timeout_seconds=timeout_seconds, where=info["url"])
+        except gcp.JobError as exc:
+            raise PublishError(str(exc)) from None
+    return followed.status.state
 
 
 def _ensure_experiment(client: kfp.Client, name: str) -> str:
@@ -324,53 +317,19 @@ def _package_with_caching(client: kfp.Client, version: Any, enable_caching: bool
 
 
 # --- schedules ----------------------------------------------------------------------------------------
-_MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
-_DAYS = "SUN MON TUE WED THU FRI SAT".split()
-_CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
-                ("month", 1, 12, _MONTHS), ("day of week", 0, 6, _DAYS))
-
-
 def to_kfp_cron(expr: str) -> str:
     """Turn a standard 5-field cron (``min hour dom month dow``) into KFP's 6-field, seconds-first form.
 
-    Validated and converted here because the server also accepts 5 fields but reads them as
+    Checked and converted here because the server also accepts 5 fields but reads them as
     ``sec min hour dom month``: ``0 3 * * *`` would fire at minute 3 of every hour, not daily at 03:00.
-    Day of week is 0-6 (Sunday 0) or SUN-SAT, as KFP's cron library has no 7. Times are in the
-    server's time zone (UTC unless configured otherwise).
+    Day of week is 0-6 (Sunday 0) or SUN-SAT, as KFP's cron library has no 7, and there is no time zone
+    prefix: times are in the server's time zone (UTC unless configured otherwise).
     """
-    fields = (expr or "").split()
-    if len(fields) != 5:
-        raise PublishError(f"bad cron {expr!r}: give the 5 standard fields 'minute hour day-of-month month "
-                           f"day-of-week', e.g. '0 3 * * *' for daily at 03:00 (the seconds field KFP wants "
-                           f"is added for you)")
-    for value, (label, lo, hi, names) in zip(fields, _CRON_FIELDS):
-        for part in value.split(","):
-            problem = _cron_part_problem(part, lo, hi, names)
-            if problem:
-                raise PublishError(f"bad cron {expr!r}: {label} field {value!r}: {problem}")
-    return "0 " + " ".join(fields)
-
-
-def _cron_part_problem(part: str, lo: int, hi: int, names: tuple[str, ...]) -> str | None:
-    m = re.fullmatch(r"(\*|[0-9A-Za-z]+)(?:-([0-9A-Za-z]+))?(?:/([0-9]+))?", part)
-    if not m:
-        return f"cannot parse {part!r}"
-    if m[3] is not None and int(m[3]) < 1:
-        return "a step must be at least 1"
-    if m[1] == "*":
-        return f"'*' takes no range in {part!r}" if m[2] else None
-    bounds = []
-    for token in (m[1], m[2] or m[1]):
-        if token.upper() in names:
-            bounds.append(names.index(token.upper()) + lo)
-        elif token.isdigit():
-            bounds.append(int(token))
-        else:
-            return f"{token!r} is not a number{' or a name like ' + names[0] if names else ''}"
-    if not (lo <= bounds[0] <= bounds[1] <= hi):
-        hint = " (use 0 for Sunday)" if names is _DAYS and 7 in bounds else ""
-        return f"{part!r} is outside {lo}-{hi}{hint}"
-    return None
+    try:
+        cron = parse_cron(expr, allow_zone=False, sunday_is_7=False)
+    except ValueError as exc:
+        raise PublishError(str(exc)) from None
+    return "0 " + " ".join(cron.fields)
 
 
 def schedule(client: kfp.Client, *, name: str, pipeline_name: str, cron: str, version: str = LATEST,
@@ -430,21 +389,22 @@ def schedule(client: kfp.Client, *, name: str, pipeline_name: str, cron: str, ve
 
 def disable_schedule(client: kfp.Client, *, name: str, experiment: str = "Default") -> dict:
     """Pause the recurring run ``name`` in ``experiment`` (it stays, and can be re-created/enabled)."""
-    with _calling(f"disabling schedule {name!r}"):
-        ids = [r.recurring_run_id for r in _existing_schedules(client, name, experiment)]
-        for recurring_run_id in ids:
-            client.disable_recurring_run(recurring_run_id)
-    log.info("disabled schedule %r (%s)", name, ", ".join(ids))
-    return {"name": name, "experiment": experiment, "recurring_run_ids": ids}
+    return _for_each_schedule(client, name, experiment, ("disabling", "disabled"), client.disable_recurring_run)
 
 
 def delete_schedule(client: kfp.Client, *, name: str, experiment: str = "Default") -> dict:
     """Delete the recurring run ``name`` in ``experiment``; runs it already started are kept."""
-    with _calling(f"deleting schedule {name!r}"):
+    return _for_each_schedule(client, name, experiment, ("deleting", "deleted"), client.delete_recurring_run)
+
+
+def _for_each_schedule(client: kfp.Client, name: str, experiment: str, verbs: tuple[str, str], action: Any) -> dict:
+    """Applies ``action`` to every recurring run called ``name`` in ``experiment`` (there may be several)."""
+    doing, done = verbs
+    with _calling(f"{doing} schedule {name!r}"):
         ids = [r.recurring_run_id for r in _existing_schedules(client, name, experiment)]
         for recurring_run_id in ids:
-            client.delete_recurring_run(recurring_run_id)
-    log.info("deleted schedule %r (%s)", name, ", ".join(ids))
+            action(recurring_run_id)
+    log.info("%s schedule %r (%s)", done, name, ", ".join(ids))
     return {"name": name, "experiment": experiment, "recurring_run_ids": ids}
 
 

@@ -34,10 +34,10 @@ def queue_on_kueue(task: dsl.PipelineTask, settings: config.PipelineSettings) ->
         kubernetes.add_pod_label(task, config.KUEUE_QUEUE_LABEL, settings.kueue_queue)
 
 
-def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, schedule: dsl.PipelineTask,
+def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, placement: dsl.PipelineTask,
                  gpus) -> None:
     """The training pod's placement, chosen per run: the checked node selector and tolerations (accelerator,
-    Spot, node pool) through kfp-kubernetes' `_json` forms, which take the schedule step's outputs."""
+    Spot, node pool) through kfp-kubernetes' `_json` forms, which take the placement step's outputs."""
     task.set_container_image(settings.images.gpu)
     if settings.target == "vertex":
         # Vertex AI picks the machine from a fixed accelerator type, so on Vertex the GPU is chosen when compiling
@@ -47,8 +47,8 @@ def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, sche
         return
     from kfp import kubernetes
 
-    kubernetes.add_node_selector_json(task, schedule.outputs["node_selector"])
-    kubernetes.add_toleration_json(task, schedule.outputs["tolerations"])
+    kubernetes.add_node_selector_json(task, placement.outputs["node_selector"])
+    kubernetes.add_toleration_json(task, placement.outputs["tolerations"])
     task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(gpus)
     queue_on_kueue(task, settings)
 
@@ -140,9 +140,9 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                              policy=augment_policy)
         on_cpu(aug.set_display_name("Augment"), settings, "2", "4G")
 
-        schedule = ops.schedule_op(accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
-                                   node_pool=train_node_pool, known_accelerators=config.ACCELERATORS)
-        on_cpu(schedule.set_display_name("Check GPU choice"), settings, "0.5", "512M")
+        placement = ops.placement_op(accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
+                                     node_pool=train_node_pool, known_accelerators=config.ACCELERATORS)
+        on_cpu(placement.set_display_name("Check GPU choice"), settings, "0.5", "512M")
 
         training_inputs = dict(
             dataset=prep.outputs["dataset"], augmented=aug.outputs["augmented"], recipe=recipe, epochs=epochs,
@@ -152,7 +152,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
-            on_train_gpu(train, settings, schedule, train_gpu_count)
+            on_train_gpu(train, settings, placement, train_gpu_count)
         else:
             # The task only launches and follows the job; the chief and workers get the GPUs.
             train = ops.train_job_op(
@@ -161,7 +161,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 node_pool=train_node_pool, known_accelerators=config.ACCELERATORS, kueue_queue=settings.kueue_queue,
                 namespace=settings.train_namespace, project=project, location=location)
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, "1", "2G")
-            train.after(schedule)
+            train.after(placement)
         # Retries resume from the task's checkpoints, so a preempted (Spot) node costs minutes; a permanent
         # failure (bad input, NaN loss, a bug) is recorded and makes the retries fail at once.
         train.set_retry(num_retries=settings.train_retries, backoff_duration="60s", backoff_factor=2.0,

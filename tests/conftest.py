@@ -6,11 +6,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import contextlib  # noqa: E402
 import itertools  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -19,6 +20,7 @@ from components import data  # noqa: E402
 from tests.standins.kfp_api import KfpStandIn  # noqa: E402
 
 FASHION_DIR = data.DEFAULT_SOURCE
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")
@@ -142,18 +144,24 @@ def vertex_client(api_endpoint: str, service: str = "JobServiceClient"):
                                            client_options={"api_endpoint": api_endpoint})
 
 
-@contextlib.contextmanager
-def reaped(process: subprocess.Popen):
-    """Yields `process`; on the way out kills it if it still runs (the test failed before the process ended)."""
+def run_then_sigterm(argv: list[str], ready: Callable[[], Any], *,
+                     timeout: float = 60.0) -> tuple[Any, subprocess.CompletedProcess]:
+    """Runs `argv` from the repository root, waits until `ready()` returns something true (the child's job is
+    being followed), sends SIGTERM and waits for the child to exit. Returns what `ready()` returned and the
+    completed process. The child is killed if anything goes wrong, so a failing test leaves nothing running."""
+    child = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        yield process
+        deadline = time.monotonic() + timeout
+        while not (seen := ready()):
+            if child.poll() is not None or time.monotonic() > deadline:
+                _, stderr = child.communicate(timeout=timeout)
+                raise AssertionError(f"the child did not get its job going (exit {child.returncode}): "
+                                     f"{stderr[-3000:]}")
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        stdout, stderr = child.communicate(timeout=timeout)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-
-def sigterm(process: subprocess.Popen, timeout: float = 60.0) -> tuple[str, str]:
-    """Sends SIGTERM, as Kubernetes does to the pod of a cancelled run, and waits: the process's (stdout, stderr)."""
-    process.send_signal(signal.SIGTERM)
-    return process.communicate(timeout=timeout)
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    return seen, subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)

@@ -34,7 +34,7 @@ def test_every_step_runs_on_the_pinned_project_images(compiled):
     images = {name[len("exec-"):]: e["container"]["image"] for name, e in spec["deploymentSpec"]["executors"].items()}
     assert images == {
         "preprocess-op": IMAGES.cpu, "augment-op": IMAGES.cpu, "evaluate-op": IMAGES.cpu, "register-op": IMAGES.cpu,
-        "schedule-op": IMAGES.cpu, "train-op": IMAGES.gpu, "predict-op": IMAGES.gpu,
+        "placement-op": IMAGES.cpu, "train-op": IMAGES.gpu, "predict-op": IMAGES.gpu,
     }
     # The image holds the project: no pip install of kfp or anything else at run time.
     for executor in spec["deploymentSpec"]["executors"].values():
@@ -51,10 +51,10 @@ def test_training_and_prediction_go_to_their_gpu_pools(compiled):
     predict = container(spec, "predict-op")["resources"]["accelerator"]
     assert (predict["resourceType"], predict["resourceCount"]) == ("nvidia.com/gpu", "1")
     # Training: chosen per run; the checked node selector and tolerations come from the GPU-check step.
-    from_check = {"taskOutputParameter": {"outputParameterKey": "node_selector", "producerTask": "schedule-op"}}
+    from_check = {"taskOutputParameter": {"outputParameterKey": "node_selector", "producerTask": "placement-op"}}
     assert k8s["exec-train-op"]["nodeSelector"] == {"nodeSelectorJson": from_check}
     assert k8s["exec-train-op"]["tolerations"][0]["tolerationJson"]["taskOutputParameter"] == \
-        {"outputParameterKey": "tolerations", "producerTask": "schedule-op"}
+        {"outputParameterKey": "tolerations", "producerTask": "placement-op"}
     train = container(spec, "train-op")["resources"]["accelerator"]
     assert train["resourceType"] == "nvidia.com/gpu" and "train_gpu_count" in train["resourceCount"]
     inputs = spec["root"]["inputDefinitions"]["parameters"]
@@ -97,7 +97,7 @@ def test_caching_off_for_the_steps_that_read_the_registry(compiled):
 def test_display_names_and_descriptions_for_the_ui(compiled):
     spec, _ = compiled
     names = {name: t["taskInfo"]["name"] for name, t in tasks(spec).items() if name != "condition-1"}
-    assert names == {"preprocess-op": "Preprocess", "augment-op": "Augment", "schedule-op": "Check GPU choice",
+    assert names == {"preprocess-op": "Preprocess", "augment-op": "Augment", "placement-op": "Check GPU choice",
                      "train-op": "Train", "evaluate-op": "Evaluate", "predict-op": "Batch predict"}
     assert spec["pipelineInfo"]["name"] == "image-classification"
     assert "registers the model when it is blessed" in spec["pipelineInfo"]["description"]

@@ -403,5 +403,6 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
             "components.predict.predict", "components.register.register",
             "components.augment.augment"} <= set(report["imports"])
     assert report["clis"] == ["components.augment", "components.evaluate", "components.launch", "components.predict",
-                              "components.preprocess", "components.register", "components.train"]
+                              "components.preprocess", "components.register", "components.registry",
+                              "components.train"]
     assert report["console_script"] == pyproject()["project"]["scripts"]["pipectl"]

@@ -1,4 +1,4 @@
-"""Multi-node launch and GPU scheduling: per-run accelerator choice, Spot, Kueue, TFJob and Vertex CustomJob.
+"""Multi-node launch and GPU placement: per-run accelerator choice, Spot, Kueue, TFJob and Vertex CustomJob.
 
 The launchers use the real clients (`kubernetes`, `google.cloud.aiplatform_v1` over REST) against local stand-ins
 of the APIs (tests/standins/), which run each replica's command as a local process with the TF_CONFIG the
@@ -7,7 +7,6 @@ platform would set. Compile tests assert on the compiled pipeline YAML.
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -17,12 +16,11 @@ import yaml
 
 from components import launch
 from pipelines import config, training
-from tests.conftest import reaped, sigterm, vertex_client
+from tests.conftest import REPO_ROOT, run_then_sigterm, vertex_client
 from tests.standins.k8s_api import KubernetesStandIn
 from tests.standins.vertex_jobs import VertexJobsStandIn
 
 KNOWN = config.ACCELERATORS
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def script(code: str) -> list[str]:
@@ -30,7 +28,7 @@ def script(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-# ---------------------------------------------------------------------------------------------- scheduling
+# ---------------------------------------------------------------------------------------------- placement
 
 
 def test_known_accelerators_are_the_gke_ones():
@@ -44,7 +42,7 @@ def test_known_accelerators_are_the_gke_ones():
 
 def test_unknown_accelerator_is_refused_with_the_known_ones():
     with pytest.raises(ValueError) as error:
-        launch.pod_scheduling("nvidia-tesla-k80", 1, known_accelerators=KNOWN)
+        launch.gpu_placement("nvidia-tesla-k80", 1, known_accelerators=KNOWN)
     assert "nvidia-tesla-k80" in str(error.value)
     for name in KNOWN:
         assert name in str(error.value)
@@ -53,11 +51,11 @@ def test_unknown_accelerator_is_refused_with_the_known_ones():
 @pytest.mark.parametrize("gpus", [-1, 17, 1.5, True])
 def test_gpu_count_out_of_range_is_refused(gpus):
     with pytest.raises(ValueError, match="GPU count"):
-        launch.pod_scheduling("nvidia-l4", gpus, known_accelerators=KNOWN)
+        launch.gpu_placement("nvidia-l4", gpus, known_accelerators=KNOWN)
 
 
-def test_scheduling_for_gpu_spot_and_node_pool():
-    s = launch.pod_scheduling("nvidia-h100-80gb", 8, known_accelerators=KNOWN, spot=True, node_pool="h100-spot")
+def test_placement_for_gpu_spot_and_node_pool():
+    s = launch.gpu_placement("nvidia-h100-80gb", 8, known_accelerators=KNOWN, spot=True, node_pool="h100-spot")
     assert s.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
                                "cloud.google.com/gke-spot": "true", "cloud.google.com/gke-nodepool": "h100-spot"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in s.tolerations
@@ -66,11 +64,11 @@ def test_scheduling_for_gpu_spot_and_node_pool():
     assert s.gpus == 8
 
 
-def test_cpu_only_scheduling_ignores_the_accelerator():
-    s = launch.pod_scheduling("anything", 0, known_accelerators=KNOWN)
+def test_cpu_only_placement_ignores_the_accelerator():
+    s = launch.gpu_placement("anything", 0, known_accelerators=KNOWN)
     assert s.node_selector == {} and s.tolerations == [] and s.accelerator == ""
     with pytest.raises(ValueError, match="node pool"):
-        launch.pod_scheduling("nvidia-l4", 1, known_accelerators=KNOWN, node_pool="Bad Pool!")
+        launch.gpu_placement("nvidia-l4", 1, known_accelerators=KNOWN, node_pool="Bad Pool!")
 
 
 def test_pipectl_refuses_an_unknown_accelerator_before_running():
@@ -106,16 +104,16 @@ def test_compile_training_placement_is_chosen_per_run(tmp_path):
     assert params["train_gpu_count"]["parameterType"] == "NUMBER_INTEGER"
     assert params["train_spot"] == {**params["train_spot"], "parameterType": "BOOLEAN", "defaultValue": False}
     assert params["train_node_pool"]["defaultValue"] == ""
-    # The node selector and tolerations are the schedule step's checked outputs, through the _json forms.
+    # The node selector and tolerations are the placement step's checked outputs, through the _json forms.
     train = executors["exec-train-op"]
     assert train["nodeSelector"] == {"nodeSelectorJson": {"taskOutputParameter": {
-        "outputParameterKey": "node_selector", "producerTask": "schedule-op"}}}
+        "outputParameterKey": "node_selector", "producerTask": "placement-op"}}}
     assert train["tolerations"] == [{"tolerationJson": {"taskOutputParameter": {
-        "outputParameterKey": "tolerations", "producerTask": "schedule-op"}}}]
-    schedule_inputs = spec["root"]["dag"]["tasks"]["schedule-op"]["inputs"]["parameters"]
-    assert schedule_inputs["spot"] == {"componentInputParameter": "train_spot"}
-    assert schedule_inputs["accelerator"] == {"componentInputParameter": "train_accelerator_type"}
-    assert schedule_inputs["known_accelerators"]["runtimeValue"]["constant"] == KNOWN
+        "outputParameterKey": "tolerations", "producerTask": "placement-op"}}}]
+    placement_inputs = spec["root"]["dag"]["tasks"]["placement-op"]["inputs"]["parameters"]
+    assert placement_inputs["spot"] == {"componentInputParameter": "train_spot"}
+    assert placement_inputs["accelerator"] == {"componentInputParameter": "train_accelerator_type"}
+    assert placement_inputs["known_accelerators"]["runtimeValue"]["constant"] == KNOWN
     resources = spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["resources"]["accelerator"]
     assert resources["resourceType"] == "nvidia.com/gpu"
     assert resources["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--train_gpu_count']}}"
@@ -128,17 +126,17 @@ def test_compile_spot_training_gets_a_retry_policy_with_backoff(tmp_path):
                      "backoffMaxDuration": "3600s"}
 
 
-def test_the_schedule_step_turns_spot_into_selector_and_toleration():
+def test_the_placement_step_turns_spot_into_selector_and_toleration():
     from components import ops
 
-    result = ops.schedule_op.python_func(accelerator="nvidia-l4", gpus=1, spot=True, node_pool="",
-                                         known_accelerators=KNOWN)
+    result = ops.placement_op.python_func(accelerator="nvidia-l4", gpus=1, spot=True, node_pool="",
+                                          known_accelerators=KNOWN)
     assert result.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
     assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
             "effect": "NoSchedule"} in result.tolerations
     assert result.vertex_accelerator == "NVIDIA_L4"
     with pytest.raises(ValueError, match="Unknown accelerator"):
-        ops.schedule_op.python_func(accelerator="tpu-v5", gpus=1, spot=False, node_pool="", known_accelerators=KNOWN)
+        ops.placement_op.python_func(accelerator="tpu-v5", gpus=1, spot=False, node_pool="", known_accelerators=KNOWN)
 
 
 def test_compile_kueue_queue_labels_the_gpu_pods(tmp_path):
@@ -185,9 +183,9 @@ def test_compile_vertex_target_fixes_the_accelerator_when_compiling(tmp_path):
 
 
 def job(name="train-1", command=None, workers=1, **kwargs) -> launch.TrainingJob:
-    scheduling = launch.pod_scheduling("nvidia-l4", 2, known_accelerators=KNOWN, spot=True)
+    placement = launch.gpu_placement("nvidia-l4", 2, known_accelerators=KNOWN, spot=True)
     return launch.TrainingJob(name=name, image="registry.example/gpu@sha256:abc", workers=workers,
-                              command=command or script("print('trained')"), scheduling=scheduling, **kwargs)
+                              command=command or script("print('trained')"), placement=placement, **kwargs)
 
 
 def test_tfjob_manifest_shape():
@@ -282,19 +280,27 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
             open({str(started)!r}, "w").close()
             time.sleep(600)
         """)
-        launcher = subprocess.Popen(
+        pods, launcher = run_then_sigterm(
             [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
              "train-cancel", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with reaped(launcher):
-            k8s.wait_for(lambda: started.exists(), timeout=60)
-            pods = list(k8s.job("ml", "train-cancel").pods.values())
-            _, stderr = sigterm(launcher)
-        assert launcher.returncode == 143, stderr
+            ready=lambda: started.exists() and list(k8s.job("ml", "train-cancel").pods.values()))
+        assert launcher.returncode == 143, launcher.stderr
         assert ("ml", "train-cancel") in k8s.deleted
         assert k8s.requests_to("DELETE", "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-cancel")
         assert all(pod.process.poll() is not None for pod in pods)
-        assert "cancelled" in stderr
+        assert "cancelled" in launcher.stderr
+
+
+def test_launch_cli_exit_codes_follow_the_training_contract(capsys):
+    """2 for bad input and for a job that failed (permanent), as components/train.py documents; 143 is above."""
+    assert launch.main(["--name", "bad", "--image", "img", "--gpus", "99", "--", "true"]) == 2
+    assert "GPU count" in capsys.readouterr().err
+    with KubernetesStandIn() as k8s:
+        failing = script("import sys; sys.exit(2)")
+        code = launch.main(["--api-server", k8s.url, "--namespace", "ml", "--name", "train-fails", "--image", "img",
+                            "--workers", "0", "--poll-seconds", "0.05", "--", *failing])
+    assert code == 2
+    assert "TFJob ml/train-fails ended Failed" in capsys.readouterr().err
 
 
 def test_invalid_tfjob_is_reported_with_the_api_message():
@@ -391,23 +397,21 @@ def test_cancelling_the_run_cancels_the_custom_job(tmp_path):
         time.sleep(600)
     """)
     with VertexJobsStandIn() as vertex:
-        runner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        _, runner = run_then_sigterm([sys.executable, "-c", textwrap.dedent(f"""
             import sys
             sys.path.insert(0, {REPO_ROOT!r})
             from components import launch
-            from tests.test_launch import job, vertex_client, KNOWN
+            from tests.conftest import vertex_client
+            from tests.test_launch import job, KNOWN
             launcher = launch.VertexJobLauncher(vertex_client({vertex.url!r}), "proj", "us-central1", poll_seconds=0.05)
             try:
                 launcher.run(launch.custom_job(job(command={command!r}, workers=0), vertex_accelerators=KNOWN, spot=True))
             except launch.Cancelled as e:
                 print("cancelled:", e)
                 sys.exit(143)
-        """)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with reaped(runner):
-            vertex.wait_for(lambda: started.exists(), timeout=60)
-            stdout, stderr = sigterm(runner)
-        assert runner.returncode == 143, stderr
-        assert "cancelled" in stdout
+        """)], ready=started.exists)
+        assert runner.returncode == 143, runner.stderr
+        assert "cancelled" in runner.stdout
         name = vertex.cancelled[0]
         assert vertex.jobs[name].snapshot()["state"] == "JOB_STATE_CANCELLED"
         assert all(pod.process.poll() is not None for pod in vertex.jobs[name].pods)

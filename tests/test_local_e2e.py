@@ -33,7 +33,7 @@ def test_summary_reports_what_the_run_produced(runs):
     assert 0.3 <= first["test_accuracy"] <= 1 and first["test_loss"] > 0
     assert first["train_seconds"] > 0
     assert first["blessed"] is True and first["decision"].startswith("blessed: ")
-    assert set(first["artifacts"]) == {"preprocess", "augment", "schedule", "train", "evaluate", "predict",
+    assert set(first["artifacts"]) == {"preprocess", "augment", "placement", "train", "evaluate", "predict",
                                        "register"}
 
 

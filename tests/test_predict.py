@@ -546,6 +546,37 @@ def test_pipectl_predict_on_vertex_needs_a_staging_folder(tiny_model, image_fold
     assert "--vertex-model needs --staging gs://BUCKET/FOLDER" in capsys.readouterr().err
 
 
+def test_an_interrupted_vertex_batch_prediction_cancels_its_job(tmp_path):
+    """SIGTERM (a cancelled pipeline run, or `kill` of pipectl predict) must not leave a paid batch job running:
+    the follower cancels it, as the CustomJob launcher does (tests/test_launch.py), and exits 143."""
+    import textwrap
+
+    from tests.conftest import run_then_sigterm
+    from tests.standins.vertex_api import VertexStandIn
+
+    with VertexStandIn(storage_root=str(tmp_path / "gcs"), serve=lambda instances: [],
+                       batch_polls=(1, 1_000_000)) as vertex:  # RUNNING until cancelled
+        model = vertex.add_model("4242", "image-classifier")
+        _, follower = run_then_sigterm([sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from components import gcp
+            from components.predict import run_vertex_batch_job
+            client = gcp.job_client("us-central1", api_endpoint={vertex.api_endpoint!r})
+            try:
+                run_vertex_batch_job(client, model={model!r}, instances_uri="gs://bucket/batch/instances.jsonl",
+                                     output_uri_prefix="gs://bucket/batch/results", display_name="interrupted",
+                                     poll_seconds=0.05)
+            except gcp.JobStopped as e:
+                print("stopped:", e)
+                sys.exit(gcp.exit_code_for(e))
+        """)], ready=lambda: len(vertex.calls("GetBatchPredictionJob")) >= 2)
+        assert follower.returncode == 143, follower.stderr
+        assert "stopped: Stopped while Batch prediction job projects/" in follower.stdout
+        (job,) = vertex.batch_jobs()
+        assert job["state"] == "JOB_STATE_CANCELLED"
+        assert len(vertex.calls("CancelBatchPredictionJob")) == 1
+
+
 def test_a_folder_that_cannot_be_listed_is_reported(tmp_path):
     """A folder gone (or unreadable) when the walk reaches it becomes an input whose reading fails with the reason."""
     for name in ("a.png", "b/c.png", "d/e.png"):

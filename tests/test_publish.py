@@ -174,7 +174,7 @@ def test_latest_is_ambiguous_within_one_second_and_says_so(caplog, package):
 
 def test_wait_follows_the_run_until_it_succeeds(kfp_api, client, package):
     publish.upload_version(client, package, name="flowers", version="v1")
-    info = publish.start_run(client, pipeline_name="flowers", run_name="ok", wait=True, poll_s=0)
+    info = publish.start_run(client, pipeline_name="flowers", run_name="ok", wait=True, poll_seconds=0)
 
     assert info["state"] == "SUCCEEDED"
     assert len(kfp_api.requests_to("GET", f"{P}/runs/{info['run_id']}")) == 2  # RUNNING, then SUCCEEDED
@@ -186,13 +186,14 @@ def test_wait_raises_when_the_run_does_not_succeed(kfp_api, client, package, out
     kfp_api.run_outcomes["bad"] = outcome
 
     with pytest.raises(PublishError, match=rf"run 'bad' ended {outcome}.*#/runs/details/"):
-        publish.start_run(client, pipeline_name="flowers", run_name="bad", wait=True, poll_s=0)
+        publish.start_run(client, pipeline_name="flowers", run_name="bad", wait=True, poll_seconds=0)
 
 
 def test_wait_gives_up_after_the_timeout_and_says_the_run_goes_on(client, package):
     publish.upload_version(client, package, name="flowers", version="v1")
-    with pytest.raises(PublishError, match="still RUNNING after 0 s; it keeps running"):
-        publish.start_run(client, pipeline_name="flowers", run_name="slow", wait=True, timeout_s=0, poll_s=0)
+    with pytest.raises(PublishError, match="still RUNNING after 0s; it goes on running"):
+        publish.start_run(client, pipeline_name="flowers", run_name="slow", wait=True, timeout_seconds=0,
+                          poll_seconds=0)
 
 
 def test_caching_override_submits_the_stored_spec_with_caching_off(kfp_api, client, package):
@@ -302,6 +303,7 @@ def test_disable_then_delete_a_schedule_by_name(client, package):
     ("*/0 * * * *", "step must be at least 1"),
     ("0 0 * * FUNDAY", "not a number or a name"),
     ("@daily", "5 standard fields"),
+    ("TZ=Europe/Berlin 0 3 * * *", "no time zone prefix here"),  # KFP runs crons in the server's zone
 ])
 def test_bad_cron_is_rejected_before_any_request(kfp_api, client, package, cron, why):
     kfp_api.requests.clear()  # the client's construction probed /healthz
@@ -342,7 +344,7 @@ def test_bearer_token_is_sent_but_never_shown(caplog, capsys, package):
         api.run_outcomes["bad"] = "FAILED"
         for attempt in (lambda: publish.upload_version(client, package, name="flowers", version="v1"),
                         lambda: publish.start_run(client, pipeline_name="flowers", run_name="bad", wait=True,
-                                                  poll_s=0)):
+                                                  poll_seconds=0)):
             with pytest.raises(PublishError) as err:
                 attempt()
             errors.append(err.value)

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from components.register import CHAMPION, LocalRegistry, model_digest, open_registry, register
+from components.register import register
+from components.registry import CHAMPION, LocalRegistry, model_digest, open_registry
 
 
 def make_model(root, name, content):
@@ -77,3 +78,16 @@ def test_clear_errors(tmp_path):
         LocalRegistry("gs://bucket/registry")
     with pytest.raises(ValueError, match="Invalid model name"):
         LocalRegistry(str(tmp_path)).versions("../escape")
+
+
+def test_registry_cli_shows_versions_and_champion(tmp_path, capsys):
+    from components.registry import main
+
+    root = str(tmp_path / "registry")
+    register(make_model(tmp_path, "m1", b"one"), LocalRegistry(root), model_name="clf")
+    register(make_model(tmp_path, "m2", b"two"), LocalRegistry(root), model_name="clf", promote=False)
+    assert main(["--registry-root", root, "--model-name", "clf"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["champion"], [v["version"] for v in shown["versions"]]) == ("1", ["1", "2"])
+    assert main(["--registry", "vertex", "--model-name", "clf"]) == 2
+    assert "registry=vertex needs a project and a location" in capsys.readouterr().err

@@ -12,8 +12,9 @@ import os
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from components.register import CHAMPION, LocalRegistry, model_digest, register
-from components.registry_vertex import (
+from components.register import register
+from components.registry import CHAMPION, LocalRegistry, model_digest
+from components.registry.vertex import (
     DIGEST_LABEL,
     SERVING_IMAGES,
     VertexPermissionError,
@@ -202,7 +203,7 @@ def test_quota_error_while_polling_does_not_upload_twice(vertex, registry, sleep
 
 def test_upload_waits_for_the_operation(gcs, sleeps):
     with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION, polls_until_done=3) as vertex:
-        registry = make_registry(vertex, gcs, sleeps, poll_interval_s=2.0)
+        registry = make_registry(vertex, gcs, sleeps, poll_seconds=2.0)
         assert upload(registry, "gs://b/m1", DIGEST_1).version == "1"
         assert len(vertex.calls("GetOperation")) == 3
         assert sleeps == [2.0, 3.0]
@@ -334,7 +335,7 @@ def test_importing_the_module_does_not_import_the_client():
     import subprocess
     import sys
 
-    code = ("import sys, components.registry_vertex; "
+    code = ("import sys, components.registry.vertex; "
             "print(any(m.startswith('google.cloud.aiplatform') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

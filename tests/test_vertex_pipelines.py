@@ -134,7 +134,7 @@ def test_everything_but_accelerators_matches_the_kfp_target(packages):
         train["inputs"]["parameters"] = {k: v for k, v in train["inputs"]["parameters"].items()
                                          if not k.startswith("pipelinechannel--")
                                          and k not in ("accelerator_count", "accelerator_type")}
-        train["dependentTasks"] = [t for t in train["dependentTasks"] if t != "schedule-op"]
+        train["dependentTasks"] = [t for t in train["dependentTasks"] if t != "placement-op"]
         return spec
 
     assert without_accelerators(packages["vertex"]) == without_accelerators(packages["kfp"])
@@ -172,7 +172,7 @@ def test_submit_sends_the_compiled_spec_root_parameters_and_service_account(stan
 def test_wait_follows_the_run_to_success(standin, vertex_package, clock):
     standin.pipeline_polls = (2, 3)
     run = connect(standin, clock).submit(vertex_package, pipeline_root=ROOT, job_id="nightly-1", wait=True,
-                                         poll_interval_s=5)
+                                         poll_seconds=5)
     assert run.state == "PIPELINE_STATE_SUCCEEDED" and run.job_id == "nightly-1" and run.failed_tasks == ()
     assert len(standin.calls("GetPipelineJob")) == 5
     assert clock.sleeps == [5, 10, 20, 40], "polls back off, up to a minute apart"
@@ -194,7 +194,7 @@ def test_wait_times_out_with_the_run_still_going(standin, vertex_package, clock)
     standin.pipeline_polls = (1, 1000)
     pipelines = connect(standin, clock)
     with pytest.raises(TimeoutError, match=r"still PIPELINE_STATE_RUNNING after 300s.*pipelines/runs/slow-run"):
-        pipelines.submit(vertex_package, pipeline_root=ROOT, job_id="slow-run", wait=True, timeout_s=300)
+        pipelines.submit(vertex_package, pipeline_root=ROOT, job_id="slow-run", wait=True, timeout_seconds=300)
     assert clock.now >= 300
 
 

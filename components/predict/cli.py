@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import re
 
-from components import stepcli
+from components import gcp, stepcli
 from components.predict.local import predict
 from components.predict.output import PredictResult
-from components.predict.vertex import VertexBatchError, vertex_batch_predict, vertex_job_client
+from components.predict.vertex import VertexBatchError, vertex_batch_predict
 
 # Beyond every step's (stepcli.EXIT_CODES): a batch job that could not be created or did not succeed is
 # reported, not retried; `pipectl predict` maps errors the same way.
@@ -45,7 +45,7 @@ def predict_from_args(args: argparse.Namespace, model_dir: str, images: str, out
     if not location:
         raise ValueError(f"Not a Vertex AI model resource name: {args.vertex_model!r}")
     return vertex_batch_predict(model_dir, args.vertex_model, images, output_dir,
-                                client=vertex_job_client(location.group(1)), staging_uri=args.staging,
+                                client=gcp.job_client(location.group(1)), staging_uri=args.staging,
                                 top_k=args.top_k, machine_type=args.machine_type,
                                 accelerator_type=args.accelerator_type, accelerator_count=args.accelerator_count,
                                 max_replicas=args.max_replicas)

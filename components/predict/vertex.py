@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from components import data
+from components import data, gcp
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _copy_lines, _gather,
                                        _remove_stale_shards, _rename, shard_paths)
@@ -24,11 +24,9 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------- Vertex AI
 
 
-class VertexBatchError(RuntimeError):
-    """A Vertex AI batch prediction job could not be created or did not succeed; the message says why."""
-
-
-TERMINAL_JOB_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+# A Vertex AI batch prediction job could not be created or did not succeed; the message says why. The name
+# callers catch for the Google Cloud layer's errors (components/gcp/errors.py, which also gives the exit codes).
+VertexBatchError = gcp.RemoteError
 
 
 def serving_input_name(model_dir: str) -> str:
@@ -70,20 +68,18 @@ def write_vertex_instances(source: str, instances_path: str, errors_path: str, i
     return counts
 
 
-def _state(job) -> str:
-    return getattr(job.state, "name", str(job.state))
-
-
 def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_prefix: str, display_name: str,
                          machine_type: str = "n1-standard-4", accelerator_type: str = "", accelerator_count: int = 0,
                          replicas: int = 1, max_replicas: int = 1, labels: dict | None = None,
-                         poll_seconds: float = 30.0, timeout_seconds: float = 24 * 3600, sleep=time.sleep):
-    """Creates a BatchPredictionJob for a model registered in Vertex AI and waits for it to end.
+                         poll_seconds: float = 30.0, timeout_seconds: float = 24 * 3600, sleep=None):
+    """Creates a BatchPredictionJob for a model registered in Vertex AI and follows it to its end.
 
-    `client` is a `google.cloud.aiplatform_v1.JobServiceClient` for the model's region. `model` is the model's
-    resource name, optionally with `@VERSION` or `@ALIAS` (`projects/P/locations/L/models/ID@champion`).
-    Returns the succeeded job; raises VertexBatchError when it cannot be created, fails or runs past the timeout
-    (then it is cancelled).
+    `client` is a `google.cloud.aiplatform_v1.JobServiceClient` for the model's region (`gcp.job_client`).
+    `model` is the model's resource name, optionally with `@VERSION` or `@ALIAS`
+    (`projects/P/locations/L/models/ID@champion`). Returns the succeeded job; raises VertexBatchError when it
+    cannot be created, fails or runs past the timeout. The job is ours: it is cancelled on a timeout, on SIGTERM
+    (`gcp.JobStopped`) and when this process fails, so an interrupted prediction leaves no paid job running.
+    `sleep` (tests) replaces the real wait.
     """
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
@@ -92,6 +88,7 @@ def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_p
     if not found:
         raise ValueError(f"Not a Vertex AI model resource name: {model!r} (expected "
                          "projects/PROJECT/locations/REGION/models/ID[@VERSION_OR_ALIAS])")
+    parent = found.group(1)
     machine_spec = {"machine_type": machine_type}
     if accelerator_count:
         machine_spec.update(accelerator_type=accelerator_type, accelerator_count=accelerator_count)
@@ -102,25 +99,22 @@ def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_p
         output_config={"predictions_format": "jsonl", "gcs_destination": {"output_uri_prefix": output_uri_prefix}},
         dedicated_resources={"machine_spec": machine_spec, "starting_replica_count": replicas,
                              "max_replica_count": max(replicas, max_replicas)})
-    try:
-        job = client.create_batch_prediction_job(parent=found.group(1), batch_prediction_job=request)
-    except exceptions.GoogleAPICallError as e:
-        hint = {403: " (the caller needs roles/aiplatform.user on the project)",
-                404: " (is the model registered in this project and region?)"}.get(e.code or 0, "")
-        raise VertexBatchError(f"Creating the batch prediction job for {model} failed: {e.message}{hint}") from e
-    log.info("predict: Vertex AI batch prediction job %s created (%s)", job.name, _state(job))
-    waited = 0.0
-    while _state(job) not in TERMINAL_JOB_STATES:
-        if waited >= timeout_seconds:
-            client.cancel_batch_prediction_job(name=job.name)
-            raise VertexBatchError(f"{job.name} did not finish within {timeout_seconds:.0f}s; it was cancelled")
-        sleep(poll_seconds)
-        waited += poll_seconds
-        job = client.get_batch_prediction_job(name=job.name)
-        log.info("predict: %s is %s", job.name, _state(job))
-    if _state(job) != "JOB_STATE_SUCCEEDED":
-        raise VertexBatchError(f"{job.name} ended {_state(job)}: {job.error.message or 'no error message'}")
-    return job
+    retry = gcp.RetryPolicy(sleep=sleep or time.sleep)
+    with gcp.sigterm_stops():  # a SIGTERM while the job is being created cancels it too
+        try:
+            job = retry.call(f"create a batch prediction job for {model}", lambda: client.create_batch_prediction_job(
+                parent=parent, batch_prediction_job=request), parent=parent)
+        except exceptions.GoogleAPICallError as e:  # what the retry policy leaves as the API answered it
+            hint = " (is the model registered in this project and region?)" if e.code == 404 else ""
+            raise VertexBatchError(f"Creating the batch prediction job for {model} failed: {e.message}{hint}") from e
+        followed = gcp.follow_job(
+            lambda: retry.call(f"get {job.name}", lambda: client.get_batch_prediction_job(name=job.name),
+                               parent=parent, idempotent=True),
+            lambda: retry.call(f"cancel {job.name}", lambda: client.cancel_batch_prediction_job(name=job.name),
+                               parent=parent, idempotent=True),
+            status=gcp.vertex_job_status, what=f"Batch prediction job {job.name}", job=job,
+            poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep)
+    return followed.job
 
 
 def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list[str], *, top_k: int = 3,
@@ -171,7 +165,7 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
                          staging_uri: str, storage_root: str | None = None, top_k: int = 3,
                          machine_type: str = "n1-standard-4", accelerator_type: str = "", accelerator_count: int = 0,
                          replicas: int = 1, max_replicas: int = 1, poll_seconds: float = 30.0,
-                         timeout_seconds: float = 24 * 3600, sleep=time.sleep) -> PredictResult:
+                         timeout_seconds: float = 24 * 3600, sleep=None) -> PredictResult:
     """Batch prediction on Vertex AI for a model registered there, with the same inputs and outputs as `predict`.
 
     The instances file is built here from the inputs (`staging_uri/instances.jsonl`, a gs:// location the job
@@ -222,11 +216,3 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
     _rename(data.join(output_dir, "all-errors.jsonl"), data.join(output_dir, "errors.jsonl"))
     return PredictResult(output_dir, path, totals["count"], totals["errors"], totals["chunks"], 0, seconds,
                          totals["inputs"] / seconds)
-
-
-def vertex_job_client(location: str, api_endpoint: str | None = None):
-    """A JobServiceClient for a region (Application Default Credentials)."""
-    from google.cloud import aiplatform_v1
-
-    return aiplatform_v1.JobServiceClient(
-        client_options={"api_endpoint": api_endpoint or f"{location}-aiplatform.googleapis.com"})

@@ -1,9 +1,10 @@
-"""The Vertex AI Model Registry behind the `Registry` interface of components/register.py.
+"""The Vertex AI Model Registry behind the `Registry` interface (components/registry/base.py).
 
 One registered model is one Vertex AI `Model` (looked up by display name); every upload is a new version of
 it (`parentModel`), and `champion` is a Vertex version alias moved with `mergeVersionAliases`. The client is
-the generated `google.cloud.aiplatform_v1.ModelServiceClient` (REST transport by default), imported lazily so
-importing this module stays cheap.
+the generated `google.cloud.aiplatform_v1.ModelServiceClient`, built and called through the Google Cloud layer
+(components/gcp/: regional endpoint, REST transport, one retry policy and its IAM messages), imported lazily
+so importing this module stays cheap.
 
 Where things are kept on Vertex:
 
@@ -21,13 +22,12 @@ Where things are kept on Vertex:
 
 Production: `VertexRegistry(project="my-project", location="us-central1")` uses Application Default
 Credentials and `https://us-central1-aiplatform.googleapis.com`. Tests: pass `api_endpoint="http://127.0.0.1:PORT"`
-(the generated REST transport keeps an explicit http:// scheme), `credentials=AnonymousCredentials()` and a
-fake `sleep`.
+(the generated REST transport keeps an explicit http:// scheme; such an endpoint gets anonymous credentials)
+and a fake `sleep`.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import logging
@@ -36,7 +36,8 @@ import re
 import time
 from typing import Any, Callable
 
-from components.register import CHAMPION, ModelVersion
+from components import gcp
+from components.registry.base import CHAMPION, ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +55,13 @@ SERVING_IMAGES = {
 DIGEST_LABEL = "model_digest"
 METADATA_MARKER = "kfp-image-classification:"
 ALIAS_RE = re.compile(r"^[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]$")
-ENDPOINT_REGION_RE = re.compile(r"^(?:https?://)?(?P<region>[a-z]+-[a-z]+\d+)-aiplatform\.googleapis\.com(?::\d+)?/?$")
-REQUIRED_ROLE = "roles/aiplatform.user"
 
-
-class VertexRegistryError(RuntimeError):
-    """A Vertex AI call failed; the message says what to do about it."""
-
-
-class VertexPermissionError(VertexRegistryError, PermissionError):
-    pass
-
-
-class VertexQuotaError(VertexRegistryError):
-    pass
-
-
-class VertexRegionError(VertexRegistryError, ValueError):
-    pass
+# The registry's errors are the Google Cloud layer's (one family, one set of exit codes), under the names its
+# callers catch.
+VertexRegistryError = gcp.RemoteError
+VertexPermissionError = gcp.PermissionDenied
+VertexQuotaError = gcp.QuotaExhausted
+VertexRegionError = gcp.RegionMismatch
 
 
 def sanitize_label_key(key: str) -> str:
@@ -136,17 +126,7 @@ def serving_image_for(location: str, accelerator: str = "cpu") -> str:
     return image
 
 
-def _timestamp(value: Any) -> str:
-    if not value:
-        return ""
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        return value.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
-    return str(value)
-
-
-class VertexRegistry:
+class VertexRegistry(gcp.VertexService):
     """The Vertex AI Model Registry of one project and region, as a `Registry`."""
 
     kind = "vertex"
@@ -154,22 +134,20 @@ class VertexRegistry:
     def __init__(self, project: str, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
                  transport: str = "rest", accelerator: str = "cpu", serving_image: str | None = None,
                  gcs_fuse_root: str = "/gcs", max_attempts: int = 5, initial_backoff_s: float = 1.0,
-                 max_backoff_s: float = 32.0, poll_interval_s: float = 2.0, upload_timeout_s: float = 1800.0,
+                 max_backoff_s: float = 32.0, poll_seconds: float = 2.0, upload_timeout_seconds: float = 1800.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
                  bucket_location: Callable[[str], str | None] | None = None):
         """
         project, location: where the models live (`projects/{project}/locations/{location}`).
-        api_endpoint: defaults to `{location}-aiplatform.googleapis.com`; tests pass the stand-in's
-            `http://127.0.0.1:PORT`. A regional endpoint of another region than `location` is refused.
-        credentials: google.auth credentials; None means Application Default Credentials.
-        transport: "rest" (default, what the tests exercise) or "grpc".
+        api_endpoint, credentials, transport: where and how calls go (see components/gcp/clients.py); a
+            regional endpoint of another region than `location` is refused.
         accelerator / serving_image: the serving container: the pinned `SERVING_IMAGES[accelerator]` for the
             region unless `serving_image` names one.
         gcs_fuse_root: local paths under it are Cloud Storage paths (`/gcs/BUCKET/PATH` is `gs://BUCKET/PATH`
             on Vertex AI Pipelines), so a step can hash the model locally and register its gs:// URI.
-        max_attempts, initial_backoff_s, max_backoff_s, sleep: retries of calls refused for quota (HTTP 429),
-            with exponential backoff; `sleep` is injectable for tests.
-        poll_interval_s, upload_timeout_s, monotonic: how the upload's long-running operation is awaited.
+        max_attempts, initial_backoff_s, max_backoff_s, sleep: the retry policy (components/gcp/retry.py);
+            `sleep` is injectable for tests.
+        poll_seconds, upload_timeout_seconds, monotonic: how the upload's long-running operation is followed.
         bucket_location: optional `bucket name -> location` lookup (e.g. with google-cloud-storage, which needs
             storage.buckets.get); when given, an artifact bucket in another single region is refused before
             uploading.
@@ -178,31 +156,14 @@ class VertexRegistry:
             raise ValueError("VertexRegistry needs a project")
         if not location or location == "global":
             raise ValueError(f"VertexRegistry needs a region such as us-central1 (models are regional), got {location!r}")
-        if transport not in ("rest", "grpc"):
-            raise ValueError(f"transport must be 'rest' or 'grpc', got {transport!r}")
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        self.project = project
-        self.location = location
-        self.api_endpoint = api_endpoint or f"{location}-aiplatform.googleapis.com"
-        m = ENDPOINT_REGION_RE.match(self.api_endpoint)
-        if m and m.group("region") != location:
-            raise VertexRegionError(
-                f"api_endpoint {self.api_endpoint} serves region {m.group('region')}, but the registry location is "
-                f"{location}; use {location}-aiplatform.googleapis.com or location={m.group('region')}.")
-        self.credentials = credentials
-        self.transport = transport
+        super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
+                         retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep),
+                         monotonic=monotonic)
         self.serving_image = serving_image or serving_image_for(location, accelerator)
         self.gcs_fuse_root = gcs_fuse_root.rstrip("/") if gcs_fuse_root else ""
-        self.max_attempts = max_attempts
-        self.initial_backoff_s = initial_backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.poll_interval_s = poll_interval_s
-        self.upload_timeout_s = upload_timeout_s
-        self._sleep = sleep
-        self._monotonic = monotonic
+        self.poll_seconds = poll_seconds
+        self.upload_timeout_seconds = upload_timeout_seconds
         self._bucket_location = bucket_location
-        self.parent = f"projects/{project}/locations/{location}"
         self._client_instance = None
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -210,63 +171,14 @@ class VertexRegistry:
     @property
     def _client(self):
         if self._client_instance is None:
-            from google.api_core.client_options import ClientOptions
             from google.cloud import aiplatform_v1
 
-            self._client_instance = aiplatform_v1.ModelServiceClient(
-                transport=self.transport, credentials=self.credentials,
-                client_options=ClientOptions(api_endpoint=self.api_endpoint))
+            self._client_instance = self.vertex.client(aiplatform_v1.ModelServiceClient)
         return self._client_instance
 
-    def _call(self, what: str, fn: Callable[..., Any], *args, artifact_uri: str = "", **kwargs) -> Any:
-        """Calls `fn`, retrying quota refusals with exponential backoff, and explains the errors users can fix."""
-        from google.api_core import exceptions as gexc
-
-        delay = self.initial_backoff_s
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                return fn(*args, **kwargs)
-            except gexc.TooManyRequests as e:  # HTTP 429 / RESOURCE_EXHAUSTED: quota or rate limit
-                if attempt == self.max_attempts:
-                    raise VertexQuotaError(
-                        f"Vertex AI refused to {what} for quota (RESOURCE_EXHAUSTED) {self.max_attempts} times in "
-                        f"{self.parent}; the last answer was: {e.message} Wait and retry, or ask for more "
-                        f"Vertex AI quota (IAM & Admin > Quotas, service aiplatform.googleapis.com, region "
-                        f"{self.location}).") from e
-                wait = min(self.max_backoff_s, max(delay, _retry_delay(e)))
-                log.warning("Vertex AI quota refusal (%s) on attempt %d/%d to %s; retrying in %.1fs",
-                            e.message, attempt, self.max_attempts, what, wait)
-                self._sleep(wait)
-                delay = min(self.max_backoff_s, delay * 2)
-            except gexc.Forbidden as e:  # HTTP 403 / PERMISSION_DENIED
-                raise VertexPermissionError(self._permission_message(what, e, artifact_uri)) from e
-            except gexc.Unauthorized as e:  # HTTP 401
-                raise VertexPermissionError(
-                    f"Vertex AI could not authenticate the call to {what}: {e.message} Provide credentials: "
-                    f"Application Default Credentials (`gcloud auth application-default login` locally, the "
-                    f"pipeline's service account on Vertex AI Pipelines).") from e
-            except gexc.BadRequest as e:  # HTTP 400 / INVALID_ARGUMENT, FAILED_PRECONDITION
-                if re.search(r"\b(location|region)", e.message or "", re.IGNORECASE):
-                    raise VertexRegionError(
-                        f"Vertex AI rejected the call to {what} in {self.parent} ({self.api_endpoint}): {e.message} "
-                        f"The model's location, the API endpoint's region and the resources named in the call "
-                        f"must agree.") from e
-                raise
-
-    def _permission_message(self, what: str, error: Any, artifact_uri: str) -> str:
-        identity = getattr(self.credentials, "service_account_email", None)
-        who = f"the caller ({identity})" if identity else "the identity running this step (the pipeline's service account)"
-        permission = (getattr(error, "metadata", None) or {}).get("permission")
-        message = (f"Permission denied when trying to {what} in {self.parent}: {error.message} "
-                   f"Grant {who} {REQUIRED_ROLE} (Vertex AI User) on project {self.project}")
-        if permission:
-            message += f"; the missing permission is {permission}"
-        if artifact_uri:
-            bucket = artifact_uri[len("gs://"):].split("/", 1)[0]
-            message += (f". Registering also needs read access to the model artifacts: roles/storage.objectViewer "
-                        f"on gs://{bucket} for {who} and for the Vertex AI Service Agent "
-                        f"(service-PROJECT_NUMBER@gcp-sa-aiplatform.iam.gserviceaccount.com), which serves them")
-        return message + "."
+    def _call(self, what: str, fn: Callable[[], Any], *, idempotent: bool = True, artifact_uri: str = "") -> Any:
+        """`fn()` under the layer's retry policy; reads are idempotent, uploads are not."""
+        return self.vertex.call(what, fn, idempotent=idempotent, artifact_uri=artifact_uri)
 
     def _model_id_for(self, model: str) -> str:
         """The resource id a new model gets: derived from its name, so concurrent first uploads collide."""
@@ -286,8 +198,8 @@ class VertexRegistry:
         models = [m for m in models if m.display_name == model]
         if len(models) > 1:
             log.warning("%d Vertex AI models are named %r in %s; using the oldest, %s", len(models), model,
-                        self.parent, min(models, key=lambda m: _timestamp(m.create_time)).name)
-        return min(models, key=lambda m: _timestamp(m.create_time)) if models else None
+                        self.parent, min(models, key=lambda m: gcp.rfc3339(m.create_time)).name)
+        return min(models, key=lambda m: gcp.rfc3339(m.create_time)) if models else None
 
     def _version(self, pb: Any) -> ModelVersion:
         labels = dict(pb.labels)
@@ -295,7 +207,7 @@ class VertexRegistry:
         return ModelVersion(
             registry=self.kind, model=pb.display_name, version=pb.version_id, aliases=list(pb.version_aliases),
             uri=pb.artifact_uri, digest=meta.get("digest") or labels.get(DIGEST_LABEL, ""),
-            metrics=dict(meta.get("metrics") or {}), labels=labels, created=_timestamp(pb.version_create_time),
+            metrics=dict(meta.get("metrics") or {}), labels=labels, created=gcp.rfc3339(pb.version_create_time, timespec="seconds"),
             resource_name=f"{pb.name}@{pb.version_id}")
 
     # -- artifacts -------------------------------------------------------------------------------------
@@ -348,8 +260,8 @@ class VertexRegistry:
         if parent is None:
             return None
         try:
-            pb = self._call(f"get the {CHAMPION} of {model!r}", self._client.get_model,
-                            name=f"{parent.name}@{CHAMPION}")
+            pb = self._call(f"get the {CHAMPION} of {model!r}",
+                            lambda: self._client.get_model(name=f"{parent.name}@{CHAMPION}"))
         except gexc.NotFound:
             return None
         return self._version(pb)
@@ -380,8 +292,8 @@ class VertexRegistry:
 
         parent_model = self._find_model(model)
         try:
-            operation = self._call(what, self._client.upload_model, request=request_for(parent_model),
-                                   artifact_uri=uri)
+            operation = self._call(what, lambda: self._client.upload_model(request=request_for(parent_model)),
+                                   idempotent=False, artifact_uri=uri)
         except gexc.Conflict:  # 409 ALREADY_EXISTS
             # Another run created the model between our lookup and upload: become a version of it.
             parent_model = self._find_model(model)
@@ -389,26 +301,25 @@ class VertexRegistry:
                 raise VertexRegistryError(
                     f"Cannot create model {model!r}: the model id {self._model_id_for(model)!r} is taken in "
                     f"{self.parent} by a model with another display name; register under another name.") from None
-            operation = self._call(what, self._client.upload_model, request=request_for(parent_model),
-                                   artifact_uri=uri)
+            operation = self._call(what, lambda: self._client.upload_model(request=request_for(parent_model)),
+                                   idempotent=False, artifact_uri=uri)
         response = self._wait(operation, what, uri)
-        pb = self._call(f"get the new version of {model!r}", self._client.get_model,
-                        name=f"{response.model}@{response.model_version_id}")
+        pb = self._call(f"get the new version of {model!r}",
+                        lambda: self._client.get_model(name=f"{response.model}@{response.model_version_id}"))
         return self._version(pb)
 
     def _wait(self, operation: Any, what: str, artifact_uri: str) -> Any:
-        """Polls the upload's long-running operation (each poll retried for quota) and returns its response."""
-        deadline = self._monotonic() + self.upload_timeout_s
-        interval = self.poll_interval_s
-        while not self._call(f"poll the operation to {what}", operation.done, artifact_uri=artifact_uri):
-            if self._monotonic() >= deadline:
-                raise VertexRegistryError(
-                    f"Timed out after {self.upload_timeout_s:.0f}s waiting to {what}; the operation "
-                    f"{operation.operation.name} may still finish.")
-            self._sleep(interval)
-            interval = min(interval * 1.5, 30.0)
+        """Follows the upload's long-running operation (each poll retried for quota) and returns its response.
+
+        The operation is not ours to cancel: an upload that outlives the timeout may still finish."""
+        gcp.follow_job(
+            lambda: self._call(f"poll the operation to {what}", operation.done, artifact_uri=artifact_uri), None,
+            status=lambda done: gcp.JobStatus("done", gcp.Phase.SUCCEEDED) if done else gcp.JobStatus("running"),
+            what=f"the operation {operation.operation.name} to {what}", poll_seconds=self.poll_seconds,
+            max_poll_seconds=30.0, backoff=1.5, timeout_seconds=self.upload_timeout_seconds, sleep=self._sleep,
+            monotonic=self._monotonic)
         # Done: result() returns the response or raises the operation's error, without another call.
-        return self._call(what, operation.result, timeout=0, artifact_uri=artifact_uri)
+        return self._call(what, lambda: operation.result(timeout=0), idempotent=False, artifact_uri=artifact_uri)
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion:
         from google.api_core import exceptions as gexc
@@ -420,8 +331,8 @@ class VertexRegistry:
             raise KeyError(f"{model} has no version {version}")
         try:
             pb = self._call(f"move alias {alias!r} to version {version} of {model!r}",
-                            self._client.merge_version_aliases, name=f"{parent.name}@{version}",
-                            version_aliases=[alias])
+                            lambda: self._client.merge_version_aliases(name=f"{parent.name}@{version}",
+                                                                       version_aliases=[alias]))
         except gexc.NotFound:
             raise KeyError(f"{model} has no version {version}") from None
         return self._version(pb)
@@ -434,17 +345,3 @@ class VertexRegistry:
         pbs = self._call(f"list versions of {model!r}", lambda: list(
             self._client.list_model_versions(request={"name": parent.name, "page_size": 100})))
         return sorted((self._version(pb) for pb in pbs), key=lambda v: int(v.version) if v.version.isdigit() else 0)
-
-
-def _retry_delay(error: Any) -> float:
-    """The server's suggested delay (google.rpc.RetryInfo) in seconds, or 0."""
-    for detail in getattr(error, "details", None) or []:
-        delay = detail.get("retryDelay") if isinstance(detail, dict) else getattr(detail, "retry_delay", None)
-        if isinstance(delay, str) and delay.endswith("s"):
-            try:
-                return float(delay[:-1])
-            except ValueError:
-                return 0.0
-        if delay is not None and hasattr(delay, "seconds"):
-            return delay.seconds + getattr(delay, "nanos", 0) / 1e9
-    return 0.0

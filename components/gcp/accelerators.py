@@ -1,0 +1,49 @@
+"""The GPUs this project knows: the GKE accelerator label value, Vertex AI's accelerator type, and the Vertex AI
+machine shapes that hold 1, 2, 4, ... of them. The one table: pipelines/config.py (compile-time choices and the
+pipeline's `known_accelerators`), the launchers' GPU placement and the Vertex AI CustomJob launcher read it.
+
+The Vertex AI names are members of `google.cloud.aiplatform_v1.AcceleratorType` (tests check that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    gke: str  # the `cloud.google.com/gke-accelerator` node label value
+    vertex: str  # aiplatform_v1.AcceleratorType name
+    machines: dict[int, str]  # Vertex AI machine type for N GPUs per replica: the smallest holding that many
+
+
+TABLE = (
+    Accelerator("nvidia-tesla-t4", "NVIDIA_TESLA_T4", {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32"}),
+    Accelerator("nvidia-l4", "NVIDIA_L4", {1: "g2-standard-8", 2: "g2-standard-24", 4: "g2-standard-48",
+                                           8: "g2-standard-96"}),
+    Accelerator("nvidia-tesla-a100", "NVIDIA_TESLA_A100", {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g",
+                                                           8: "a2-highgpu-8g", 16: "a2-megagpu-16g"}),
+    Accelerator("nvidia-a100-80gb", "NVIDIA_A100_80GB", {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g",
+                                                         4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"}),
+    Accelerator("nvidia-h100-80gb", "NVIDIA_H100_80GB", {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g",
+                                                         8: "a3-highgpu-8g"}),
+    Accelerator("nvidia-h200-141gb", "NVIDIA_H200_141GB", {8: "a3-ultragpu-8g"}),
+)
+
+# GKE accelerator (label value) -> Vertex AI accelerator type: what a pipeline passes as `known_accelerators`.
+ACCELERATORS = {a.gke: a.vertex for a in TABLE}
+# GKE accelerator -> {GPUs per replica: Vertex AI machine type}.
+VERTEX_MACHINES = {a.gke: dict(a.machines) for a in TABLE}
+VERTEX_CPU_MACHINE = "n1-standard-8"
+MAX_GPUS_PER_REPLICA = max(n for a in TABLE for n in a.machines)  # 16: a2-megagpu-16g, the largest GKE GPU shape
+
+
+def vertex_machine_type(accelerator: str, gpus: int) -> str:
+    """The Vertex AI machine type for `gpus` x `accelerator` (a GKE label value), or the CPU machine for 0 GPUs."""
+    if not gpus:
+        return VERTEX_CPU_MACHINE
+    shapes = VERTEX_MACHINES.get(accelerator, {})
+    if gpus not in shapes:
+        raise ValueError(f"Vertex AI has no machine with {gpus} x {accelerator}; choose one of "
+                         f"{sorted(shapes) or 'none'} GPUs (or pass machine_type)")
+    return shapes[gpus]

@@ -1,0 +1,3 @@
+from components.launch.cli import main
+
+raise SystemExit(main())

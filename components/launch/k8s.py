@@ -1,0 +1,198 @@
+"""Kubernetes plumbing for the launchers: the API client, the pod-log follower, and `CustomResourceLauncher`,
+which runs any job that is a namespaced custom resource (a Kubeflow TFJob here; a Trainer v2 TrainJob is the
+same with another group/version/plural, manifest and status reader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from typing import Callable, Iterator
+
+from components import gcp
+from components.launch.job import LaunchError, Launcher
+
+log = logging.getLogger(__name__)
+
+
+def kubernetes_client(api_server: str | None = None):
+    """An ApiClient: for `api_server` when given, else in-cluster credentials, else the local kubeconfig."""
+    from kubernetes import client, config
+
+    if api_server:
+        configuration = client.Configuration()
+        configuration.host = api_server
+        return client.ApiClient(configuration)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def api_reason(e) -> str:
+    """The Kubernetes API's own message from an ApiException (its Status body), else status and reason."""
+    try:
+        return json.loads(e.body).get("message") or str(e.reason)
+    except (TypeError, ValueError, AttributeError):
+        return f"{e.status} {e.reason}"
+
+
+class CustomResourceLauncher(Launcher):
+    """Creates a namespaced custom resource, follows it to the end, deletes it when stopped.
+
+    `api_client` is a `kubernetes.client.ApiClient` (in a pod: `kubernetes.config.load_incluster_config()`
+    then `ApiClient()`; the step's service account needs create/get/delete on the resource and get on pods/log).
+    A subclass sets `group`, `version`, `plural`, `kind`, and says which pod's log to stream (`log_pod`) and how
+    to read the resource's status (`status`). A resource deleted by someone else ends the follow as cancelled.
+    """
+
+    group = version = plural = ""
+    container = ""  # the container whose log is streamed
+
+    def __init__(self, api_client, namespace: str, *, poll_seconds: float = 10.0,
+                 echo: Callable[[str], None] | None = None, timeout_seconds: float | None = None):
+        from kubernetes import client
+
+        super().__init__(poll_seconds=poll_seconds, timeout_seconds=timeout_seconds)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+        self.echo = echo or (lambda line: print(line, flush=True))
+        self._follower: LogFollower | None = None
+
+    def log_pod(self, name: str) -> str:
+        raise NotImplementedError
+
+    def _api(self, verb: str, **kwargs):
+        method = getattr(self.custom, f"{verb}_namespaced_custom_object")
+        return method(group=self.group, version=self.version, namespace=self.namespace, plural=self.plural, **kwargs)
+
+    def what(self, name: str) -> str:
+        return f"{self.kind} {self.namespace}/{name}"
+
+    def create(self, manifest: dict) -> str:
+        """Creates the resource; when it already exists (a retried launcher), follows the existing one."""
+        from kubernetes.client.rest import ApiException
+
+        name = manifest["metadata"]["name"]
+        try:
+            self._api("create", body=manifest)
+            log.info("launch: created %s", self.what(name))
+        except ApiException as e:
+            if e.status != 409:
+                raise LaunchError(f"Could not create {self.what(name)}: {api_reason(e)}") from None
+            log.info("launch: %s exists (an earlier attempt created it): following it", self.what(name))
+        return name
+
+    def get(self, name: str) -> dict | None:
+        """The resource, or None when it is gone (deleted by someone else)."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self._api("get", name=name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def cancel(self, name: str) -> None:
+        self.delete(name)
+
+    def delete(self, name: str) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self._api("delete", name=name, body={"propagationPolicy": "Foreground"})
+            log.info("launch: deleted %s", self.what(name))
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def status(self, resource: dict | None) -> gcp.JobStatus:
+        if resource is None:
+            return gcp.JobStatus("Deleted", gcp.Phase.CANCELLED, "deleted by someone else")
+        return self.resource_status(resource)
+
+    def resource_status(self, resource: dict) -> gcp.JobStatus:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def watching(self, name: str) -> Iterator[None]:
+        self._follower = LogFollower(self.core, self.namespace, self.log_pod(name), self.container, self.echo)
+        self._follower.start()
+        try:
+            yield
+        finally:
+            self._follower.stop()
+
+    def on_done(self, name: str) -> None:
+        self._follower.stop(wait=True)  # the stream ends by itself once the pod has exited
+
+    def failure_detail(self, name: str) -> str:
+        return self._follower.tail_text() if self._follower else ""
+
+
+class LogFollower(threading.Thread):
+    """Streams a pod's log (kubectl logs -f) into the launcher's output, re-attaching after restarts.
+
+    Lines are read with their timestamps, so re-attaching (the stream ends when the container exits, and the
+    restarted container starts a new log) shows only lines not yet shown.
+    """
+
+    def __init__(self, core_api, namespace: str, pod: str, container: str, echo: Callable[[str], None]):
+        super().__init__(daemon=True, name=f"logs-{pod}")
+        self.core, self.namespace, self.pod, self.container, self.echo = core_api, namespace, pod, container, echo
+        self.stopped = threading.Event()
+        self.tail: list[str] = []
+        self.last_seen: tuple = ()
+
+    def run(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        while not self.stopped.is_set():
+            try:
+                response = self.core.read_namespaced_pod_log(self.pod, self.namespace, container=self.container,
+                                                             follow=True, timestamps=True, _preload_content=False)
+                pending = b""
+                for chunk in response.stream(4096):
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        self._emit(line.decode(errors="replace"))
+                if pending:
+                    self._emit(pending.decode(errors="replace"))
+                response.release_conn()
+            except ApiException as e:
+                if e.status not in (400, 404):  # 400/404: the pod is not there or not started yet
+                    log.warning("launch: cannot read the log of %s: %s", self.pod, api_reason(e))
+            except Exception as e:  # the log is a convenience; never fail the launch over it
+                log.debug("launch: log stream of %s ended: %s", self.pod, e)
+            self.stopped.wait(1.0)
+
+    def _emit(self, stamped: str) -> None:
+        stamp, _, line = stamped.partition(" ")
+        seen = _log_time(stamp)
+        if seen <= self.last_seen:
+            return
+        self.last_seen = seen
+        self.tail = (self.tail + [line])[-20:]
+        self.echo(f"[{self.pod}] {line}")
+
+    def tail_text(self) -> str:
+        return ("\nLast lines of the chief's log:\n" + "\n".join(self.tail)) if self.tail else ""
+
+    def stop(self, wait: bool = False) -> None:
+        if wait and self.is_alive():
+            self.join(timeout=5.0)  # the stream ends by itself once the pod has exited
+        self.stopped.set()
+
+
+def _log_time(stamp: str) -> tuple:
+    """An RFC 3339 timestamp as a sortable tuple (Kubernetes trims trailing zeros of the fraction)."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return (whole, fraction.ljust(9, "0"))

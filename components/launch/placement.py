@@ -1,0 +1,66 @@
+"""GPU placement: where a training pod may run (node selector, tolerations, GPU count).
+
+Shared by the single-pod path of the pipeline (the placement step checks the run's choice and hands its node
+selector and tolerations to the training task) and by the launchers' replicas: GKE's accelerator node label and
+the GPU toleration, Spot VMs (`cloud.google.com/gke-spot`), a named node pool, and Kueue's queue label for
+clusters that queue GPU work. The accelerators are those of components/gcp/accelerators.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from components.gcp.accelerators import MAX_GPUS_PER_REPLICA
+
+# GKE and Kubernetes API facts; pipelines/config.py reads them from here.
+ACCELERATOR_NODE_LABEL = "cloud.google.com/gke-accelerator"
+GPU_RESOURCE = "nvidia.com/gpu"
+SPOT_NODE_LABEL = "cloud.google.com/gke-spot"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a training pod may run: its node selector, tolerations and GPU limit."""
+
+    node_selector: dict[str, str]
+    tolerations: list[dict]
+    gpus: int
+    accelerator: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CPU_ONLY = Placement({}, [], 0, "")
+
+
+def gpu_placement(accelerator: str, gpus: int, *, known_accelerators, spot: bool = False,
+                  node_pool: str = "") -> Placement:
+    """Validates a per-run GPU choice and turns it into node selector + tolerations.
+
+    `accelerator` is a GKE accelerator label value (nvidia-tesla-t4, nvidia-l4, ...); with `gpus=0` the pod runs
+    on CPU nodes and the accelerator is ignored. Spot adds the `cloud.google.com/gke-spot` selector and its
+    toleration (GKE taints Spot pools when asked to, and the toleration is harmless when it does not).
+    """
+    known = list(known_accelerators)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_GPUS_PER_REPLICA:
+        raise ValueError(f"GPU count must be an integer from 0 to {MAX_GPUS_PER_REPLICA}, got {gpus!r}")
+    if gpus and accelerator not in known:
+        raise ValueError(f"Unknown accelerator {accelerator!r}; known GKE accelerators: {', '.join(known)}")
+    if node_pool and (len(node_pool) > 40 or DNS_LABEL_CHARS.search(node_pool)):
+        raise ValueError(f"Node pool {node_pool!r} is not a GKE node pool name (lowercase letters, digits, '-')")
+    selector: dict[str, str] = {}
+    tolerations: list[dict] = []
+    if gpus:
+        selector[ACCELERATOR_NODE_LABEL] = accelerator
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    if spot:
+        selector[SPOT_NODE_LABEL] = "true"
+        tolerations.append({"key": SPOT_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+    if node_pool:
+        selector[NODE_POOL_LABEL] = node_pool
+    return Placement(selector, tolerations, gpus, accelerator if gpus else "")

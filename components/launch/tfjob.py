@@ -1,0 +1,88 @@
+"""Kubeflow TFJob: the manifest for a chief + workers, its status, and the launcher (a custom resource).
+
+Replicas use `restartPolicy: ExitCode`, so a preempted replica (exit 143 after its checkpoint, or 137 when
+killed) is restarted and resumes from the checkpoints in durable storage, while a bug or bad input (exit 1 or
+2) fails the job at once (see components/train.py for the codes).
+"""
+
+from __future__ import annotations
+
+import json
+
+from components import gcp
+from components.launch.job import TrainingJob
+from components.launch.k8s import CustomResourceLauncher
+from components.launch.placement import GPU_RESOURCE, KUEUE_QUEUE_LABEL
+
+TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
+CONTAINER_NAME = "tensorflow"  # the container the training operator looks for
+TFJOB_PHASES = {"Succeeded": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}  # other conditions: still going
+
+
+def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
+    """The kubeflow.org/v1 TFJob for `job`: chief + workers, same image and command, ExitCode restarts."""
+    container = {
+        "name": CONTAINER_NAME,
+        "image": job.image,
+        "command": list(job.command),
+        "env": [{"name": k, "value": str(v)} for k, v in sorted(job.env.items())],
+        "resources": {"requests": {"cpu": job.cpu, "memory": job.memory}},
+    }
+    if job.placement.gpus:
+        container["resources"]["limits"] = {GPU_RESOURCE: str(job.placement.gpus)}
+    labels = {**job.labels, "app.kubernetes.io/component": "training"}
+    pod_spec = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": job.grace_seconds,
+    }
+    if job.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(job.placement.node_selector)
+    if job.placement.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in job.placement.tolerations]
+    if job.service_account:
+        pod_spec["serviceAccountName"] = job.service_account
+
+    def replicas(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "ExitCode",
+                "template": {"metadata": {"labels": dict(labels)}, "spec": json.loads(json.dumps(pod_spec))}}
+
+    specs = {"Chief": replicas(1)}
+    if job.workers:
+        specs["Worker"] = replicas(job.workers)
+    metadata = {"name": job.name, "namespace": namespace, "labels": dict(labels)}
+    if job.kueue_queue:
+        metadata["labels"][KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue admits (un-suspends) the job
+    return {
+        "apiVersion": f"{TFJOB_GROUP}/{TFJOB_VERSION}",
+        "kind": "TFJob",
+        "metadata": metadata,
+        "spec": {"runPolicy": {"backoffLimit": job.backoff_limit, "cleanPodPolicy": "Running"},
+                 "tfReplicaSpecs": specs},
+    }
+
+
+def tfjob_status(tfjob: dict) -> gcp.JobStatus:
+    """The job's current condition: the last condition whose status is True (Pending before any)."""
+    conditions = [c for c in tfjob.get("status", {}).get("conditions", []) if c.get("status") == "True"]
+    if not conditions:
+        return gcp.JobStatus("Pending")
+    state = conditions[-1]["type"]
+    return gcp.JobStatus(state, TFJOB_PHASES.get(state, gcp.Phase.RUNNING), conditions[-1].get("message", ""))
+
+
+class TFJobLauncher(CustomResourceLauncher):
+    """Creates a TFJob through the Kubernetes API, follows it and the chief's log to the end, deletes it when
+    stopped (see CustomResourceLauncher)."""
+
+    kind = "TFJob"
+    group, version, plural = TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL
+    container = CONTAINER_NAME
+
+    def log_pod(self, name: str) -> str:
+        return f"{name}-chief-0"
+
+    def resource_status(self, resource: dict) -> gcp.JobStatus:
+        return tfjob_status(resource)
+
+    def restarts(self, tfjob: dict | None) -> int:
+        return sum(1 for c in (tfjob or {}).get("status", {}).get("conditions", []) if c["type"] == "Restarting")

@@ -1,0 +1,36 @@
+"""Model registries: versions of a named model, found by content digest, with a `champion` alias.
+
+- base.py: what every registry is (`Registry`, `ModelVersion`, `CHAMPION`) and `model_digest`.
+- local.py: `LocalRegistry`, a directory (local runs and tests).
+- vertex.py: `VertexRegistry`, the Vertex AI Model Registry, with the same behaviour.
+- `open_registry`: the registry a pipeline's parameters name; `python -m components.registry` shows one.
+
+The register step (components/register.py) writes to a registry; the evaluate step reads its champion. Nothing
+here imports a step.
+"""
+
+from __future__ import annotations
+
+from components.registry.base import CHAMPION, ModelVersion, Registry, model_digest
+from components.registry.cli import main
+from components.registry.local import LocalRegistry
+
+REGISTRIES = ("local", "vertex")
+
+
+def open_registry(kind: str, *, root: str = "", project: str = "", location: str = "") -> Registry:
+    """The registry named by pipeline parameters: `local` (a directory) or `vertex` (Vertex AI Model Registry)."""
+    if kind == "local":
+        if not root:
+            raise ValueError("registry=local needs a registry root directory (registry_root)")
+        return LocalRegistry(root)
+    if kind == "vertex":
+        if not project or not location:
+            raise ValueError("registry=vertex needs a project and a location (region)")
+        from components.registry.vertex import VertexRegistry
+
+        return VertexRegistry(project=project, location=location)
+    raise ValueError(f"Unknown registry {kind!r}; known: {', '.join(REGISTRIES)}")
+
+__all__ = ["CHAMPION", "LocalRegistry", "ModelVersion", "REGISTRIES", "Registry", "main", "model_digest",
+           "open_registry"]

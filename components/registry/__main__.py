@@ -1,0 +1,3 @@
+from components.registry.cli import main
+
+raise SystemExit(main())
