@@ -405,11 +405,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from components import stepcli
-    from components.predict import EXIT_CODES, predict_from_args
+    from components.predict import predict_from_args
 
-    # The exit codes of `python -m components.predict`, the step's own CLI.
-    return stepcli.run(lambda: predict_from_args(args, args.model, args.images, args.output), exit_codes=EXIT_CODES,
-                       prog="pipectl")
+    # Through the step CLI's helper, so the exit codes are those of `python -m components.predict`.
+    return stepcli.run(lambda: predict_from_args(args, args.model, args.images, args.output), prog="pipectl")
 
 
 def vertex_schedule(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from components import augment, data, evaluate, predict, preprocess, stepcli, train
+from components import augment, data, evaluate, gcp, predict, preprocess, stepcli, train
 
 
 class RemoteFailure(RuntimeError):
@@ -41,11 +41,19 @@ def test_a_caller_adds_error_kinds_without_changing_the_helper():
         stepcli.EXIT_CODES[RemoteFailure] = 2  # read-only: additions are passed in, never made global
 
 
-def test_predict_and_pipectl_predict_share_the_mapping():
-    """A failed Vertex AI batch job is a permanent failure from `python -m components.predict` and from
-    `pipectl predict` alike (both run through stepcli with predict.EXIT_CODES)."""
-    failed = predict.VertexBatchError("projects/p/locations/l/batchPredictionJobs/1 ended JOB_STATE_FAILED")
-    assert stepcli.exit_code_for(failed, predict.EXIT_CODES) == stepcli.EXIT_PERMANENT
+@pytest.mark.parametrize("error, code", [
+    (gcp.JobFailed("projects/p/locations/l/batchPredictionJobs/1 ended JOB_STATE_FAILED"), stepcli.EXIT_PERMANENT),
+    (gcp.JobTimedOut("did not finish in 3s; it was cancelled"), stepcli.EXIT_PERMANENT),
+    (gcp.PermissionDenied("needs roles/aiplatform.user"), stepcli.EXIT_PERMANENT),
+    (gcp.RegionMismatch("endpoint in europe-west4, model in us-central1"), stepcli.EXIT_PERMANENT),
+    (gcp.JobStopped("SIGTERM: the job was cancelled"), stepcli.EXIT_PREEMPTED),
+    (gcp.QuotaExhausted("quota"), stepcli.EXIT_PREEMPTED),
+])
+def test_the_google_cloud_layers_errors_keep_their_codes(error, code):
+    """The job layer's errors state their codes; `python -m components.predict` and `pipectl predict` (both run
+    through stepcli) report a Vertex AI batch job's failure alike, and as the layer itself documents."""
+    assert isinstance(error, predict.VertexBatchError)
+    assert stepcli.exit_code_for(error) == code == gcp.exit_code_for(error)
 
 
 def test_run_prints_the_result_as_json(capsys):

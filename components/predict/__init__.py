@@ -46,11 +46,11 @@ files, `PredictResult`), `local` (`predict`, the loop on this machine), `vertex`
 `samples` (sample inputs), `cli` (the command line and the options `pipectl predict` shares).
 """
 
-from components.predict.cli import EXIT_CODES, add_arguments, main, predict_from_args
+from components.predict.cli import add_arguments, main, predict_from_args
 from components.predict.local import predict
 from components.predict.output import PredictResult
 from components.predict.samples import export_samples
 from components.predict.vertex import VertexBatchError, run_vertex_batch_job, vertex_batch_predict
 
-__all__ = ["EXIT_CODES", "PredictResult", "VertexBatchError", "add_arguments", "export_samples", "main", "predict",
+__all__ = ["PredictResult", "VertexBatchError", "add_arguments", "export_samples", "main", "predict",
            "predict_from_args", "run_vertex_batch_job", "vertex_batch_predict"]

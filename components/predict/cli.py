@@ -9,11 +9,7 @@ import re
 from components import gcp, stepcli
 from components.predict.local import predict
 from components.predict.output import PredictResult
-from components.predict.vertex import VertexBatchError, vertex_batch_predict
-
-# Beyond every step's (stepcli.EXIT_CODES): a batch job that could not be created or did not succeed is
-# reported, not retried; `pipectl predict` maps errors the same way.
-EXIT_CODES = {VertexBatchError: stepcli.EXIT_PERMANENT}
+from components.predict.vertex import vertex_batch_predict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", required=True)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    return stepcli.run(lambda: predict_from_args(args, args.model_dir, args.images, args.output_dir),
-                       exit_codes=EXIT_CODES)
+    # The Vertex AI path's errors (the Google Cloud layer's) state their own exit codes, which stepcli honours.
+    return stepcli.run(lambda: predict_from_args(args, args.model_dir, args.images, args.output_dir))
 
