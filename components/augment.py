@@ -22,10 +22,9 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 
-from components import data
+from components import data, stepcli
 
 log = logging.getLogger(__name__)
 
@@ -297,19 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="{}", help="JSON object, e.g. '{\"rotation_degrees\": 15, \"seed\": 1}'")
     parser.add_argument("--preview", help="also write an HTML page of originals and their augmentations here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
+
+    def step():
         policy = AugmentPolicy.from_json(args.policy)
         result = augment(args.dataset_dir, args.output_dir, copies=args.copies, mode=args.mode, policy=policy)
         if args.preview:
             with data.gfile().GFile(args.preview, "w") as f:
                 f.write(policy_preview(args.dataset_dir, policy))
-    except (data.DataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    json.dump(result.to_json(), sys.stdout, indent=2)
-    print()
-    return 0
+        return result
+
+    return stepcli.run(step)
 
 
 if __name__ == "__main__":

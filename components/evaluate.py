@@ -14,11 +14,10 @@ import io
 import json
 import logging
 import math
-import sys
 
 import numpy as np
 
-from components import data
+from components import data, stepcli
 
 log = logging.getLogger(__name__)
 
@@ -397,19 +396,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.0)
     parser.add_argument("--report", help="write the HTML report here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
+
+    def step():
         result = evaluate(args.model_dir, args.dataset_dir, min_accuracy=args.min_accuracy,
                           min_class_recall=args.min_class_recall, champion_model_dir=args.champion_model_dir,
                           champion_version=args.champion_version, tolerance=args.tolerance)
-    except (data.DataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.report:
-        write_report(result, args.model_dir, args.dataset_dir, args.report)
-    json.dump(result.to_json(), sys.stdout, indent=2)
-    print()
-    return 0
+        if args.report:
+            write_report(result, args.model_dir, args.dataset_dir, args.report)
+        return result
+
+    return stepcli.run(step)
 
 
 if __name__ == "__main__":

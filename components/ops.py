@@ -22,11 +22,11 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
     """Reads the source (idx files, an image folder, a CSV/JSONL manifest or tfds:NAME) into sharded TFRecords for
     train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason."""
     import collections
-    import logging
 
+    from components import stepcli
     from components.preprocess import preprocess, dataset_card
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    stepcli.setup_logging(force=True)
     result = preprocess(source, dataset.path, validation_fraction=validation_fraction, test_fraction=test_fraction,
                         image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards,
                         classes=classes or None)
@@ -47,11 +47,10 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
                preview: Output[HTML]):
     """Writes augmented training shards (offline), or hands the policy to training (online); the preview shows
     originals next to their augmented copies."""
-    import logging
-
+    from components import stepcli
     from components.augment import AugmentPolicy, augment, policy_preview
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    stepcli.setup_logging(force=True)
     chosen = AugmentPolicy.from_json(policy)
     result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=chosen)
     with open(preview.path, "w") as f:
@@ -86,17 +85,16 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
     (bad input, NaN loss, a bug) is recorded so that retries fail at once. Returns the wall time of fitting,
     in seconds.
     """
-    import logging
+    from components import stepcli
+    from components.train import TrainingLoop, TrainSettings, attempt, backup_dir_for, log_to_kfp
 
-    from components.train import attempt, backup_dir_for, log_to_kfp, train
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
-    # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
-    backup_dir = backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name)
-    result = attempt(lambda: train(
-        dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs or None,
-        batch_size=batch_size or None, learning_rate=learning_rate or None, backup_dir=backup_dir,
-        tensorboard_dir=tensorboard.path), backup_dir)
+    stepcli.setup_logging(force=True)
+    settings = TrainSettings.from_pipeline(
+        dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, tensorboard_dir=tensorboard.path,
+        # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
+        backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
+    result = attempt(TrainingLoop(settings).run, settings.backup_dir)
     log_to_kfp(result.to_json(), metrics, model)
     return result.train_seconds
 
@@ -111,12 +109,11 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
     CustomJob (launcher=vertex-job) running the training image, follows it, and deletes/cancels it when the run is
     cancelled. The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
     """
-    import logging
-
+    from components import stepcli
     from components.launch import launch_training
     from components.train import backup_dir_for, log_to_kfp
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    stepcli.setup_logging(force=True)
     info = launch_training(
         launcher=launcher, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}",
@@ -135,12 +132,12 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
                 evaluation: Output[Artifact], report: Output[HTML]) -> bool:
     """Scores the model on the test split, compares it with the registry's champion, and decides if it is blessed."""
     import json
-    import logging
 
+    from components import stepcli
     from components.evaluate import decision_markdown, evaluate, log_to_kfp, write_report
     from components.registry import open_registry
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    stepcli.setup_logging(force=True)
     champion = open_registry(registry, root=registry_root, project=project, location=location).champion(model_name)
     result = evaluate(model.path, dataset.path, min_accuracy=min_accuracy,
                       min_class_recall=min_class_recall if min_class_recall >= 0 else None,
@@ -162,12 +159,12 @@ def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predic
 
     Returns the number of predictions.
     """
-    import logging
     import os
 
+    from components import stepcli
     from components.predict import export_samples, predict
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    stepcli.setup_logging(force=True)
     if not images:
         images = os.path.join(predictions.path, "inputs")
         export_samples(dataset.path, images, per_class=10)
@@ -184,11 +181,11 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
     Returns the registered version.
     """
     import json
-    import logging
 
+    from components import stepcli
     from components.register import open_registry, register
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    stepcli.setup_logging(force=True)
     with open(evaluation.path) as f:
         metrics = json.load(f)["metrics"]
     # The digest is taken from the local files; Vertex reads the same model from its gs:// URI.

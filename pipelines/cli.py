@@ -404,15 +404,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from components.predict import VertexBatchError, predict_from_args
+    from components import stepcli
+    from components.predict import predict_from_args
 
-    try:
-        result = predict_from_args(args, args.model, args.images, args.output)
-    except VertexBatchError as e:
-        print(f"pipectl: error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(result.to_json(), indent=2))
-    return 0
+    # Through the step CLI's helper, so the exit codes are those of `python -m components.predict`.
+    return stepcli.run(lambda: predict_from_args(args, args.model, args.images, args.output), prog="pipectl")
 
 
 def vertex_schedule(args: argparse.Namespace) -> int:

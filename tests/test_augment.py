@@ -166,6 +166,7 @@ def test_offline_writes_originals_and_copies(dataset, tmp_path):
 def test_online_epoch_k_equals_offline_copy_k(dataset, tmp_path):
     """What training's own input pipeline feeds at epoch k is exactly offline copy k (as a multiset: it shuffles)."""
     from components import train
+    from components.train.inputs import TrainInput
 
     policy = aug.AugmentPolicy.from_json({"rotation_degrees": 10, "shift_fraction": 0.1, "elastic_alpha": 25,
                                           "noise_stddev": 0.02, "cutout_fraction": 0.2, "seed": 11})
@@ -177,8 +178,8 @@ def test_online_epoch_k_equals_offline_copy_k(dataset, tmp_path):
         offline[int(copy)].append((int(label), image.tobytes()))
     train_dir, online_policy = aug.train_files(dataset, str(tmp_path / "online"))
     image_shape = data.read_manifest(train_dir)["image_shape"]
-    inputs = train.TrainInput(train_dir, image_shape, pipeline_id=0, num_pipelines=1, recipe=train.Recipe(),
-                              online_policy=online_policy, mode="memory")
+    inputs = TrainInput(train_dir, image_shape, pipeline_id=0, num_pipelines=1, recipe=train.Recipe(),
+                        online_policy=online_policy, mode="memory")
     count = inputs.total_count
     for k in (1, 2):
         # Epoch k-1 (counted from 0) augments as copy k; one batch of the whole split holds each image once.

@@ -399,7 +399,7 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
                              text=True, timeout=300, cwd=str(tmp_path), env=env)
     assert checked.returncode == 0, checked.stderr[-3000:]
     report = json.loads(checked.stdout.strip().splitlines()[-1])
-    assert {"components.preprocess.preprocess", "components.train.train", "components.evaluate.evaluate",
+    assert {"components.preprocess.preprocess", "components.train.TrainingLoop", "components.evaluate.evaluate",
             "components.predict.predict", "components.register.register",
             "components.augment.augment"} <= set(report["imports"])
     assert report["clis"] == ["components.augment", "components.evaluate", "components.launch", "components.predict",

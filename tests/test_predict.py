@@ -14,7 +14,9 @@ from PIL import Image
 
 from components import data
 from components import predict as predict_lib
+from components.predict import decode, sources
 from components.predict import predict
+from components.predict.local import describe
 from tests.conftest import vertex_client
 
 
@@ -160,7 +162,7 @@ def test_fast_path_gives_the_pixels_of_trainings_decoder(fashion_arrays):
     }
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for shape, routes in cases.items():
-            decoder = predict_lib.Decoder(list(shape), pool)
+            decoder = decode.Decoder(list(shape), pool)
             items = []
             for route, payloads in routes.items():
                 for payload in payloads:
@@ -177,7 +179,7 @@ def test_corrupt_file_in_a_fast_batch_fails_alone(fashion_arrays):
     good = [encode(images[i], "PNG") for i in range(5)]
     corrupt = good[0][:40] + bytes(60)  # a valid header, then zeros: the fast decoder raises on the batch
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        decoder = predict_lib.Decoder([28, 28, 1], pool)
+        decoder = decode.Decoder([28, 28, 1], pool)
         assert decoder.route(corrupt) == "png"
         keys, pixels, errors = decoder.decode([("g0", good[0]), ("bad", corrupt), ("g1", good[1]),
                                                ("gone", "unreadable: FileNotFoundError: No such file")])
@@ -222,8 +224,8 @@ def test_log_lines_use_class_names(image_folder, classifier, tmp_path, capsys):
     pattern = re.compile(rf"The image \d{{5}}\.png is an? ({names}) with a \d{{1,3}}\.\d\d percent confidence\.")
     for line in classic:
         assert pattern.fullmatch(line), line
-    assert predict_lib.describe(["Ankle boot"], 0) == "an Ankle boot"
-    assert predict_lib.describe(["T-shirt/top"], 0) == "a T-shirt/top"
+    assert describe(["Ankle boot"], 0) == "an Ankle boot"
+    assert describe(["T-shirt/top"], 0) == "a T-shirt/top"
 
 
 def test_restart_after_an_interruption_skips_finished_chunks(image_folder, classifier, tmp_path):
@@ -297,10 +299,10 @@ def test_glob_sources(image_folder, classifier, tmp_path):
     assert (result.count, result.errors) == (12, 0)
     result = predict("", os.path.join(folder, "S*", "*.png"), str(tmp_path / "s"), classifier=classifier)
     assert result.count == 8  # Sandal and Sneaker, not Bag
-    top_level = predict_lib.glob_regex("/d/*.png")
+    top_level = sources.glob_regex("/d/*.png")
     assert top_level.match("/d/a.png") and not top_level.match("/d/x/a.png")
-    assert predict_lib.glob_regex("/d/**/*.png").match("/d/a.png")
-    assert predict_lib.glob_regex("gs://b/i/**/[!_]?.jp*g").match("gs://b/i/x/y/a1.jpeg")
+    assert sources.glob_regex("/d/**/*.png").match("/d/a.png")
+    assert sources.glob_regex("gs://b/i/**/[!_]?.jp*g").match("gs://b/i/x/y/a1.jpeg")
     with pytest.raises(data.DataError, match="No input found"):
         predict("", os.path.join(folder, "*.jpg"), str(tmp_path / "none"), classifier=classifier)
 
@@ -409,9 +411,9 @@ def test_sources_that_cannot_be_used(tmp_path, classifier):
 
 def test_jpeg_shape_reads_the_frame_header(fashion_arrays):
     images, _ = fashion_arrays
-    assert predict_lib.jpeg_shape(encode(images[0], "JPEG")) == (28, 28, 1)
-    assert predict_lib.jpeg_shape(encode(np.zeros((30, 40, 3), np.uint8), "JPEG", progressive=True)) == (30, 40, 3)
-    assert predict_lib.jpeg_shape(b"\xff\xd8\xff\xe0\x00") is None
+    assert decode.jpeg_shape(encode(images[0], "JPEG")) == (28, 28, 1)
+    assert decode.jpeg_shape(encode(np.zeros((30, 40, 3), np.uint8), "JPEG", progressive=True)) == (30, 40, 3)
+    assert decode.jpeg_shape(b"\xff\xd8\xff\xe0\x00") is None
 
 
 @pytest.mark.slow
@@ -579,12 +581,12 @@ def test_a_folder_that_cannot_be_listed_is_reported(tmp_path):
     """A folder gone (or unreadable) when the walk reaches it becomes an input whose reading fails with the reason."""
     for name in ("a.png", "b/c.png", "d/e.png"):
         write(tmp_path / "root" / name, b"x")
-    walk = predict_lib.walk_files(str(tmp_path / "root"))
+    walk = sources.walk_files(str(tmp_path / "root"))
     assert next(walk) == str(tmp_path / "root" / "a.png")
     os.rename(tmp_path / "root" / "b", tmp_path / "elsewhere")  # vanishes before the walk lists it
     rest = list(walk)
     assert rest == [str(tmp_path / "root" / "b"), str(tmp_path / "root" / "d" / "e.png")]
-    reason = predict_lib.read_input(rest[0])
+    reason = decode.read_input(rest[0])
     assert reason.startswith("folder could not be listed: FileNotFoundError")
 
 

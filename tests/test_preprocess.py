@@ -13,6 +13,7 @@ from PIL import Image
 
 from components import data
 from components import preprocess as pp
+from components.preprocess import bookkeeping, decoding, sources
 from tests.test_data import encoded, png_header_only
 
 
@@ -101,7 +102,7 @@ def mixed_corpus(image_folder, fashion_arrays):
 def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_path):
     root, good, bad = mixed_corpus
     out = str(tmp_path / "out")
-    assert pp.decode_plan(root, 2) == {"workers": 2, "use_processes": False}  # threads
+    assert decoding.decode_plan(root, 2) == {"workers": 2, "use_processes": False}  # threads
     result = pp.preprocess(root, out, workers=2, min_shards=1)
     stored = read_back(out)
     arrived = {uri: label for split in stored.values() for uri, label, _ in split}
@@ -121,7 +122,7 @@ def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_p
 
 def test_processes_and_one_worker_give_the_same_dataset(mixed_corpus, tmp_path):
     root, _, _ = mixed_corpus
-    assert pp.decode_plan(root, 3) == {"workers": 2, "use_processes": True}
+    assert decoding.decode_plan(root, 3) == {"workers": 2, "use_processes": True}
     one = pp.preprocess(root, str(tmp_path / "one"), workers=1, min_shards=1)
     many = pp.preprocess(root, str(tmp_path / "many"), workers=3, min_shards=1)
     assert one.counts == many.counts and one.rejected_by_reason == many.rejected_by_reason
@@ -339,7 +340,7 @@ def test_jsonl_manifest_plain_and_vertex_rows(manifest_images, tmp_path):
             rows.append({"uri": uri, "label": cls})
         else:
             rows.append({"imageGcsUri": str(tmp_path / uri), "classificationAnnotation": {"displayName": cls},
-                         "dataItemResourceLabels": {pp.VERTEX_ML_USE: "training"}})
+                         "dataItemResourceLabels": {sources.VERTEX_ML_USE: "training"}})
     text = "\n".join(json.dumps(r) for r in rows) + "\n[1, 2]\n{broken\n"
     (tmp_path / "export.jsonl").write_text(text)
     result = pp.preprocess(str(tmp_path / "export.jsonl"), str(tmp_path / "out"), classes="top,trouser,bag",
@@ -429,7 +430,7 @@ def test_dataset_card_has_counts_stats_rejections_and_samples(mixed_corpus, tmp_
 
 
 def test_content_index_finds_every_key_and_stays_compact():
-    index = pp.ContentIndex(flush_size=1000)
+    index = bookkeeping.ContentIndex(flush_size=1000)
     rng = np.random.default_rng(0)
     keys = [int(k) for k in rng.integers(0, 2**63, 25_000, dtype=np.int64)] + [2**64 - 1]
     for i, key in enumerate(keys):
@@ -444,7 +445,7 @@ def test_content_index_finds_every_key_and_stays_compact():
 
 def test_progress_logs_rate_and_time_left(caplog):
     now = [0.0]
-    progress = pp.Progress(1000, "preprocess", every=10, clock=lambda: now[0])
+    progress = bookkeeping.Progress(1000, "preprocess", every=10, clock=lambda: now[0])
     with caplog.at_level("INFO", logger="components.preprocess"):
         now[0] = 5
         progress.update(100)
@@ -454,10 +455,10 @@ def test_progress_logs_rate_and_time_left(caplog):
 
 
 def test_available_cpus_and_decode_plan():
-    assert 1 <= pp.available_cpus() <= (os.cpu_count() or 1)
-    assert pp.decode_plan("gs://bucket/images", 2) == {"workers": 8, "use_processes": False}
-    assert pp.decode_plan("/data/images", 1) == {"workers": 1, "use_processes": False}
-    assert pp.decode_plan("/data/images", 16) == {"workers": 15, "use_processes": True}
+    assert 1 <= decoding.available_cpus() <= (os.cpu_count() or 1)
+    assert decoding.decode_plan("gs://bucket/images", 2) == {"workers": 8, "use_processes": False}
+    assert decoding.decode_plan("/data/images", 1) == {"workers": 1, "use_processes": False}
+    assert decoding.decode_plan("/data/images", 16) == {"workers": 15, "use_processes": True}
 
 
 # ---------------------------------------------------------------------------------------------- remote paths

@@ -1,5 +1,6 @@
-"""Training: outputs, recipes, learning-rate schedule, strategy choice, input pipeline, NaN stop, exit codes."""
+"""Training: outputs, recipes, settings, learning-rate schedule, strategy, input pipeline, NaN stop, exit codes."""
 
+import dataclasses
 import json
 import math
 import os
@@ -10,6 +11,10 @@ import numpy as np
 import pytest
 
 from components import data, train
+from components.train.cluster import ClusterRole, choose_strategy, cluster_role
+from components.train.inputs import TrainInput
+from components.train.learning_rate import keras_schedule, learning_rate_for
+from components.train.model import check_gpus_visible, cpu_has_bf16, resolve_jit, resolve_precision
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,7 +62,7 @@ def test_reference_recipe_is_the_classic_one():
 
 
 def test_reference_learning_rate_steps_at_epochs_3_and_7():
-    rates = [train.learning_rate_for(epoch, train.RECIPES["reference"]) for epoch in range(12)]
+    rates = [learning_rate_for(epoch, train.RECIPES["reference"]) for epoch in range(12)]
     assert rates == pytest.approx([1e-3] * 3 + [1e-4] * 4 + [1e-5] * 5)
 
 
@@ -65,20 +70,20 @@ def test_schedule_on_steps_matches_the_epoch_rule():
     for name in ("reference", "fast"):
         for replicas in (1, 4):
             recipe = train.RECIPES[name]
-            schedule = train._schedule(recipe, replicas, steps_per_epoch=10)
+            schedule = keras_schedule(recipe, replicas, steps_per_epoch=10)
             for step in range(0, recipe.epochs * 10, 3):
-                expected = train.learning_rate_for(step / 10, recipe, replicas)
+                expected = learning_rate_for(step / 10, recipe, replicas)
                 assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9), (name, replicas, step)
 
 
 def test_learning_rate_scales_with_replicas_after_a_warm_up():
     reference = train.RECIPES["reference"]
-    assert train.learning_rate_for(0.0, reference, 4) == pytest.approx(1e-3)  # warm-up starts at one replica's
-    assert train.learning_rate_for(0.5, reference, 4) == pytest.approx(2.5e-3)
-    assert train.learning_rate_for(1.0, reference, 4) == pytest.approx(4e-3)
-    assert train.learning_rate_for(3.0, reference, 4) == pytest.approx(4e-4)
+    assert learning_rate_for(0.0, reference, 4) == pytest.approx(1e-3)  # warm-up starts at one replica's
+    assert learning_rate_for(0.5, reference, 4) == pytest.approx(2.5e-3)
+    assert learning_rate_for(1.0, reference, 4) == pytest.approx(4e-3)
+    assert learning_rate_for(3.0, reference, 4) == pytest.approx(4e-4)
     unscaled = train.resolve_recipe("reference", scale_lr=False)
-    assert [train.learning_rate_for(e, unscaled, 4) for e in (0, 1, 3)] == pytest.approx([1e-3, 1e-3, 1e-4])
+    assert [learning_rate_for(e, unscaled, 4) for e in (0, 1, 3)] == pytest.approx([1e-3, 1e-3, 1e-4])
 
 
 def test_recipe_overrides_are_validated():
@@ -98,19 +103,60 @@ def test_reference_recipe_run_steps_the_rate_at_epochs_3_and_7(small_dataset, tm
     assert result.global_batch_size == 64 and result.steps == 8 * result.steps_per_epoch
 
 
+# ---------------------------------------------------------------------------------------------- settings
+
+
+FULL_SETTINGS = dict(augmented_dir="gs://b/augmented", recipe="reference", epochs=3, batch_size=32,
+                     learning_rate=1e-38, scale_lr=False, steps_per_execution=4, precision="mixed_bfloat16",
+                     jit_compile="off", seed=7, backup_dir="gs://b/checkpoints/run-1/train", checkpoint_seconds=30.5,
+                     input_mode="stream", tensorboard_dir="gs://b/tensorboard")
+
+
+@pytest.mark.parametrize("given", [{}, FULL_SETTINGS, {"scale_lr": True, "learning_rate": 0.002}],
+                         ids=["defaults", "every-field", "scale-lr"])
+def test_settings_round_trip_through_the_training_cli(given):
+    """What a launcher puts in a replica's command is read back by the replica as the same settings."""
+    settings = train.TrainSettings("gs://b/dataset", "gs://b/model", **given)
+    argv = settings.to_argv()
+    assert train.TrainSettings.from_args(train.build_parser().parse_args(argv)) == settings
+    assert settings.command()[:3] == ["python", "-m", "components.train"] and settings.command()[3:] == argv
+
+
+def test_settings_are_the_training_clis_options():
+    """Every option of the CLI is a settings field and back, so a new setting cannot miss the launchers."""
+    parsed = train.build_parser().parse_args(["--dataset-dir", "d", "--model-dir", "m"])
+    assert set(vars(parsed)) == {field.name for field in dataclasses.fields(train.TrainSettings)}
+    assert train.TrainSettings.from_args(parsed) == train.TrainSettings("d", "m")
+    assert train.TrainSettings("d", "m").to_argv() == ["--dataset-dir", "d", "--model-dir", "m", "--recipe",
+                                                      train.DEFAULT_RECIPE, "--checkpoint-seconds", "120.0",
+                                                      "--input-mode", "auto"]
+    assert "--no-scale-lr" in train.TrainSettings("d", "m", scale_lr=False).to_argv()
+
+
+def test_settings_from_pipeline_parameters_read_zero_as_the_recipes_value():
+    settings = train.TrainSettings.from_pipeline("d", "m", recipe="reference", epochs=0, batch_size=16,
+                                                 learning_rate=0.0, augmented_dir="", backup_dir="b")
+    assert (settings.epochs, settings.batch_size, settings.learning_rate) == (None, 16, None)
+    assert settings.augmented_dir is None and settings.backup_dir == "b"
+    recipe = settings.resolve_recipe()
+    assert recipe.epochs == train.RECIPES["reference"].epochs and recipe.batch_size == 16
+    with pytest.raises(ValueError, match="epochs must be >= 1"):
+        train.TrainSettings("d", "m", epochs=0).resolve_recipe()  # 0 is unset only for pipeline parameters
+
+
 # ---------------------------------------------------------------------------------------------- strategy
 
 
 def test_cluster_roles_from_tf_config():
     def role(cluster, task_type, index):
-        return train.cluster_role(json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}))
+        return cluster_role(json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}))
 
-    assert train.cluster_role(None) == train.ClusterRole(1, True, "local")
+    assert cluster_role(None) == ClusterRole(1, True, "local")
     two_workers = {"worker": ["a:1", "b:2"]}
-    assert role(two_workers, "worker", 0) == train.ClusterRole(2, True, "worker/0")
+    assert role(two_workers, "worker", 0) == ClusterRole(2, True, "worker/0")
     assert role(two_workers, "worker", 1).is_chief is False
     with_chief = {"chief": ["c:0"], "worker": ["a:1", "b:2"]}
-    assert role(with_chief, "chief", 0) == train.ClusterRole(3, True, "chief/0")
+    assert role(with_chief, "chief", 0) == ClusterRole(3, True, "chief/0")
     assert role(with_chief, "worker", 0).is_chief is False
     with pytest.raises(ValueError, match="'ps' is not supported"):
         role({"worker": ["a:1"], "ps": ["p:1"], "chief": ["c:1"]}, "ps", 0)
@@ -119,16 +165,16 @@ def test_cluster_roles_from_tf_config():
 def test_one_worker_tf_config_uses_the_default_strategy():
     import tensorflow as tf
 
-    strategy = train.choose_strategy(json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
-                                                 "task": {"type": "worker", "index": 0}}))
+    strategy = choose_strategy(json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
+                                           "task": {"type": "worker", "index": 0}}))
     assert strategy is tf.distribute.get_strategy()
 
 
 def test_precision_and_xla_choices():
-    assert train.resolve_precision("float32", []) == "float32"
-    assert train.resolve_precision("auto", []) == ("mixed_bfloat16" if train.cpu_has_bf16() else "float32")
-    assert train.resolve_jit("auto", []) is False and train.resolve_jit("auto", ["gpu"]) is True
-    assert train.resolve_jit("off", ["gpu"]) is False
+    assert resolve_precision("float32", []) == "float32"
+    assert resolve_precision("auto", []) == ("mixed_bfloat16" if cpu_has_bf16() else "float32")
+    assert resolve_jit("auto", []) is False and resolve_jit("auto", ["gpu"]) is True
+    assert resolve_jit("off", ["gpu"]) is False
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -138,8 +184,8 @@ def test_precision_and_xla_choices():
 def test_input_resumes_on_the_same_batches(small_dataset, mode):
     """Batches k.. of an epoch are the same whether the epoch started at 0 or at k (mid-epoch resume)."""
     manifest = data.read_manifest(small_dataset)
-    pipeline = train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
-                                recipe=train.RECIPES["fast"], online_policy=None, mode=mode)
+    pipeline = TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
+                          recipe=train.RECIPES["fast"], online_policy=None, mode=mode)
     whole = [y.numpy() for _, y in pipeline.dataset(epoch=2, first_batch=0, num_batches=8, batch=32)]
     tail = [y.numpy() for _, y in pipeline.dataset(epoch=2, first_batch=5, num_batches=3, batch=32)]
     assert len(whole) == 8 and all(len(b) == 32 for b in whole)
@@ -155,8 +201,8 @@ def test_online_augmentation_in_memory_input(small_dataset):
     policy = {"rotation_degrees": 15, "shift_fraction": 0.1, "seed": 3}
 
     def first_batch(online_policy):
-        pipeline = train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
-                                    recipe=train.RECIPES["fast"], online_policy=online_policy, mode="memory")
+        pipeline = TrainInput(small_dataset, manifest["image_shape"], pipeline_id=0, num_pipelines=1,
+                              recipe=train.RECIPES["fast"], online_policy=online_policy, mode="memory")
         images, labels = next(iter(pipeline.dataset(epoch=1, first_batch=0, num_batches=1, batch=16)))
         return images.numpy(), labels.numpy()
 
@@ -168,8 +214,8 @@ def test_online_augmentation_in_memory_input(small_dataset):
 
 def test_workers_read_disjoint_shards(small_dataset):
     manifest = data.read_manifest(small_dataset)
-    shares = [train.TrainInput(small_dataset, manifest["image_shape"], pipeline_id=i, num_pipelines=2,
-                               recipe=train.RECIPES["fast"], online_policy=None, mode="memory") for i in range(2)]
+    shares = [TrainInput(small_dataset, manifest["image_shape"], pipeline_id=i, num_pipelines=2,
+                         recipe=train.RECIPES["fast"], online_policy=None, mode="memory") for i in range(2)]
     files = [set(s.files) for s in shares]
     assert files[0].isdisjoint(files[1]) and len(files[0]) == len(files[1]) == 1
     assert sum(int(s.labels.shape[0]) for s in shares) == manifest["splits"]["train"]["count"]
@@ -231,8 +277,6 @@ def test_a_finished_backup_is_not_trained_again(small_dataset, tmp_path):
 
 
 def test_gpus_given_but_invisible_to_tensorflow_fail_fast(tmp_path):
-    from components.train import check_gpus_visible
-
     (tmp_path / "nvidia0").touch()
     (tmp_path / "nvidiactl").touch()
     with pytest.raises(RuntimeError, match=r"GPU devices \(nvidia0 in .*\) but TensorFlow sees none"):

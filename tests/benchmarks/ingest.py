@@ -30,6 +30,7 @@ import numpy as np
 
 from components import data
 from components import preprocess as pp
+from components.preprocess.decoding import available_cpus, parallel_decode
 
 
 def make_png_tree(root: str, count: int) -> str:
@@ -107,8 +108,8 @@ def decode_rate(root: str, workers: int, use_processes: bool) -> float:
                     yield uri, 0, None
 
     start = time.monotonic()
-    count = sum(1 for _ in pp.parallel_decode(items, height=28, width=28, channels=1, check_extension=True,
-                                              workers=workers, use_processes=use_processes))
+    count = sum(1 for _ in parallel_decode(items, height=28, width=28, channels=1, check_extension=True,
+                                           workers=workers, use_processes=use_processes))
     return count / (time.monotonic() - start)
 
 
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     workdir = args.workdir or tempfile.mkdtemp(prefix="ingest-bench-")
     memory_counts = [int(n) for n in args.memory.split(",")]
-    cpus = pp.available_cpus()
+    cpus = available_cpus()
     try:
         print(f"generating PNG trees in {workdir} ...", flush=True)
         trees = {n: make_png_tree(os.path.join(workdir, f"png{n}"), n) for n in sorted({args.images, *memory_counts})}

@@ -1,0 +1,178 @@
+"""What a prediction run writes: per-chunk shards renamed into place (a chunk's marker last), the combined
+files, errors.jsonl and summary.json; and the result it returns. Local and Vertex AI runs share all of it."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import re
+
+import numpy as np
+
+from components import data
+from components.predict.sources import Source, _exists, _is_remote
+
+SHARDS = "shards"
+
+
+@dataclasses.dataclass
+class PredictResult:
+    output_dir: str
+    predictions_path: str  # predictions.jsonl, or the shards' pattern when there are more than combine_max rows
+    count: int
+    errors: int
+    chunks: int
+    skipped_chunks: int
+    seconds: float
+    images_per_second: float  # over the inputs predicted in this run (skipped chunks not counted)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _open(path: str, mode: str):
+    return data.gfile().GFile(path, mode) if _is_remote(path) else open(path, mode, newline="" if "b" not in mode else None)
+
+
+def _rename(source: str, target: str) -> None:
+    if _is_remote(target):
+        data.gfile().rename(source, target, overwrite=True)
+    else:
+        os.replace(source, target)
+
+
+def _remove(path: str) -> None:
+    if _exists(path):
+        data.gfile().remove(path) if _is_remote(path) else os.remove(path)
+
+
+def csv_header(top_k: int) -> list[str]:
+    header = ["uri", "class_index", "class_name", "confidence"]
+    for rank in range(2, top_k + 1):
+        header += [f"top{rank}_class_index", f"top{rank}_class_name", f"top{rank}_confidence"]
+    return header
+
+
+def shard_paths(output_dir: str, index: int) -> dict[str, str]:
+    shards = data.join(output_dir, SHARDS)
+    return {"jsonl": data.join(shards, f"predictions-{index:05d}.jsonl"),
+            "csv": data.join(shards, f"predictions-{index:05d}.csv"),
+            "errors": data.join(shards, f"errors-{index:05d}.jsonl"),
+            "marker": data.join(shards, f"chunk-{index:05d}.json")}
+
+
+class ChunkWriter:
+    """Writes one chunk's rows as they come, to temporary names renamed into place by `commit`."""
+
+    def __init__(self, output_dir: str, index: int, class_names: list[str], top_k: int):
+        self.paths = shard_paths(output_dir, index)
+        self.class_names = class_names
+        self.names_json = [json.dumps(n) for n in class_names]
+        self.top_k = top_k
+        self.jsonl = _open(self.paths["jsonl"] + ".tmp", "w")
+        self.csv_file = _open(self.paths["csv"] + ".tmp", "w")
+        self.errors_file = _open(self.paths["errors"] + ".tmp", "w")
+        self.csv = csv.writer(self.csv_file, lineterminator="\n")
+        self.csv.writerow(csv_header(top_k))
+        self.count = self.errors = 0
+
+    def write(self, keys: list[str], probabilities: np.ndarray) -> list[tuple[str, int, float]]:
+        """Writes predictions; returns (uri, class index, confidence) for each, for the log lines."""
+        k = self.top_k
+        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+        confidences = np.round(np.take_along_axis(probabilities, order, axis=1).astype(np.float64), 6).tolist()
+        order = order.tolist()
+        lines, out = [], []
+        for uri, top, conf in zip(keys, order, confidences):
+            ranked = ", ".join(f'{{"class_index": {t}, "class_name": {self.names_json[t]}, "confidence": {c}}}'
+                               for t, c in zip(top, conf))
+            best = top[0]
+            lines.append(f'{{"uri": {json.dumps(uri)}, "class_index": {best}, "class_name": '
+                         f'{self.names_json[best]}, "confidence": {conf[0]}, "top_k": [{ranked}]}}\n')
+            row = [uri, best, self.class_names[best], conf[0]]
+            for t, c in zip(top[1:], conf[1:]):
+                row += [t, self.class_names[t], c]
+            self.csv.writerow(row)
+            out.append((uri, best, conf[0]))
+        self.jsonl.write("".join(lines))
+        self.count += len(keys)
+        return out
+
+    def error(self, uri: str, reason: str) -> None:
+        self.errors_file.write(json.dumps({"uri": uri, "reason": reason}) + "\n")
+        self.errors += 1
+
+    def close(self) -> None:
+        for f in (self.jsonl, self.csv_file, self.errors_file):
+            f.close()
+
+    def commit(self, marker: dict) -> None:
+        """Data files first, the marker last: a marker on disk means the whole chunk is there."""
+        self.close()
+        for name in ("errors", "csv", "jsonl"):
+            _rename(self.paths[name] + ".tmp", self.paths[name])
+        with _open(self.paths["marker"] + ".tmp", "w") as f:
+            json.dump({**marker, "count": self.count, "errors": self.errors}, f)
+        _rename(self.paths["marker"] + ".tmp", self.paths["marker"])
+
+
+def read_marker(path: str) -> dict | None:
+    if not _exists(path):
+        return None
+    try:
+        with _open(path, "r") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_stale_shards(output_dir: str, chunks: int) -> None:
+    """Shards beyond this run's last chunk belong to an earlier, larger input: remove them."""
+    pattern = data.join(output_dir, SHARDS, "chunk-*.json")
+    for marker in data.gfile().glob(pattern):
+        index = int(re.search(r"chunk-(\d+)\.json$", marker).group(1))
+        if index >= chunks:
+            for path in shard_paths(output_dir, index).values():
+                _remove(path)
+
+
+def _copy_lines(paths: list[str], target: str, *, skip_first_line: bool = False, header: str = "") -> None:
+    with _open(target + ".tmp", "wb") as out:
+        out.write(header.encode())
+        for path in paths:
+            with _open(path, "rb") as f:
+                if skip_first_line:
+                    f.readline()
+                while block := f.read(1 << 22):
+                    out.write(block)
+    _rename(target + ".tmp", target)
+
+
+def _gather(output_dir: str, chunks: int, totals: dict, class_names: list[str], where: Source, *,
+            combine_max: int, seconds: float, rate: float, skipped: int) -> str:
+    """errors.jsonl always; predictions.jsonl/.csv when small enough; summary.json. Returns the predictions."""
+    shards = [shard_paths(output_dir, i) for i in range(chunks)]
+    _copy_lines([s["errors"] for s in shards], data.join(output_dir, "errors.jsonl"))
+    combined = totals["count"] <= combine_max
+    jsonl_path = data.join(output_dir, "predictions.jsonl")
+    csv_path = data.join(output_dir, "predictions.csv")
+    if combined:
+        _copy_lines([s["jsonl"] for s in shards], jsonl_path)
+        with _open(shards[0]["csv"], "r") as f:
+            header = f.readline()
+        _copy_lines([s["csv"] for s in shards], csv_path, skip_first_line=True, header=header)
+    else:
+        _remove(jsonl_path)
+        _remove(csv_path)
+    pattern = data.join(output_dir, SHARDS, "predictions-*.jsonl")
+    data.write_json(data.join(output_dir, "summary.json"), {
+        "count": totals["count"], "errors": totals["errors"], "inputs": totals["inputs"], "chunks": chunks,
+        "skipped_chunks": skipped, "class_names": class_names, "source": where.location, "source_kind": where.kind,
+        "seconds": round(seconds, 3), "images_per_second": round(rate, 1),
+        "predictions_jsonl": jsonl_path if combined else None, "predictions_csv": csv_path if combined else None,
+        "errors_jsonl": data.join(output_dir, "errors.jsonl"),
+        "shards": {"jsonl": pattern, "csv": data.join(output_dir, SHARDS, "predictions-*.csv")},
+    })
+    return jsonl_path if combined else pattern

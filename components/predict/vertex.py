@@ -1,0 +1,218 @@
+"""Batch prediction on Vertex AI: a BatchPredictionJob on a model registered there, fed with instances decoded
+here exactly as local prediction decodes them, its results written as local prediction writes them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import re
+import time
+
+import numpy as np
+
+from components import data, gcp
+from components.predict.decode import Decoder, iter_batches
+from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _copy_lines, _gather,
+                                       _remove_stale_shards, _rename, shard_paths)
+from components.predict.sources import _is_remote, iter_chunks, resolve_source
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- Vertex AI
+
+
+# A Vertex AI batch prediction job could not be created or did not succeed; the message says why. The name
+# callers catch for the Google Cloud layer's errors (components/gcp/errors.py, which also gives the exit codes).
+VertexBatchError = gcp.RemoteError
+
+
+def serving_input_name(model_dir: str) -> str:
+    """The input name of the exported SavedModel's serving signature: Vertex AI's TensorFlow serving container
+    takes instances keyed by it."""
+    import tensorflow as tf
+
+    saved = data.join(model_dir, "saved_model")
+    saved = saved if data.gfile().exists(data.join(saved, "saved_model.pb")) else model_dir
+    if not data.gfile().exists(data.join(saved, "saved_model.pb")):
+        raise data.DataError(f"No SavedModel in {model_dir} (looked for saved_model/saved_model.pb): Vertex AI "
+                             "serves the SavedModel that training exports")
+    names = list(tf.saved_model.load(saved).signatures["serving_default"].structured_input_signature[1])
+    if len(names) != 1:
+        raise data.DataError(f"The serving signature of {saved} takes {len(names)} inputs ({names}); expected one")
+    return names[0]
+
+
+def write_vertex_instances(source: str, instances_path: str, errors_path: str, image_shape: list[int],
+                           input_name: str, *, batch_size: int = 256, chunk_size: int = 10_000,
+                           exclude: str | None = None) -> dict:
+    """Vertex AI batch prediction's input, built from any source this module reads: JSONL with one line per
+    readable image, `{"uri": URI, INPUT_NAME: HxWxC pixels}`, decoded exactly as local prediction decodes them
+    (the job's `instanceConfig.keyField` is `uri`, so predictions come back keyed by it). Inputs that cannot
+    be read go to `errors_path` with the reason. Returns {"instances": n, "errors": m}."""
+    where = resolve_source(source)
+    counts = {"instances": 0, "errors": 0}
+    workers = 32 if _is_remote(where.location) else 2 * (os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool, \
+            data.gfile().GFile(instances_path, "w") as instances, data.gfile().GFile(errors_path, "w") as errors:
+        decoder = Decoder(image_shape, pool, raw_ok=where.kind == "tfrecord")
+        for chunk in iter_chunks(where, chunk_size, exclude=exclude):
+            for keys, images, failures in map(decoder.decode, iter_batches(chunk, batch_size, pool)):
+                instances.write("".join(json.dumps({"uri": key, input_name: image.tolist()}) + "\n"
+                                        for key, image in zip(keys, images)))
+                errors.write("".join(json.dumps({"uri": uri, "reason": reason}) + "\n" for uri, reason in failures))
+                counts["instances"] += len(keys)
+                counts["errors"] += len(failures)
+    return counts
+
+
+def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_prefix: str, display_name: str,
+                         machine_type: str = "n1-standard-4", accelerator_type: str = "", accelerator_count: int = 0,
+                         replicas: int = 1, max_replicas: int = 1, labels: dict | None = None,
+                         poll_seconds: float = 30.0, timeout_seconds: float = 24 * 3600, sleep=None):
+    """Creates a BatchPredictionJob for a model registered in Vertex AI and follows it to its end.
+
+    `client` is a `google.cloud.aiplatform_v1.JobServiceClient` for the model's region (`gcp.job_client`).
+    `model` is the model's resource name, optionally with `@VERSION` or `@ALIAS`
+    (`projects/P/locations/L/models/ID@champion`). Returns the succeeded job; raises VertexBatchError when it
+    cannot be created, fails or runs past the timeout. The job is ours: it is cancelled on a timeout, on SIGTERM
+    (`gcp.JobStopped`) and when this process fails, so an interrupted prediction leaves no paid job running.
+    `sleep` (tests) replaces the real wait.
+    """
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    found = re.match(r"^(projects/[^/]+/locations/[^/]+)/models/[^/@]+(@[A-Za-z0-9_-]+)?$", model)
+    if not found:
+        raise ValueError(f"Not a Vertex AI model resource name: {model!r} (expected "
+                         "projects/PROJECT/locations/REGION/models/ID[@VERSION_OR_ALIAS])")
+    parent = found.group(1)
+    machine_spec = {"machine_type": machine_type}
+    if accelerator_count:
+        machine_spec.update(accelerator_type=accelerator_type, accelerator_count=accelerator_count)
+    request = aiplatform_v1.BatchPredictionJob(
+        display_name=display_name, model=model, labels=labels or {},
+        input_config={"instances_format": "jsonl", "gcs_source": {"uris": [instances_uri]}},
+        instance_config={"instance_type": "object", "key_field": "uri"},
+        output_config={"predictions_format": "jsonl", "gcs_destination": {"output_uri_prefix": output_uri_prefix}},
+        dedicated_resources={"machine_spec": machine_spec, "starting_replica_count": replicas,
+                             "max_replica_count": max(replicas, max_replicas)})
+    retry = gcp.RetryPolicy(sleep=sleep or time.sleep)
+    with gcp.sigterm_stops():  # a SIGTERM while the job is being created cancels it too
+        try:
+            job = retry.call(f"create a batch prediction job for {model}", lambda: client.create_batch_prediction_job(
+                parent=parent, batch_prediction_job=request), parent=parent)
+        except exceptions.GoogleAPICallError as e:  # what the retry policy leaves as the API answered it
+            hint = " (is the model registered in this project and region?)" if e.code == 404 else ""
+            raise VertexBatchError(f"Creating the batch prediction job for {model} failed: {e.message}{hint}") from e
+        followed = gcp.follow_job(
+            lambda: retry.call(f"get {job.name}", lambda: client.get_batch_prediction_job(name=job.name),
+                               parent=parent, idempotent=True),
+            lambda: retry.call(f"cancel {job.name}", lambda: client.cancel_batch_prediction_job(name=job.name),
+                               parent=parent, idempotent=True),
+            status=gcp.vertex_job_status, what=f"Batch prediction job {job.name}", job=job,
+            poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep)
+    return followed.job
+
+
+def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list[str], *, top_k: int = 3,
+                            batch_size: int = 1024) -> dict:
+    """Writes this module's outputs (shards, errors) from a job's `prediction.results-*` files, whose lines are
+    `{"key": URI, "prediction": probabilities}` (or `"error"` for an instance the model refused)."""
+    files = sorted(data.gfile().glob(data.join(results_dir, "prediction.results-*")))
+    if not files:
+        raise VertexBatchError(f"The job wrote no prediction.results-* files under {results_dir}")
+    top_k = min(top_k, len(class_names))
+    totals = {"count": 0, "errors": 0, "inputs": 0}
+    for index, path in enumerate(files):
+        writer = ChunkWriter(output_dir, index, class_names, top_k)
+        keys, rows = [], []
+
+        def flush():
+            if keys:
+                writer.write(list(keys), np.asarray(rows, dtype=np.float64))
+                keys.clear()
+                rows.clear()
+
+        with data.gfile().GFile(path) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                entry = json.loads(line)
+                key = entry.get("key") or json.dumps(entry.get("instance"))[:200]
+                prediction = entry.get("prediction")
+                if isinstance(prediction, dict) and len(prediction) == 1:  # a signature with one named output
+                    prediction = next(iter(prediction.values()))
+                if "error" in entry or not isinstance(prediction, list) or len(prediction) != len(class_names):
+                    error = entry.get("error") or {}
+                    writer.error(key, f"Vertex AI: {error.get('message', error) or 'no prediction'}")
+                    continue
+                keys.append(key)
+                rows.append(prediction)
+                if len(keys) >= batch_size:
+                    flush()
+        flush()
+        writer.commit({"chunk": index, "fingerprint": f"vertex:{path}", "inputs": writer.count + writer.errors})
+        for key, value in (("count", writer.count), ("errors", writer.errors), ("inputs", writer.count + writer.errors)):
+            totals[key] += value
+    totals["chunks"] = len(files)
+    return totals
+
+
+def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_dir: str, *, client,
+                         staging_uri: str, storage_root: str | None = None, top_k: int = 3,
+                         machine_type: str = "n1-standard-4", accelerator_type: str = "", accelerator_count: int = 0,
+                         replicas: int = 1, max_replicas: int = 1, poll_seconds: float = 30.0,
+                         timeout_seconds: float = 24 * 3600, sleep=None) -> PredictResult:
+    """Batch prediction on Vertex AI for a model registered there, with the same inputs and outputs as `predict`.
+
+    The instances file is built here from the inputs (`staging_uri/instances.jsonl`, a gs:// location the job
+    can read), the job writes under `staging_uri/results/`, and its results are turned into predictions.jsonl,
+    predictions.csv and errors.jsonl in `output_dir`. `model_dir` is the trained model's directory (local or
+    gs://), for the image size, the class names and the serving input's name. `storage_root`, when given, is
+    where gs:// is mounted (`/gcs` under Vertex AI Pipelines' GCS FUSE): gs://BUCKET/PATH is read and written as
+    STORAGE_ROOT/BUCKET/PATH; otherwise gs:// is used directly.
+    """
+    if not staging_uri.startswith("gs://"):
+        raise ValueError(f"The staging location must be a gs:// folder Vertex AI can read and write, got {staging_uri}")
+    start = time.monotonic()
+
+    def local(uri: str) -> str:
+        return os.path.join(storage_root, uri[len("gs://"):]) if storage_root and uri.startswith("gs://") else uri
+
+    classifier_info = data.load_classifier(model_dir)
+    input_name = serving_input_name(model_dir)
+    staging_uri = staging_uri.rstrip("/")
+    instances_uri = f"{staging_uri}/instances.jsonl"
+    data.gfile().makedirs(local(staging_uri))
+    data.gfile().makedirs(data.join(output_dir, SHARDS))
+    built = write_vertex_instances(source, local(instances_uri), data.join(output_dir, "instance-errors.jsonl"),
+                                   classifier_info.image_shape, input_name, exclude=output_dir)
+    log.info("predict: %d instances in %s (%d inputs could not be read)", built["instances"], instances_uri,
+             built["errors"])
+    if built["instances"] == 0:
+        raise data.DataError(f"No image in {source} could be read ({built['errors']} inputs failed; see "
+                             f"{data.join(output_dir, 'instance-errors.jsonl')})")
+    job = run_vertex_batch_job(client, model=vertex_model, instances_uri=instances_uri,
+                               output_uri_prefix=f"{staging_uri}/results", display_name=f"predict-{int(time.time())}",
+                               machine_type=machine_type, accelerator_type=accelerator_type,
+                               accelerator_count=accelerator_count, replicas=replicas, max_replicas=max_replicas,
+                               poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep)
+    totals = read_vertex_predictions(local(job.output_info.gcs_output_directory), output_dir,
+                                     classifier_info.class_names, top_k=top_k)
+    _remove_stale_shards(output_dir, totals["chunks"])
+    # Inputs that never became instances are errors too: they lead errors.jsonl.
+    _copy_lines([data.join(output_dir, "instance-errors.jsonl")]
+                + [shard_paths(output_dir, i)["errors"] for i in range(totals["chunks"])],
+                data.join(output_dir, "all-errors.jsonl"))
+    totals["errors"] += built["errors"]
+    totals["inputs"] += built["errors"]
+    seconds = time.monotonic() - start
+    where = resolve_source(source)
+    path = _gather(output_dir, totals["chunks"], totals, classifier_info.class_names, where, combine_max=1_000_000,
+                   seconds=seconds, rate=totals["inputs"] / seconds, skipped=0)
+    _rename(data.join(output_dir, "all-errors.jsonl"), data.join(output_dir, "errors.jsonl"))
+    return PredictResult(output_dir, path, totals["count"], totals["errors"], totals["chunks"], 0, seconds,
+                         totals["inputs"] / seconds)

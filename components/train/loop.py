@@ -1,0 +1,410 @@
+"""The training loop: one attempt at training, as an object whose phases can be read one at a time.
+
+`TrainingLoop(settings).run()` goes through the phases in order:
+
+    prepare()     the plan: recipe, this process's role in the cluster, the data, the strategy, precision and
+                  XLA, the global batch and the step counts
+    build()       the model and optimizer under the strategy, the losses, the compiled step functions, and the
+                  checkpoint (weights, optimizer state, step, the epoch's running sums, the history)
+    restore()     resume from the last checkpoint in backup_dir, mid-epoch and step-exact
+    run_epochs()  train up to the planned number of steps; checkpoint at every epoch's end, every
+                  checkpoint_seconds within one, and on SIGTERM (then raise Preempted); `evaluate()` scores the
+                  validation split at every epoch's end
+    export()      the float32 model, training.json, the TrainResult
+
+The contracts these phases keep (distribution, fault tolerance, exit codes) are stated in the package's
+docstring, components/train/__init__.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Callable
+
+from components import augment as augment_lib
+from components import data
+from components.train.cluster import ClusterRole, choose_strategy, cluster_role, strategy_name
+from components.train.faults import NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before
+from components.train.inputs import TrainInput, make_eval_dataset
+from components.train.learning_rate import keras_schedule, peak_learning_rate
+from components.train.model import build_model, check_gpus_visible, resolve_jit, resolve_precision, write_model
+from components.train.recipes import Recipe
+from components.train.results import TRAINING_INFO, TrainResult
+from components.train.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What `prepare` decides before anything is built."""
+
+    recipe: Recipe
+    role: ClusterRole
+    class_names: list[str]
+    image_shape: list[int]
+    train_dir: str  # the dataset's, or the augmented copies'
+    online_policy: dict | None  # augmentation applied while training, if any
+    train_count: int
+    strategy: Any  # a tf.distribute.Strategy
+    precision: str
+    use_jit: bool
+    replicas: int
+    global_batch: int
+    steps_per_epoch: int
+    total_steps: int
+    peak_learning_rate: float
+
+
+def setup_json(recipe: Recipe, global_batch: int, steps_per_epoch: int, train_count: int, workers: int) -> str:
+    """What a checkpoint must have been trained with to be resumed (stored in it and compared on restore)."""
+    return json.dumps({"recipe": dataclasses.asdict(recipe), "global_batch": global_batch,
+                       "steps_per_epoch": steps_per_epoch, "train_count": train_count, "workers": workers},
+                      sort_keys=True)
+
+
+class TrainingLoop:
+    """One attempt at training with `settings`; see the module docstring for the phases.
+
+    `validate=False` skips the validation pass. `tf_config` defaults to the `TF_CONFIG` environment variable.
+    `epoch_callback(epoch, logs, predict)`, when given, is called on the chief after each epoch (epoch counted
+    from 0) with that epoch's logs and a function mapping a batch of images to logits (for tuning services and
+    benchmarks). `run()` raises NonFiniteLossError, data.DataError/ValueError (bad input), Preempted (SIGTERM or
+    a lost peer; checkpoint saved), PermanentFailure (an earlier attempt failed for good).
+    """
+
+    def __init__(self, settings: TrainSettings, *, validate: bool = True, tf_config: str | None = None,
+                 epoch_callback: Callable[[int, dict, Callable], None] | None = None):
+        self.settings = settings
+        self.validate = validate
+        self.tf_config = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
+        self.epoch_callback = epoch_callback
+        self.inputs: dict[int, TrainInput] = {}  # one per input pipeline (per worker), made on first use
+        self.step = 0  # optimizer steps taken, in all attempts together
+        self.resumed_from = 0
+        self.history: dict[str, list[float]] = {}
+        self.scratch: str | None = None  # a non-chief worker's throwaway output
+        self.train_seconds = 0.0
+
+    def run(self) -> TrainResult:
+        self.prepare()
+        self.build()
+        self.restore()
+        self.run_epochs()
+        return self.export()
+
+    # ------------------------------------------------------------------------------------------ prepare
+
+    def prepare(self) -> Plan:
+        import keras
+        import tensorflow as tf
+
+        settings = self.settings
+        recipe = settings.resolve_recipe()
+        role = cluster_role(self.tf_config)
+        check_not_failed_before(settings.backup_dir)
+        manifest = data.read_manifest(settings.dataset_dir)
+        train_dir, online_policy = augment_lib.train_files(settings.dataset_dir, settings.augmented_dir)
+
+        # The strategy first: MultiWorkerMirroredStrategy must configure the runtime before any other TF op.
+        strategy = choose_strategy(self.tf_config)
+        gpus = tf.config.list_physical_devices("GPU")
+        check_gpus_visible(gpus)
+        replicas = strategy.num_replicas_in_sync
+        global_batch = recipe.batch_size * replicas
+        train_count = data.read_manifest(train_dir)["splits"]["train"]["count"]
+        if train_count < 1:
+            raise data.DataError(f"The training split of {train_dir} is empty")
+        steps_per_epoch = max(1, math.ceil(train_count / global_batch))
+        self.plan = plan = Plan(
+            recipe=recipe, role=role, class_names=manifest["class_names"], image_shape=manifest["image_shape"],
+            train_dir=train_dir, online_policy=online_policy, train_count=train_count, strategy=strategy,
+            precision=resolve_precision(recipe.precision, gpus), use_jit=resolve_jit(recipe.jit_compile, gpus),
+            replicas=replicas, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+            total_steps=recipe.epochs * steps_per_epoch, peak_learning_rate=peak_learning_rate(recipe, replicas))
+        keras.utils.set_random_seed(recipe.seed)
+        log.info("train: %s on %s, %d replica(s) in %d worker(s), global batch %d, peak learning rate %g, %s, "
+                 "XLA %s, recipe %s", strategy_name(strategy), role.task, replicas, role.workers, global_batch,
+                 plan.peak_learning_rate, plan.precision, "on" if plan.use_jit else "off", settings.recipe)
+        return plan
+
+    def distributed_batches(self, epoch: int, first_step: int):
+        """An iterator over the per-replica batches of `epoch` from its step `first_step` to its end."""
+        plan = self.plan
+
+        def dataset_fn(context):
+            per_replica = context.get_per_replica_batch_size(plan.global_batch)
+            per_pipeline = plan.replicas // context.num_input_pipelines  # replicas fed by this pipeline
+            return self._input_for(context).dataset(epoch, first_step * per_pipeline,
+                                                    (plan.steps_per_epoch - first_step) * per_pipeline, per_replica)
+
+        return iter(plan.strategy.distribute_datasets_from_function(dataset_fn))
+
+    def _input_for(self, context) -> TrainInput:
+        if context.input_pipeline_id not in self.inputs:
+            self.inputs[context.input_pipeline_id] = TrainInput(
+                self.plan.train_dir, self.plan.image_shape, pipeline_id=context.input_pipeline_id,
+                num_pipelines=context.num_input_pipelines, recipe=self.plan.recipe,
+                online_policy=self.plan.online_policy, mode=self.settings.input_mode)
+        return self.inputs[context.input_pipeline_id]
+
+    # ------------------------------------------------------------------------------------------ build
+
+    def build(self) -> None:
+        import keras
+        import tensorflow as tf
+
+        plan = self.plan
+        with plan.strategy.scope():
+            self.model = build_model(plan.image_shape, len(plan.class_names), plan.precision)
+            self.rate_at_step = keras_schedule(plan.recipe, plan.replicas, plan.steps_per_epoch)
+            optimizer = keras.optimizers.Adam(self.rate_at_step)
+            if plan.precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(self.model.trainable_variables)
+            self.optimizer = optimizer
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        self.train_loss_fn = self.loss_fn
+        if plan.recipe.label_smoothing:
+            smoothed = keras.losses.CategoricalCrossentropy(
+                from_logits=True, label_smoothing=plan.recipe.label_smoothing, reduction=None)
+            self.train_loss_fn = lambda labels, logits: smoothed(tf.one_hot(labels, len(plan.class_names)), logits)
+
+        # The epoch's running sums (loss, correct, count) and the finished epochs' history travel with the weights.
+        self.setup = setup_json(plan.recipe, plan.global_batch, plan.steps_per_epoch, plan.train_count,
+                                plan.role.workers)
+        with tf.device("/CPU:0"):  # host-side bookkeeping (strings cannot live on a GPU)
+            self.epoch_sums = tf.Variable(tf.zeros([3], tf.float64), trainable=False)
+            self.history_var = tf.Variable("{}", dtype=tf.string, trainable=False)
+            self.setup_var = tf.Variable(self.setup, dtype=tf.string, trainable=False)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch_sums=self.epoch_sums,
+                                              history=self.history_var, setup=self.setup_var)
+
+        self._step_fn = tf.function(self._replica_step, jit_compile=True) if plan.use_jit else self._replica_step
+        self._run_steps = tf.function(self._steps)
+        self._agree = tf.function(self._any_worker)
+        self.predict_logits = tf.function(self._logits)
+
+    def _replica_step(self, images, labels):
+        """One optimizer step on one replica's batch; returns its (loss sum, correct, count)."""
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = self.train_loss_fn(labels, logits)
+            loss = tf.reduce_sum(per_example) / self.plan.global_batch
+            scaled = self.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        self.optimizer.apply(grads, self.model.trainable_variables)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+        return tf.stack([tf.reduce_sum(per_example), correct, tf.cast(tf.size(labels), tf.float32)])
+
+    def _steps(self, iterator, count):
+        """`count` steps on every replica in one call into the runtime; the per-step sums over all replicas."""
+        import tensorflow as tf
+
+        strategy = self.plan.strategy
+        sums = tf.TensorArray(tf.float32, size=count)
+        for i in tf.range(count):
+            images, labels = next(iterator)
+            sums = sums.write(i, strategy.reduce("SUM", strategy.run(self._step_fn, args=(images, labels)), axis=None))
+        return sums.stack()
+
+    def _any_worker(self, flags):
+        # Every worker must take the same decision (save, stop) at the same step, or the all-reduces hang.
+        import tensorflow as tf
+
+        strategy = self.plan.strategy
+        return strategy.reduce("SUM", strategy.run(lambda: tf.identity(flags)), axis=None)  # > 0: anyone
+
+    def _logits(self, images):
+        return self.model(images, training=False)
+
+    # ------------------------------------------------------------------------------------------ restore
+
+    def restore(self) -> None:
+        import tensorflow as tf
+
+        backup_dir, plan = self.settings.backup_dir, self.plan
+        # The other workers write what the chief writes (checkpoints, model) to scratch space, deleted at the end.
+        self.scratch = None if plan.role.is_chief else tempfile.mkdtemp(prefix="train-scratch-")
+        checkpoint_dir = backup_dir if plan.role.is_chief else os.path.join(self.scratch, "checkpoints")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir, max_to_keep=2) \
+            if backup_dir else None
+        latest = tf.train.latest_checkpoint(backup_dir) if backup_dir else None
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            if self.setup_var.numpy().decode() != self.setup:
+                raise ValueError(f"{backup_dir} holds checkpoints of a different training setup "
+                                 f"({self.setup_var.numpy().decode()}); use a new backup directory for new settings")
+            self.resumed_from = int(self.optimizer.iterations.numpy())
+            log.info("train: resuming from step %d of %d (epoch %d, step %d) from %s", self.resumed_from,
+                     plan.total_steps, self.resumed_from // plan.steps_per_epoch + 1,
+                     self.resumed_from % plan.steps_per_epoch, latest)
+        self.history = json.loads(self.history_var.numpy().decode())
+        self.step = int(self.optimizer.iterations.numpy())
+
+    def save(self, reason: str) -> None:
+        """A checkpoint at the current step (no-op without a backup_dir)."""
+        if self.manager is None:
+            return
+        self.history_var.assign(json.dumps(self.history))
+        path = self.manager.save(checkpoint_number=int(self.optimizer.iterations.numpy()))
+        if self.plan.role.is_chief:
+            log.info("train: checkpoint %s (%s)", path, reason)
+
+    # ------------------------------------------------------------------------------------------ run epochs
+
+    def run_epochs(self) -> None:
+        import tensorflow as tf
+
+        settings, plan = self.settings, self.plan
+        chief = plan.role.is_chief
+        validation = make_eval_dataset(settings.dataset_dir, "validation", max(plan.global_batch, 256)) \
+            if self.validate and chief else None
+        self.writer = tf.summary.create_file_writer(settings.tensorboard_dir) if settings.tensorboard_dir and chief \
+            else tf.summary.create_noop_writer()
+        start = time.monotonic()
+        self.last_save = time.monotonic()
+        try:
+            with PreemptionWatch() as watch, self.writer.as_default():
+                log.info("train: starting at step %d of %d", self.step, plan.total_steps)
+                while self.step < plan.total_steps:
+                    self.run_epoch(watch, validation)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                tf.errors.CancelledError) as e:
+            # A peer worker went away (preempted node, restarted pod): the whole job restarts and resumes.
+            raise Preempted(f"Lost contact with a peer worker at step {self.step}: {str(e).splitlines()[0]}") from e
+        self.train_seconds = time.monotonic() - start
+
+    def run_epoch(self, watch: PreemptionWatch, validation) -> None:
+        """The rest of the current epoch (all of it, or from a resumed step), then its end-of-epoch work."""
+        import tensorflow as tf
+
+        plan = self.plan
+        epoch, in_epoch = divmod(self.step, plan.steps_per_epoch)
+        epoch_start = time.monotonic()
+        if in_epoch == 0:
+            self.epoch_sums.assign(tf.zeros([3], tf.float64))
+        iterator = self.distributed_batches(epoch, in_epoch)
+        while in_epoch < plan.steps_per_epoch:
+            count = min(plan.recipe.steps_per_execution, plan.steps_per_epoch - in_epoch)
+            self.take_steps(iterator, count, epoch, in_epoch)
+            in_epoch += count
+            self.checkpoint_or_stop(watch, epoch, in_epoch)
+        self.end_epoch(epoch, epoch_start, validation)
+
+    def take_steps(self, iterator, count: int, epoch: int, in_epoch: int) -> None:
+        """`count` optimizer steps; stops training (NonFiniteLossError) at the first NaN or infinite loss."""
+        import tensorflow as tf
+
+        sums = self._run_steps(iterator, tf.constant(count)).numpy()
+        losses = sums[:, 0] / sums[:, 2]
+        bad = [i for i, value in enumerate(losses) if not math.isfinite(value)]
+        if bad:
+            raise NonFiniteLossError(
+                f"Loss became {losses[bad[0]]} at epoch {epoch + 1}, step {in_epoch + bad[0] + 1} "
+                f"(global step {self.step + bad[0] + 1}): training stopped. Lower the learning rate or "
+                "check the input data for corrupt values.")
+        self.epoch_sums.assign_add(tf.constant(sums.sum(axis=0), tf.float64))
+        self.step += count
+
+    def checkpoint_or_stop(self, watch: PreemptionWatch, epoch: int, in_epoch: int) -> None:
+        """Between steps: on SIGTERM (on any worker) save and raise Preempted; within an epoch, save when the chief's
+        checkpoint_seconds have passed. All workers decide together."""
+        import tensorflow as tf
+
+        role = self.plan.role
+        want_save = role.is_chief and time.monotonic() - self.last_save >= self.settings.checkpoint_seconds
+        flags = [float(watch.signalled.is_set()), float(want_save)]
+        if role.workers > 1:
+            flags = self._agree(tf.constant(flags)).numpy().tolist()
+        if flags[0]:
+            self.save("preempted")
+            raise Preempted(f"Preempted at step {self.step} of {self.plan.total_steps}; a retry resumes from here")
+        if flags[1] and in_epoch < self.plan.steps_per_epoch:
+            self.save(f"epoch {epoch + 1}, step {in_epoch}")
+            self.last_save = time.monotonic()
+
+    def end_epoch(self, epoch: int, epoch_start: float, validation) -> None:
+        """The epoch's metrics (validation included) into the history, TensorBoard and the log; then a checkpoint."""
+        import tensorflow as tf
+
+        loss_sum, correct, seen = self.epoch_sums.numpy()
+        logs = {"loss": loss_sum / seen, "accuracy": correct / seen,
+                "learning_rate": float(self.rate_at_step(self.step - 1))}  # the rate of the epoch's last step
+        if validation is not None:
+            logs["val_loss"], logs["val_accuracy"] = self.evaluate(validation)
+        for name, value in logs.items():
+            self.history.setdefault(name, []).append(float(value))
+            tf.summary.scalar(f"epoch_{name}", value, step=self.step)
+        log.info("epoch %d/%d (%.1fs) %s", epoch + 1, self.plan.recipe.epochs, time.monotonic() - epoch_start,
+                 " ".join(f"{k}={v:.4f}" for k, v in sorted(logs.items())))
+        if self.epoch_callback is not None and self.plan.role.is_chief:
+            self.epoch_callback(epoch, dict(logs), self.predict_logits)
+        self.save(f"end of epoch {epoch + 1}")
+        self.last_save = time.monotonic()
+
+    # ------------------------------------------------------------------------------------------ evaluate
+
+    def evaluate(self, dataset) -> tuple[float, float]:
+        """Mean loss and accuracy of the model on `dataset` (batches of images and labels)."""
+        import tensorflow as tf
+
+        total_loss = correct = count = 0.0
+        for images, labels in dataset:
+            logits = self.predict_logits(images)
+            total_loss += float(tf.reduce_sum(self.loss_fn(labels, logits)))
+            correct += float(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
+                                                   tf.float32)))
+            count += int(tf.size(labels))
+        return total_loss / max(count, 1), correct / max(count, 1)
+
+    # ------------------------------------------------------------------------------------------ export
+
+    def export(self) -> TrainResult:
+        settings, plan = self.settings, self.plan
+        steps_run = self.step - self.resumed_from
+        if steps_run == 0:
+            log.info("train: %s already holds the finished training (%d steps); writing the model again",
+                     settings.backup_dir, self.step)
+        # Only the chief's model counts; the others save theirs to scratch (the standard multi-worker pattern,
+        # as saving reads the distributed variables on every worker) and delete it.
+        output_dir = settings.model_dir if plan.role.is_chief else os.path.join(self.scratch, "model")
+        input_mode = next(iter(self.inputs.values())).mode if self.inputs else settings.input_mode
+        result = TrainResult(settings.model_dir, plan.recipe.epochs, self.step, plan.steps_per_epoch,
+                             plan.global_batch, plan.replicas, plan.role.workers, strategy_name(plan.strategy),
+                             plan.peak_learning_rate, plan.precision, plan.use_jit, input_mode, self.resumed_from,
+                             self.history, self.train_seconds,
+                             steps_run * plan.global_batch / max(self.train_seconds, 1e-9))
+        write_model(self.model, plan.image_shape, len(plan.class_names), output_dir)
+        if plan.role.is_chief:
+            data.write_json(data.join(settings.model_dir, TRAINING_INFO), {
+                **result.to_json(), "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
+                "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
+            })
+            self.writer.flush()
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        log.info("train: %d steps (%d in this attempt) in %.1fs, %.0f images/s; model in %s", self.step, steps_run,
+                 self.train_seconds, result.images_per_second, settings.model_dir)
+        return result
+
+
+def train(dataset_dir: str, model_dir: str, *, validate: bool = True, tf_config: str | None = None,
+          epoch_callback: Callable[[int, dict, Callable], None] | None = None, **settings) -> TrainResult:
+    """Trains the classifier on `dataset_dir` (train from `augmented_dir` when given) and writes `model_dir`.
+
+    `settings` are `TrainSettings`' other fields (recipe, epochs, batch_size, ..., backup_dir, tensorboard_dir):
+    `backup_dir` (durable, one per run and task) makes the training resumable; `checkpoint_seconds` bounds the
+    work a SIGKILL can cost. The other arguments and what this raises are `TrainingLoop`'s.
+    """
+    return TrainingLoop(TrainSettings(dataset_dir, model_dir, **settings), validate=validate, tf_config=tf_config,
+                        epoch_callback=epoch_callback).run()

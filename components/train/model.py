@@ -1,0 +1,85 @@
+"""The model and the hardware choices around it: the reference CNN, precision, XLA, GPU visibility, and the
+float32 export that serving loads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from components import data
+
+
+def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
+    """Fails fast when the pod was given GPUs (the device plugin mounts /dev/nvidiaN) but TensorFlow sees none:
+    a driver/CUDA mismatch in the image would otherwise train on the CPU of a GPU node, silently and slowly."""
+    try:
+        devices = [n for n in os.listdir(device_dir) if n.startswith("nvidia") and n[len("nvidia"):].isdigit()]
+    except OSError:
+        return
+    if devices and not gpus:
+        raise RuntimeError(f"This machine has GPU devices ({', '.join(sorted(devices))} in {device_dir}) but "
+                           "TensorFlow sees none: the image's CUDA/cuDNN does not match the node's driver. Check "
+                           "with: python3 -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"")
+
+
+def build_model(image_shape: list[int] | tuple[int, ...], num_classes: int, dtype_policy: str = "float32"):
+    """The reference CNN. Pixel scaling is part of the model, so serving takes raw 0-255 pixels."""
+    import keras
+
+    policy = keras.DTypePolicy(dtype_policy)
+    return keras.Sequential([
+        keras.Input(shape=tuple(image_shape), name="image"),
+        keras.layers.Rescaling(1.0 / 255, dtype=policy),
+        keras.layers.Conv2D(32, 3, activation="relu", dtype=policy),
+        keras.layers.MaxPooling2D(dtype=policy),
+        keras.layers.Flatten(dtype=policy),
+        keras.layers.Dense(64, activation="relu", dtype=policy),
+        keras.layers.Dense(num_classes, name="logits", dtype="float32"),  # softmax/loss stay in float32
+    ], name="classifier")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes in bfloat16 natively (AVX512-BF16 or AMX): then bf16 training is faster on it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(requested: str, gpus: list) -> str:
+    """bf16 on GPUs with compute capability >= 8 (A100, L4, H100, H200), fp16 on 7.x (T4, V100); on CPUs, bf16
+    where they compute it natively (measured ~20% faster for this model), else float32."""
+    if requested != "auto":
+        return requested
+    if not gpus:
+        return "mixed_bfloat16" if cpu_has_bf16() else "float32"
+    import tensorflow as tf
+
+    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+    if capability >= (8, 0):
+        return "mixed_bfloat16"
+    if capability >= (7, 0):
+        return "mixed_float16"
+    return "float32"
+
+
+def resolve_jit(requested: str, gpus: list) -> bool:
+    return requested == "on" or (requested == "auto" and bool(gpus))
+
+
+
+def write_model(model, image_shape, num_classes: int, model_dir: str) -> None:
+    """Writes model.keras and saved_model/ in float32, whatever precision training used."""
+    import keras
+    import tensorflow as tf
+
+    export = build_model(image_shape, num_classes, "float32")
+    export.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
+    tf.io.gfile.makedirs(model_dir)
+    export.save(data.join(model_dir, "model.keras"))
+    inference = keras.Sequential([export, keras.layers.Softmax(name="probabilities")], name="inference")
+    with contextlib.redirect_stdout(sys.stderr):
+        inference.export(data.join(model_dir, "saved_model"), verbose=False)

@@ -1,0 +1,45 @@
+"""What training returns and writes beside the model: `TrainResult`, training.json, and the KFP metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+TRAINING_INFO = "training.json"
+
+
+@dataclasses.dataclass
+class TrainResult:
+    model_dir: str
+    epochs: int
+    steps: int  # optimizer steps taken in all attempts together: always epochs x steps_per_epoch
+    steps_per_epoch: int
+    global_batch_size: int
+    replicas: int
+    workers: int
+    strategy: str
+    learning_rate: float  # peak rate after scaling
+    precision: str
+    jit_compile: bool
+    input_mode: str
+    resumed_from_step: int
+    history: dict
+    train_seconds: float  # this attempt: from the first to the last step, validation included
+    images_per_second: float  # this attempt's training images per second of train_seconds
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def log_to_kfp(info: dict, metrics, model) -> None:
+    """Per-epoch and final metrics, timings and throughput into a KFP Metrics artifact; facts onto the Model."""
+    for name, values in info["history"].items():
+        for epoch, value in enumerate(values, start=1):
+            metrics.log_metric(f"epoch{epoch:02d}_{name}", round(value, 6))
+        if values:
+            metrics.log_metric(f"final_{name}", round(values[-1], 6))
+    metrics.log_metric("train_seconds", round(info["train_seconds"], 2))
+    metrics.log_metric("images_per_second", round(info["images_per_second"], 1))
+    metrics.log_metric("steps", info["steps"])
+    metrics.log_metric("resumed_from_step", info["resumed_from_step"])
+    model.metadata.update({"framework": "tensorflow", "strategy": info["strategy"], "replicas": info["replicas"],
+                           "workers": info["workers"], "global_batch_size": info["global_batch_size"]})
