@@ -103,24 +103,27 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
 def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int, batch_size: int,
                  learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
                  launcher: str, image: str, workers: int, accelerator: str, gpus: int, spot: bool, node_pool: str,
-                 known_accelerators: dict, kueue_queue: str, namespace: str, project: str, location: str,
+                 kueue_queue: str, namespace: str, project: str, location: str,
                  model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
     """Trains on a chief and `workers` more machines: creates a Kubeflow TFJob (launcher=tfjob) or a Vertex AI
     CustomJob (launcher=vertex-job) running the training image, follows it, and deletes/cancels it when the run is
     cancelled. The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
     """
     from components import stepcli
-    from components.launch import launch_training
-    from components.train import backup_dir_for, log_to_kfp
+    from components.launch import LaunchSettings, launch_training
+    from components.train import TrainSettings, backup_dir_for, log_to_kfp
 
     stepcli.setup_logging(force=True)
-    info = launch_training(
-        launcher=launcher, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_path=model.path,
-        tensorboard_path=tensorboard.path, staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}",
-        backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name), recipe=recipe, epochs=epochs,
-        batch_size=batch_size, learning_rate=learning_rate, image=image, workers=workers, accelerator=accelerator,
-        gpus=gpus, spot=spot, node_pool=node_pool, known_accelerators=known_accelerators, kueue_queue=kueue_queue,
-        namespace=namespace, project=project, location=location, run_id=run_id, task_name=task_name)
+    # The replicas read and write the pipeline root directly (gs://): URIs, not this pod's local paths.
+    settings = TrainSettings.from_pipeline(
+        dataset.uri, model.uri, augmented_dir=augmented.uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
+    where = LaunchSettings(launcher, image, workers=workers, accelerator=accelerator, gpus=gpus, spot=spot,
+                           node_pool=node_pool, kueue_queue=kueue_queue, namespace=namespace, project=project,
+                           location=location)
+    info = launch_training(settings, where, model_path=model.path, tensorboard_path=tensorboard.path,
+                           staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
+                           task_name=task_name)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 
@@ -183,7 +186,8 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
     import json
 
     from components import stepcli
-    from components.register import open_registry, register
+    from components.register import register
+    from components.registry import open_registry
 
     stepcli.setup_logging(force=True)
     with open(evaluation.path) as f:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
-# open_registry: register_op opens the pipeline's registry through this step.
-from components.registry import (CHAMPION, LocalRegistry, ModelVersion, Registry, model_digest,  # noqa: F401
-                                 open_registry)
+from components import stepcli
+from components.registry import CHAMPION, LocalRegistry, ModelVersion, Registry, model_digest
 
 
 @dataclasses.dataclass
@@ -59,11 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", default="{}", help="JSON object of evaluation metrics to record")
     parser.add_argument("--no-promote", action="store_true", help="do not move the champion alias")
     args = parser.parse_args(argv)
-    result = register(args.model_dir, LocalRegistry(args.registry_root), model_name=args.model_name,
-                      metrics=json.loads(args.metrics), promote=not args.no_promote)
-    json.dump(result.to_json(), sys.stdout, indent=2)
-    print()
-    return 0
+    return stepcli.run(lambda: register(args.model_dir, LocalRegistry(args.registry_root), model_name=args.model_name,
+                                        metrics=json.loads(args.metrics), promote=not args.no_promote))
 
 
 if __name__ == "__main__":

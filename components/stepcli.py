@@ -28,7 +28,7 @@ EXIT_OK = 0
 EXIT_BUG = 1
 EXIT_PERMANENT = 2
 EXIT_KILLED = 137  # 128 + SIGKILL: set by the kernel, not by a step; listed for the docs and the launchers
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a TFJob's ExitCode policy and a KFP retry restart
+EXIT_RETRY = 143  # 128 + SIGTERM, what a TFJob's ExitCode policy and a KFP retry restart
 RETRYABLE_EXIT_CODES = frozenset(range(128, 256))
 
 # Errors every step maps the same way; a step passes its own additions to `run` / `exit_code_for`.

@@ -158,7 +158,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             train = ops.train_job_op(
                 **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu,
                 workers=train_workers, accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
-                node_pool=train_node_pool, known_accelerators=config.ACCELERATORS, kueue_queue=settings.kueue_queue,
+                node_pool=train_node_pool, kueue_queue=settings.kueue_queue,
                 namespace=settings.train_namespace, project=project, location=location)
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, "1", "2G")
             train.after(placement)

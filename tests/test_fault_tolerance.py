@@ -103,7 +103,7 @@ def test_killed_and_preempted_training_resumes_to_the_exact_step_count(small_dat
         resumes.append(attempt.resumed_from())
         assert attempt.resumed_from() == last_saved, "each attempt resumes from the previous attempt's last checkpoint"
         if kill == signal.SIGTERM:
-            assert code == train.EXIT_PREEMPTED, "\n".join(attempt.lines[-20:])
+            assert code == train.EXIT_RETRY, "\n".join(attempt.lines[-20:])
             assert any("(preempted)" in line for line in attempt.lines), "SIGTERM saves a checkpoint before exiting"
         else:
             assert code == -signal.SIGKILL

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from components import gcp
+from components import gcp, stepcli
 from components.gcp import JobStatus, Phase
 
 RUNNING = JobStatus("RUNNING")
@@ -72,7 +72,7 @@ def test_failure_raises_with_the_jobs_message_and_does_not_cancel():
         job.follow(where="https://console/j-1")
     assert "(see https://console/j-1)" in str(error.value)
     assert error.value.status.state == "JOB_STATE_FAILED" and job.cancels == 0
-    assert gcp.exit_code_for(error.value) == 2
+    assert stepcli.exit_code_for(error.value) == 2
 
 
 def test_a_caller_describes_failures_and_drains_before_the_message():
@@ -95,7 +95,7 @@ def test_timeout_cancels_an_owned_job():
     with pytest.raises(gcp.JobTimedOut, match="job j-1 did not finish within 30s; it was cancelled") as error:
         job.follow(timeout_seconds=30)
     assert job.cancels == 1 and isinstance(error.value, TimeoutError)
-    assert gcp.exit_code_for(error.value) == 2
+    assert stepcli.exit_code_for(error.value) == 2
 
 
 def test_cancel_none_leaves_a_watched_job_running():
@@ -112,7 +112,7 @@ def test_sigterm_cancels_an_owned_job_and_restores_the_handler():
         job.follow(sleep=lambda s: os.kill(os.getpid(), signal.SIGTERM))
     assert job.cancels == 1 and job.polls == 1
     assert signal.getsignal(signal.SIGTERM) is before
-    assert gcp.exit_code_for(error.value) == 143
+    assert stepcli.exit_code_for(error.value) == 143
 
 
 def test_a_sigterm_while_the_job_is_created_cancels_it_once_followed():
@@ -148,7 +148,7 @@ def test_transient_poll_failures_are_ridden_out_then_lose_track():
     job = ScriptedJob(DONE, errors=[ConnectionError("reset")] * 5)
     with pytest.raises(gcp.LostTrack, match="after 5 failed polls.*it was cancelled") as error:
         job.follow()
-    assert job.cancels == 1 and gcp.exit_code_for(error.value) == 143
+    assert job.cancels == 1 and stepcli.exit_code_for(error.value) == 143
 
 
 def test_vertex_job_states():
@@ -172,7 +172,7 @@ def test_vertex_job_states():
     (gcp.Rejected("400"), 2), (gcp.RemoteError("?"), 2), (ValueError("bad input"), 2), (KeyError("bug"), 1),
 ])
 def test_exit_codes_follow_the_training_contract(error, code):
-    assert gcp.exit_code_for(error) == code
+    assert stepcli.exit_code_for(error) == code
 
 
 def test_clients_are_regional_rest_and_anonymous_for_http():

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from components import launch
+from components.train import TrainSettings
 from pipelines import config, training
 from tests.conftest import REPO_ROOT, run_then_sigterm, vertex_client
 from tests.standins.k8s_api import KubernetesStandIn
@@ -316,12 +317,13 @@ def test_tfjob_trains_a_model_on_two_workers(small_dataset, tmp_path):
     """The launch step end to end: the real training command as chief + 1 worker, model copied to the output."""
     with KubernetesStandIn() as k8s:
         lines = []
+        settings = TrainSettings(small_dataset, str(tmp_path / "unused"), backup_dir=str(tmp_path / "checkpoints"),
+                                 epochs=1, batch_size=32)
+        where = launch.LaunchSettings("tfjob", "img", workers=1, accelerator="nvidia-l4", gpus=0, spot=True,
+                                      kueue_queue="team-gpu", namespace="ml")
         info = launch.launch_training(
-            launcher="tfjob", dataset_uri=small_dataset, augmented_uri="", model_path=str(tmp_path / "model"),
-            tensorboard_path=str(tmp_path / "tensorboard"), staging_dir=str(tmp_path / "staging"),
-            backup_dir=str(tmp_path / "checkpoints"), recipe="fast", epochs=1, batch_size=32, learning_rate=0.0,
-            image="img", workers=1, accelerator="nvidia-l4", gpus=0, spot=True, node_pool="", known_accelerators=KNOWN,
-            kueue_queue="team-gpu", namespace="ml", project="", location="", run_id="run-1", task_name="train",
+            settings, where, model_path=str(tmp_path / "model"), tensorboard_path=str(tmp_path / "tensorboard"),
+            staging_dir=str(tmp_path / "staging"), run_id="run-1", task_name="train",
             api_client=launch.kubernetes_client(k8s.url), poll_seconds=0.2)
         body = k8s.created_bodies[0]
         assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpu"
@@ -420,9 +422,8 @@ def test_cancelling_the_run_cancels_the_custom_job(tmp_path):
 def test_a_job_cannot_use_a_pipeline_root_its_replicas_cannot_reach(tmp_path):
     with pytest.raises(ValueError, match="gs:// pipeline root"):
         launch.launch_training(
-            launcher="tfjob", dataset_uri="minio://mlpipeline/v2/artifacts/run/preprocess/dataset", augmented_uri="",
+            TrainSettings("minio://mlpipeline/v2/artifacts/run/preprocess/dataset", "unused",
+                          backup_dir="minio://mlpipeline/checkpoints/run/train"),
+            launch.LaunchSettings("tfjob", "img", workers=1, accelerator="nvidia-l4", gpus=1, namespace="ml"),
             model_path=str(tmp_path / "model"), tensorboard_path=str(tmp_path / "tb"),
-            staging_dir="minio://mlpipeline/jobs/run/train", backup_dir="minio://mlpipeline/checkpoints/run/train",
-            recipe="fast", epochs=0, batch_size=0, learning_rate=0.0, image="img", workers=1,
-            accelerator="nvidia-l4", gpus=1, spot=False, node_pool="", known_accelerators=KNOWN, kueue_queue="",
-            namespace="ml", project="", location="", run_id="run", task_name="train")
+            staging_dir="minio://mlpipeline/jobs/run/train", run_id="run", task_name="train")

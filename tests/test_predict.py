@@ -559,7 +559,7 @@ def test_an_interrupted_vertex_batch_prediction_cancels_its_job(tmp_path):
         model = vertex.add_model("4242", "image-classifier")
         _, follower = run_then_sigterm([sys.executable, "-c", textwrap.dedent(f"""
             import sys
-            from components import gcp
+            from components import gcp, stepcli
             from components.predict import run_vertex_batch_job
             client = gcp.job_client("us-central1", api_endpoint={vertex.api_endpoint!r})
             try:
@@ -568,7 +568,7 @@ def test_an_interrupted_vertex_batch_prediction_cancels_its_job(tmp_path):
                                      poll_seconds=0.05)
             except gcp.JobStopped as e:
                 print("stopped:", e)
-                sys.exit(gcp.exit_code_for(e))
+                sys.exit(stepcli.exit_code_for(e))
         """)], ready=lambda: len(vertex.calls("GetBatchPredictionJob")) >= 2)
         assert follower.returncode == 143, follower.stderr
         assert "stopped: Stopped while Batch prediction job projects/" in follower.stdout

@@ -81,7 +81,7 @@ def test_clear_errors(tmp_path):
 
 
 def test_registry_cli_shows_versions_and_champion(tmp_path, capsys):
-    from components.registry import main
+    from components.registry.cli import main
 
     root = str(tmp_path / "registry")
     register(make_model(tmp_path, "m1", b"one"), LocalRegistry(root), model_name="clf")

@@ -13,7 +13,7 @@ class RemoteFailure(RuntimeError):
 
 
 class BusyService(RemoteFailure):
-    exit_code = stepcli.EXIT_PREEMPTED  # states its own code, as the training step's errors do
+    exit_code = stepcli.EXIT_RETRY  # states its own code, as the training step's errors do
 
 
 @pytest.mark.parametrize("error, code", [
@@ -21,20 +21,20 @@ class BusyService(RemoteFailure):
     (data.DataError("no dataset.json"), stepcli.EXIT_PERMANENT),
     (train.NonFiniteLossError("Loss became nan"), stepcli.EXIT_PERMANENT),
     (train.PermanentFailure("failed before"), stepcli.EXIT_PERMANENT),
-    (train.Preempted("SIGTERM"), stepcli.EXIT_PREEMPTED),
+    (train.Preempted("SIGTERM"), stepcli.EXIT_RETRY),
     (KeyError("class_names"), stepcli.EXIT_BUG),
     (RemoteFailure("job failed"), stepcli.EXIT_BUG),
-    (BusyService("quota"), stepcli.EXIT_PREEMPTED),
+    (BusyService("quota"), stepcli.EXIT_RETRY),
 ])
 def test_errors_map_to_the_documented_exit_codes(error, code):
     assert stepcli.exit_code_for(error) == code
-    assert (code in stepcli.RETRYABLE_EXIT_CODES) == (code == stepcli.EXIT_PREEMPTED)
+    assert (code in stepcli.RETRYABLE_EXIT_CODES) == (code == stepcli.EXIT_RETRY)
 
 
 def test_a_caller_adds_error_kinds_without_changing_the_helper():
     added = {RemoteFailure: stepcli.EXIT_PERMANENT}
     assert stepcli.exit_code_for(RemoteFailure("job failed"), added) == stepcli.EXIT_PERMANENT
-    assert stepcli.exit_code_for(BusyService("quota"), added) == stepcli.EXIT_PREEMPTED  # the nearer class wins
+    assert stepcli.exit_code_for(BusyService("quota"), added) == stepcli.EXIT_RETRY  # the nearer class wins
     assert stepcli.exit_code_for(ValueError("x"), {ValueError: stepcli.EXIT_BUG}) == stepcli.EXIT_BUG
     assert stepcli.exit_code_for(RemoteFailure("x")) == stepcli.EXIT_BUG  # the defaults are not changed
     with pytest.raises(TypeError):
@@ -46,14 +46,14 @@ def test_a_caller_adds_error_kinds_without_changing_the_helper():
     (gcp.JobTimedOut("did not finish in 3s; it was cancelled"), stepcli.EXIT_PERMANENT),
     (gcp.PermissionDenied("needs roles/aiplatform.user"), stepcli.EXIT_PERMANENT),
     (gcp.RegionMismatch("endpoint in europe-west4, model in us-central1"), stepcli.EXIT_PERMANENT),
-    (gcp.JobStopped("SIGTERM: the job was cancelled"), stepcli.EXIT_PREEMPTED),
-    (gcp.QuotaExhausted("quota"), stepcli.EXIT_PREEMPTED),
+    (gcp.JobStopped("SIGTERM: the job was cancelled"), stepcli.EXIT_RETRY),
+    (gcp.QuotaExhausted("quota"), stepcli.EXIT_RETRY),
 ])
 def test_the_google_cloud_layers_errors_keep_their_codes(error, code):
     """The job layer's errors state their codes; `python -m components.predict` and `pipectl predict` (both run
     through stepcli) report a Vertex AI batch job's failure alike, and as the layer itself documents."""
     assert isinstance(error, predict.VertexBatchError)
-    assert stepcli.exit_code_for(error) == code == gcp.exit_code_for(error)
+    assert stepcli.exit_code_for(error) == code == error.exit_code
 
 
 def test_run_prints_the_result_as_json(capsys):
@@ -81,9 +81,9 @@ def test_run_reports_mapped_errors_in_one_line_and_raises_bugs(capsys):
         stepcli.run(bug)
 
     def preempted():
-        raise SystemExit(stepcli.EXIT_PREEMPTED)
+        raise SystemExit(stepcli.EXIT_RETRY)
 
-    assert stepcli.run(preempted) == stepcli.EXIT_PREEMPTED
+    assert stepcli.run(preempted) == stepcli.EXIT_RETRY
 
 
 def test_every_steps_cli_reports_bad_input_as_exit_2(tmp_path, capsys):

@@ -252,7 +252,7 @@ def test_bad_input_is_a_permanent_error(tmp_path):
 
 
 def test_exit_codes_tell_retryable_from_permanent():
-    assert train.EXIT_PREEMPTED in train.RETRYABLE_EXIT_CODES and train.EXIT_KILLED in train.RETRYABLE_EXIT_CODES
+    assert train.EXIT_RETRY in train.RETRYABLE_EXIT_CODES and train.EXIT_KILLED in train.RETRYABLE_EXIT_CODES
     assert train.EXIT_PERMANENT not in train.RETRYABLE_EXIT_CODES and train.EXIT_BUG not in train.RETRYABLE_EXIT_CODES
 
 

@@ -5,7 +5,7 @@
   project and region with its retry policy.
 - retry.py: the one retry/backoff policy (quota refusals with the server's delay, transient errors on reads)
   and the IAM-role messages for refusals.
-- errors.py: one family of errors (`RemoteError` and its kinds) and `exit_code_for`, their exit codes.
+- errors.py: one family of errors (`RemoteError` and its kinds), each stating its exit code.
 - jobs.py: `follow_job`, the one loop that follows a remote job to its end and cancels what we own.
 - accelerators.py: the GPU table (GKE label, Vertex AI accelerator type, Vertex AI machine shapes).
 
@@ -20,19 +20,16 @@ Importing this package is cheap: the Google client libraries are imported inside
 from components.gcp.accelerators import ACCELERATORS, VERTEX_MACHINES, vertex_machine_type
 from components.gcp.clients import (ENDPOINT_REGION_RE, VertexConnection, VertexService, api_endpoint_for,
                                     job_client, location_of, rfc3339, vertex_client)
-from components.gcp.errors import (EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_RETRY, JobCancelled,
-                                   JobEnded, JobError, JobFailed, JobStopped, JobTimedOut, LostTrack,
+from components.gcp.errors import (JobCancelled, JobEnded, JobError, JobFailed, JobStopped, JobTimedOut, LostTrack,
                                    PermissionDenied, QuotaExhausted, Rejected, RegionMismatch, RemoteError,
-                                   Unavailable, exit_code_for)
+                                   Unavailable)
 from components.gcp.jobs import Followed, JobStatus, Phase, follow_job, sigterm_stops, vertex_job_status
 from components.gcp.retry import ACT_AS_ROLE, REQUIRED_ROLE, RetryPolicy, is_transient
 
 __all__ = [
-    "ACCELERATORS", "ACT_AS_ROLE", "ENDPOINT_REGION_RE", "EXIT_BUG", "EXIT_KILLED", "EXIT_OK", "EXIT_PERMANENT",
-    "EXIT_RETRY", "Followed", "JobCancelled", "JobEnded", "JobError", "JobFailed", "JobStatus", "JobStopped",
-    "JobTimedOut", "LostTrack", "PermissionDenied", "Phase", "QuotaExhausted", "REQUIRED_ROLE", "Rejected",
-    "RegionMismatch", "RemoteError", "RetryPolicy", "Unavailable", "VERTEX_MACHINES", "VertexConnection",
-    "VertexService",
-    "api_endpoint_for", "exit_code_for", "follow_job", "is_transient", "job_client", "location_of", "rfc3339",
-    "sigterm_stops", "vertex_client", "vertex_job_status", "vertex_machine_type",
+    "ACCELERATORS", "ACT_AS_ROLE", "ENDPOINT_REGION_RE", "Followed", "JobCancelled", "JobEnded", "JobError",
+    "JobFailed", "JobStatus", "JobStopped", "JobTimedOut", "LostTrack", "PermissionDenied", "Phase", "QuotaExhausted",
+    "REQUIRED_ROLE", "Rejected", "RegionMismatch", "RemoteError", "RetryPolicy", "Unavailable", "VERTEX_MACHINES",
+    "VertexConnection", "VertexService", "api_endpoint_for", "follow_job", "is_transient", "job_client",
+    "location_of", "rfc3339", "sigterm_stops", "vertex_client", "vertex_job_status", "vertex_machine_type",
 ]

@@ -1,26 +1,17 @@
 """The errors of remote calls and remote jobs, and the exit codes they map to.
 
-Every failure this layer reports is a `RemoteError` whose message says what to do about it. The exit codes are
-the contract documented in components/train.py, which the step CLIs and the launchers share:
-
-    0    ok
-    143  retry: preempted or stopped (SIGTERM), or the service is busy (quota, outage); a retry can succeed
-    137  killed (SIGKILL): set by the kernel, never returned here; listed for completeness
-    2    bad input or a permanent failure (permission, region, a job that failed or was cancelled, a timeout)
-    1    a bug: anything this module does not know
-
-`exit_code_for(exc)` applies it; each error class carries its code, so a new error states its own.
+Every failure this layer reports is a `RemoteError` whose message says what to do about it. Each class states
+its exit code (`exit_code`) in the contract of components/stepcli.py, which every step CLI and launcher applies
+with `stepcli.exit_code_for`: 143 (retry) for a stopped follower (SIGTERM), a busy service (quota, outage) or a
+job lost track of; 2 (permanent) for permission, region, a rejected request, a job that failed, was cancelled
+by someone else or timed out.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-EXIT_OK = 0
-EXIT_BUG = 1
-EXIT_PERMANENT = 2
-EXIT_KILLED = 137
-EXIT_RETRY = 143  # 128 + SIGTERM: what a TFJob's ExitCode restart policy and a KFP retry restart
+from components.stepcli import EXIT_PERMANENT, EXIT_RETRY
 
 
 class RemoteError(RuntimeError):
@@ -88,13 +79,3 @@ class LostTrack(JobError):
     """Polling the job kept failing with transient errors; the job may still be running."""
 
     exit_code = EXIT_RETRY
-
-
-def exit_code_for(exc: BaseException) -> int:
-    """The documented exit code for an exception: the layer's errors carry theirs, a ValueError is bad input (2),
-    anything else is a bug (1)."""
-    if isinstance(exc, RemoteError):
-        return exc.exit_code
-    if isinstance(exc, ValueError):
-        return EXIT_PERMANENT
-    return EXIT_BUG

@@ -29,13 +29,13 @@ from components.launch.k8s import CustomResourceLauncher, LogFollower, kubernete
 from components.launch.placement import (ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL, NODE_POOL_LABEL,
                                          SPOT_NODE_LABEL, Placement, gpu_placement)
 from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifest, tfjob_status
-from components.launch.training import LAUNCHERS, copy_tree, launch_training, training_command
+from components.launch.training import LAUNCHERS, LaunchSettings, copy_tree, launch_training
 from components.launch.vertex import VertexJobLauncher, custom_job
 
 __all__ = [
     "ACCELERATOR_NODE_LABEL", "CONTAINER_NAME", "Cancelled", "CustomResourceLauncher", "GPU_RESOURCE",
-    "JobOutcome", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError", "Launcher", "LogFollower", "NODE_POOL_LABEL",
+    "JobOutcome", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError", "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL",
     "Placement", "SPOT_NODE_LABEL", "TFJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher",
     "copy_tree", "custom_job", "gpu_placement", "job_name", "kubernetes_client", "launch_training", "main",
-    "tfjob_manifest", "tfjob_status", "training_command", "vertex_machine_type",
+    "tfjob_manifest", "tfjob_status", "vertex_machine_type",
 ]

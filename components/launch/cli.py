@@ -1,18 +1,15 @@
 """`python -m components.launch`: launch a TFJob from the command line (in-cluster or with the local kubeconfig).
 
-Exit codes are the contract of components/train.py: 0 succeeded, 143 stopped (SIGTERM; the job was deleted),
-2 bad input or a job that failed, 1 a bug.
+Exit codes are the steps' contract (components/stepcli.py): 0 succeeded, 143 stopped (SIGTERM; the job was
+deleted), 2 bad input or a job that failed, 1 a bug.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
-import sys
 
-from components import gcp
+from components import stepcli
 from components.gcp.accelerators import ACCELERATORS
 from components.launch.job import TrainingJob
 from components.launch.k8s import kubernetes_client
@@ -36,20 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    try:
+
+    def launch() -> dict:
         placement = gpu_placement(args.accelerator, args.gpus, known_accelerators=args.known_accelerators.split(","),
                                   spot=args.spot, node_pool=args.node_pool)
         job = TrainingJob(name=args.name, image=args.image, command=command, workers=args.workers,
                           placement=placement, kueue_queue=args.kueue_queue)
         launcher = TFJobLauncher(kubernetes_client(args.api_server), args.namespace, poll_seconds=args.poll_seconds)
-        outcome = launcher.run(tfjob_manifest(job, args.namespace))
-    except gcp.JobStopped as e:
-        print(f"cancelled: {e}", file=sys.stderr)
-        return gcp.exit_code_for(e)
-    except (gcp.RemoteError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return gcp.exit_code_for(e)
-    print(json.dumps(dataclasses.asdict(outcome)))
-    return 0
+        return dataclasses.asdict(launcher.run(tfjob_manifest(job, args.namespace)))
+
+    return stepcli.run(launch)

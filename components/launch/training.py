@@ -1,34 +1,27 @@
-"""`launch_training`: the train step's multi-node path. Runs components/train.py on a chief and workers as a
-TFJob or a Vertex AI CustomJob, then copies what the replicas wrote into the step's outputs."""
+"""`launch_training`: the train step's multi-node path. Runs the training CLI (components/train/) on a chief and
+workers as a TFJob or a Vertex AI CustomJob, then copies what the replicas wrote into the step's outputs.
+
+What is trained is one `TrainSettings` (the same value the single-pod path trains with; each replica's command
+is `settings.command()`); where it runs is one `LaunchSettings`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
 from components import gcp
+from components.gcp.accelerators import ACCELERATORS
 from components.launch.job import LaunchError, TrainingJob, job_name
 from components.launch.k8s import kubernetes_client
 from components.launch.placement import gpu_placement
 from components.launch.tfjob import TFJobLauncher, tfjob_manifest
 from components.launch.vertex import VertexJobLauncher, custom_job
+from components.train.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 LAUNCHERS = ("tfjob", "vertex-job")
-
-
-def training_command(dataset: str, model_dir: str, backup_dir: str, *, recipe: str, epochs: int = 0,
-                     batch_size: int = 0, learning_rate: float = 0.0, augmented: str = "",
-                     tensorboard_dir: str = "") -> list[str]:
-    """The command every replica runs: components/train.py's CLI (TF_CONFIG tells it its role)."""
-    command = ["python", "-m", "components.train", "--dataset-dir", dataset, "--model-dir", model_dir,
-               "--backup-dir", backup_dir, "--recipe", recipe]
-    for flag, value in (("--augmented-dir", augmented), ("--epochs", epochs), ("--batch-size", batch_size),
-                        ("--learning-rate", learning_rate), ("--tensorboard-dir", tensorboard_dir)):
-        if value:
-            command += [flag, str(value)]
-    return command
 
 
 def copy_tree(source: str, destination: str) -> int:
@@ -48,42 +41,57 @@ def copy_tree(source: str, destination: str) -> int:
     return copied
 
 
-def launch_training(*, launcher: str, dataset_uri: str, augmented_uri: str, model_path: str, tensorboard_path: str,
-                    staging_dir: str, backup_dir: str, recipe: str, epochs: int, batch_size: int,
-                    learning_rate: float, image: str, workers: int, accelerator: str, gpus: int, spot: bool,
-                    node_pool: str, known_accelerators: dict, kueue_queue: str, namespace: str, project: str,
-                    location: str, run_id: str, task_name: str, api_client=None, vertex_client=None,
+@dataclasses.dataclass(frozen=True)
+class LaunchSettings:
+    """Where and on what a multi-node training job runs; what the job itself trains is a TrainSettings."""
+
+    launcher: str  # one of LAUNCHERS
+    image: str  # the training image every replica runs
+    workers: int = 1  # replicas besides the chief
+    accelerator: str = ""  # GKE accelerator label value (see components/gcp/accelerators.py)
+    gpus: int = 0  # per replica
+    spot: bool = False
+    node_pool: str = ""
+    kueue_queue: str = ""  # Kueue LocalQueue that admits the job (empty: not queued)
+    namespace: str = "kubeflow"  # Kubernetes launchers
+    project: str = ""  # Vertex AI
+    location: str = ""  # Vertex AI
+
+    def __post_init__(self):
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        if self.launcher == "vertex-job" and not self.project:
+            raise ValueError("launcher=vertex-job needs the Google Cloud project")
+
+
+def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_path: str, tensorboard_path: str,
+                    staging_dir: str, run_id: str, task_name: str, api_client=None, vertex_client=None,
                     poll_seconds: float | None = None) -> dict:
-    """Runs components/train.py on a chief + `workers` as a TFJob or a Vertex AI CustomJob and returns its
-    training.json. The replicas write the model and TensorBoard logs under `staging_dir` (durable storage they
-    can reach); they are then copied into the step's own output paths."""
+    """Runs the training CLI with `settings` on a chief + `launch.workers` as a TFJob or a Vertex AI CustomJob and
+    returns its training.json. The replicas write the model and TensorBoard logs under `staging_dir` (durable
+    storage they can reach), whatever `settings` says; they are then copied into the step's own output paths
+    `model_path` and `tensorboard_path`."""
     import tensorflow as tf
 
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be tfjob or vertex-job, got {launcher!r}")
-    for uri in (dataset_uri, staging_dir, backup_dir):
+    for uri in (settings.dataset_dir, staging_dir, settings.backup_dir or ""):
         if uri.startswith(("minio://", "s3://")):
             raise ValueError(f"The training job's replicas cannot read or write {uri}: run the pipeline with a gs:// "
                              "pipeline root (or a checkpoint_root and pipeline root they can reach)")
-    placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
-                              node_pool=node_pool)
+    placement = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS, spot=launch.spot,
+                              node_pool=launch.node_pool)
     staged_model, staged_logs = f"{staging_dir.rstrip('/')}/model", f"{staging_dir.rstrip('/')}/tensorboard"
-    command = training_command(dataset_uri, staged_model, backup_dir, recipe=recipe, epochs=epochs,
-                               batch_size=batch_size, learning_rate=learning_rate, augmented=augmented_uri,
-                               tensorboard_dir=staged_logs)
-    job = TrainingJob(name=job_name("train", run_id, task_name), image=image, command=command, workers=workers,
-                      placement=placement, kueue_queue=kueue_queue,
+    staged = dataclasses.replace(settings, model_dir=staged_model, tensorboard_dir=staged_logs)
+    job = TrainingJob(name=job_name("train", run_id, task_name), image=launch.image, command=staged.command(),
+                      workers=launch.workers, placement=placement, kueue_queue=launch.kueue_queue,
                       labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
     polling = {"poll_seconds": poll_seconds} if poll_seconds else {}
-    if launcher == "tfjob":
-        outcome = TFJobLauncher(api_client or kubernetes_client(), namespace, **polling).run(
-            tfjob_manifest(job, namespace))
+    if launch.launcher == "tfjob":
+        outcome = TFJobLauncher(api_client or kubernetes_client(), launch.namespace, **polling).run(
+            tfjob_manifest(job, launch.namespace))
     else:
-        if not project:
-            raise ValueError("launcher=vertex-job needs the Google Cloud project")
-        client = vertex_client or gcp.job_client(location)
-        outcome = VertexJobLauncher(client, project, location, **polling).run(
-            custom_job(job, vertex_accelerators=known_accelerators, spot=spot))
+        client = vertex_client or gcp.job_client(launch.location)
+        outcome = VertexJobLauncher(client, launch.project, launch.location, **polling).run(
+            custom_job(job, vertex_accelerators=ACCELERATORS, spot=launch.spot))
     log.info("launch: %s %s after %.0fs", outcome.name, outcome.state, outcome.seconds)
     copy_tree(staged_model, model_path)
     if tf.io.gfile.isdir(staged_logs):

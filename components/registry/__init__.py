@@ -3,7 +3,8 @@
 - base.py: what every registry is (`Registry`, `ModelVersion`, `CHAMPION`) and `model_digest`.
 - local.py: `LocalRegistry`, a directory (local runs and tests).
 - vertex.py: `VertexRegistry`, the Vertex AI Model Registry, with the same behaviour.
-- `open_registry`: the registry a pipeline's parameters name; `python -m components.registry` shows one.
+- `open_registry`: the registry a pipeline's parameters name.
+- cli.py: `python -m components.registry` shows what a registry holds for a model.
 
 The register step (components/register.py) writes to a registry; the evaluate step reads its champion. Nothing
 here imports a step.
@@ -12,7 +13,6 @@ here imports a step.
 from __future__ import annotations
 
 from components.registry.base import CHAMPION, ModelVersion, Registry, model_digest
-from components.registry.cli import main
 from components.registry.local import LocalRegistry
 
 REGISTRIES = ("local", "vertex")
@@ -31,6 +31,14 @@ def open_registry(kind: str, *, root: str = "", project: str = "", location: str
 
         return VertexRegistry(project=project, location=location)
     raise ValueError(f"Unknown registry {kind!r}; known: {', '.join(REGISTRIES)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m components.registry` (cli.py), imported when called: cli.py imports this package."""
+    from components.registry.cli import main as cli_main
+
+    return cli_main(argv)
+
 
 __all__ = ["CHAMPION", "LocalRegistry", "ModelVersion", "REGISTRIES", "Registry", "main", "model_digest",
            "open_registry"]

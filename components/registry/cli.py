@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from components import stepcli
+from components.registry import CHAMPION, REGISTRIES, open_registry
 
 
 def main(argv: list[str] | None = None) -> int:
-    from components.gcp import RemoteError, exit_code_for
-    from components.registry import CHAMPION, REGISTRIES, open_registry
-
     parser = argparse.ArgumentParser(description="Show the versions and the champion of a registered model.")
     parser.add_argument("--registry", choices=REGISTRIES, default="local")
     parser.add_argument("--registry-root", default="", help="registry=local: the registry directory")
@@ -18,15 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--location", default="", help="registry=vertex: the region, e.g. us-central1")
     parser.add_argument("--model-name", default="image-classifier")
     args = parser.parse_args(argv)
-    try:
+
+    def show() -> dict:
         registry = open_registry(args.registry, root=args.registry_root, project=args.project,
                                  location=args.location)
         versions = registry.versions(args.model_name)
-    except (ValueError, RemoteError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return exit_code_for(e)
-    champion = next((v.version for v in versions if CHAMPION in v.aliases), None)
-    json.dump({"registry": registry.kind, "model": args.model_name, "champion": champion,
-               "versions": [v.to_json() for v in versions]}, sys.stdout, indent=2)
-    print()
-    return 0
+        champion = next((v.version for v in versions if CHAMPION in v.aliases), None)
+        return {"registry": registry.kind, "model": args.model_name, "champion": champion,
+                "versions": [v.to_json() for v in versions]}
+
+    return stepcli.run(show)

@@ -36,7 +36,7 @@ training.json, KFP metrics), `cli`.
 """
 
 from components.train.cli import build_parser, main
-from components.stepcli import EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_PREEMPTED, RETRYABLE_EXIT_CODES
+from components.stepcli import EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, EXIT_RETRY, RETRYABLE_EXIT_CODES
 from components.train.faults import (FAILED_MARKER, NonFiniteLossError, PermanentFailure, Preempted, attempt,
                                      backup_dir_for)
 from components.train.loop import TrainingLoop, train
@@ -45,7 +45,7 @@ from components.train.recipes import DEFAULT_RECIPE, PRECISIONS, RECIPES, Recipe
 from components.train.results import TRAINING_INFO, TrainResult, log_to_kfp
 from components.train.settings import TrainSettings
 
-__all__ = ["DEFAULT_RECIPE", "EXIT_BUG", "EXIT_KILLED", "EXIT_OK", "EXIT_PERMANENT", "EXIT_PREEMPTED", "FAILED_MARKER",
+__all__ = ["DEFAULT_RECIPE", "EXIT_BUG", "EXIT_KILLED", "EXIT_OK", "EXIT_PERMANENT", "EXIT_RETRY", "FAILED_MARKER",
            "PRECISIONS", "RECIPES", "RETRYABLE_EXIT_CODES", "TRAINING_INFO", "NonFiniteLossError", "PermanentFailure",
            "Preempted", "Recipe", "TrainResult", "TrainSettings", "TrainingLoop", "attempt", "backup_dir_for",
            "build_model", "build_parser", "log_to_kfp", "main", "resolve_recipe", "train"]

@@ -13,7 +13,7 @@ import threading
 import time
 
 from components import data
-from components.stepcli import EXIT_PERMANENT, EXIT_PREEMPTED
+from components.stepcli import EXIT_PERMANENT, EXIT_RETRY
 from components.train.cluster import cluster_role
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class NonFiniteLossError(RuntimeError):
 class Preempted(RuntimeError):
     """SIGTERM arrived (a checkpoint was saved) or a peer worker was lost: a retry resumes."""
 
-    exit_code = EXIT_PREEMPTED
+    exit_code = EXIT_RETRY
 
 
 class PermanentFailure(RuntimeError):
@@ -98,13 +98,13 @@ def backup_dir_for(checkpoint_root: str, pipeline_root: str, run_id: str, task_n
 
 
 def attempt(train_fn, backup_dir: str | None):
-    """Runs `train_fn()` as one attempt of a retried task: a preemption exits with EXIT_PREEMPTED (retry resumes),
+    """Runs `train_fn()` as one attempt of a retried task: a preemption exits with EXIT_RETRY (retry resumes),
     any other failure is recorded in `backup_dir` so that retries fail fast, then re-raised."""
     try:
         return train_fn()
     except Preempted as e:
         print(f"preempted: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_PREEMPTED) from None
+        raise SystemExit(EXIT_RETRY) from None
     except PermanentFailure:
         raise
     except Exception as e:
