@@ -24,7 +24,7 @@ import math
 import os
 import time
 
-from components import data, stepcli
+from components import data, params, stepcli
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +193,7 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
     """Writes the augmented training set of `dataset_dir` to `output_dir` (only the train split lives there)."""
     import tensorflow as tf
 
-    if mode not in ("offline", "online"):
-        raise ValueError(f"mode must be 'offline' or 'online', got {mode!r}")
-    if copies < 0:
-        raise ValueError(f"copies must be >= 0, got {copies}")
+    params.validate({"augment_mode": mode, "augment_copies": copies}, what="augmentation settings")
     policy = policy or AugmentPolicy()
     start = time.monotonic()
     manifest = data.read_manifest(dataset_dir)

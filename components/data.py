@@ -27,7 +27,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-DEFAULT_SOURCE = "/usr/share/datasets/fashion-mnist"
+from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
+
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]

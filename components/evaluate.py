@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from components import data, stepcli
+from components import data, params, stepcli
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,12 @@ def decide(scores: Scores, class_names: list[str], *, min_accuracy: float, min_c
     accuracy >= champion accuracy - tolerance (when there is a champion; both scored on the same test data).
     `champion_problem` says why the champion could not be scored on this test data: then it is not blessed.
     """
-    if not 0 <= min_accuracy <= 1:
-        raise ValueError(f"min_accuracy must be in [0, 1], got {min_accuracy}")
-    if min_class_recall is not None and not 0 <= min_class_recall <= 1:
-        raise ValueError(f"min_class_recall must be in [0, 1] (or None for no such check), got {min_class_recall}")
-    if not 0 <= tolerance <= 1:
-        raise ValueError(f"tolerance must be in [0, 1], got {tolerance}")
+    gate = {"min_accuracy": min_accuracy, "tolerance": tolerance}
+    if min_class_recall is not None:  # None: no such check (the pipeline's negative value)
+        gate["min_class_recall"] = min_class_recall
+        if min_class_recall < 0:
+            raise ValueError(f"min_class_recall must be in [0, 1] (or None for no such check), got {min_class_recall}")
+    params.validate(gate, what="blessing gate")
     reasons: list[str] = []
     clauses: list[tuple[bool, str]] = []  # for the one-line decision, accuracy first
     acc = scores.accuracy

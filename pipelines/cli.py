@@ -96,61 +96,21 @@ def given_parameters(args: argparse.Namespace) -> dict:
 
 
 def validate_parameters(params: dict) -> dict:
-    """Refuses unknown names, wrong types and out-of-range values before anything runs or is sent."""
-    from components.augment import AugmentPolicy
-    from components.registry import REGISTRIES
-    from components.train import RECIPES
+    """Refuses unknown names, wrong types and out-of-range values (components/params.py) before anything runs or
+    is sent; ints given for float parameters become floats."""
+    from components import params as parameters
 
     known = pipeline_parameters()
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ValueError(f"Unknown pipeline parameter(s) {unknown}; allowed: {', '.join(known)}")
-    merged = {name: p.default for name, p in known.items()} | params
     for name, value in params.items():
         expected = known[name].annotation
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            params[name] = merged[name] = float(value)
+            params[name] = float(value)
         elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ValueError(f"Parameter {name} must be {expected.__name__}, got {value!r}")
-    problems = []
-    if merged["epochs"] < 0:
-        problems.append(f"epochs must be >= 0, 0 for the recipe's (got {merged['epochs']})")
-    for name in ("limit", "batch_size", "augment_copies", "learning_rate"):
-        if merged[name] < 0:
-            problems.append(f"{name} must be >= 0 (got {merged[name]})")
-    if merged["min_shards"] < 1:
-        problems.append(f"min_shards must be >= 1 (got {merged['min_shards']})")
-    if not 0 <= merged["validation_fraction"] < 1 or not 0 <= merged["test_fraction"] < 1 \
-            or merged["validation_fraction"] + merged["test_fraction"] >= 1:
-        problems.append("validation_fraction and test_fraction must be in [0, 1) and sum to less than 1")
-    if merged["channels"] not in (1, 3):
-        problems.append(f"channels must be 1 or 3 (got {merged['channels']})")
-    if merged["image_size"] < 8:
-        problems.append(f"image_size must be >= 8 (got {merged['image_size']})")
-    if merged["augment_mode"] not in ("offline", "online"):
-        problems.append(f"augment_mode must be offline or online (got {merged['augment_mode']!r})")
-    if merged["recipe"] not in RECIPES:
-        problems.append(f"recipe must be one of {', '.join(sorted(RECIPES))} (got {merged['recipe']!r})")
-    if merged["registry"] not in REGISTRIES:
-        problems.append(f"registry must be one of {', '.join(REGISTRIES)} (got {merged['registry']!r})")
-    if not 0 <= merged["min_accuracy"] <= 1:
-        problems.append(f"min_accuracy must be in [0, 1] (got {merged['min_accuracy']})")
-    try:
-        from components.launch import gpu_placement
-
-        gpu_placement(merged["train_accelerator_type"], merged["train_gpu_count"],
-                      known_accelerators=config.ACCELERATORS, spot=merged["train_spot"],
-                      node_pool=merged["train_node_pool"])
-    except ValueError as e:
-        problems.append(str(e))
-    if merged["train_workers"] < 0:
-        problems.append(f"train_workers must be >= 0 (got {merged['train_workers']})")
-    try:
-        AugmentPolicy.from_json(merged["augment_policy"])
-    except (ValueError, TypeError) as e:
-        problems.append(f"augment_policy: {e}")
-    if problems:
-        raise ValueError("Invalid pipeline parameters:\n  " + "\n  ".join(problems))
+    parameters.validate({name: p.default for name, p in known.items()} | params, what="pipeline parameters")
     return params
 
 
@@ -169,15 +129,16 @@ def _artifact(run_dir: str, task: str, output: str) -> str | None:
     return path if os.path.exists(path) else None
 
 
-def collect_summary(run_dir: str) -> dict:
+def collect_summary(run_dir: str, settings: config.PipelineSettings | None = None) -> dict:
     """What a local run produced, read back from its artifacts (the same files a cluster run writes)."""
     from components import data
 
-    dataset = _artifact(run_dir, "preprocess-op", "dataset")
-    model = _artifact(run_dir, "train-op", "model")
-    evaluation_path = _artifact(run_dir, "evaluate-op", "evaluation")
-    predictions = _artifact(run_dir, "predict-op", "predictions")
-    registration_path = _artifact(run_dir, "register-op", "registration")
+    tasks = training.task_names(settings)
+    dataset = _artifact(run_dir, tasks["preprocess"], "dataset")
+    model = _artifact(run_dir, tasks["train"], "model")
+    evaluation_path = _artifact(run_dir, tasks["evaluate"], "evaluation")
+    predictions = _artifact(run_dir, tasks["predict"], "predictions")
+    registration_path = _artifact(run_dir, tasks["register"], "registration")
     manifest = data.read_manifest(dataset)
     with open(os.path.join(model, "training.json")) as f:
         training_info = json.load(f)
@@ -192,11 +153,11 @@ def collect_summary(run_dir: str) -> dict:
     with open(os.path.join(predictions, "summary.json")) as f:
         prediction_summary = json.load(f)
     artifacts = {}
-    for task in sorted(os.listdir(run_dir)):
+    for role, task in tasks.items():
         task_dir = os.path.join(run_dir, task)
         if os.path.isdir(task_dir):
-            artifacts[task.removesuffix("-op")] = {o: os.path.join(task_dir, o) for o in sorted(os.listdir(task_dir))
-                                                   if o != "executor_output.json"}
+            artifacts[role] = {o: os.path.join(task_dir, o) for o in sorted(os.listdir(task_dir))
+                               if o != "executor_output.json"}
     return {
         "test_accuracy": evaluation["metrics"]["accuracy"],
         "test_loss": evaluation["metrics"]["loss"],
@@ -233,7 +194,7 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
         # kfp.local says, for every task, that node selectors and resource requests do nothing here: expected.
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
         components.load_component_from_file(package)(**params)
-    summary = collect_summary(find_run_dir(pipeline_root))
+    summary = collect_summary(find_run_dir(pipeline_root), settings)
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary

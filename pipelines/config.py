@@ -14,15 +14,13 @@ import dataclasses
 # in components/ (one table) and the pipeline reads them from there.
 from components.gcp.accelerators import ACCELERATORS  # noqa: F401
 from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL  # noqa: F401
+# The reference setup: training on a T4 pool, batch prediction on an H100 pool (components/params.py).
+from components.params import DEFAULT_PREDICT_ACCELERATOR, DEFAULT_TRAIN_ACCELERATOR  # noqa: F401
 
 DEFAULT_IMAGE_REPO = "localhost/kfp-image-classification"
 DEFAULT_IMAGE_TAG = "dev"
 CPU_IMAGE_NAME = "cpu"
 GPU_IMAGE_NAME = "gpu"
-
-# The reference setup: training on a T4 pool, batch prediction on an H100 pool.
-DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"
-DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"
 
 TARGETS = ("kfp", "vertex")
 # Where training runs: "pod" trains in the pipeline task's own pod; "tfjob" launches a Kubeflow TFJob (chief +

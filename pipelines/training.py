@@ -1,13 +1,18 @@
 """The image-classification pipeline: it only composes the steps and says where each one runs."""
 
 
+import inspect
+
 from kfp import compiler, dsl
 
-from components import ops
+from components import ops, params
+from components.params import DEFAULT_SOURCE  # noqa: F401 (installed in the images from Debian's dataset-fashion-mnist)
 from pipelines import config
 
 PIPELINE_NAME = "image-classification"
-DEFAULT_SOURCE = "/usr/share/datasets/fashion-mnist"  # installed in the images from Debian's dataset-fashion-mnist
+# What the KFP UI shows above the parameters, whose descriptions come from components/params.py.
+PIPELINE_DOC = ("Trains an image classifier, evaluates it against the registry's champion, predicts a folder of "
+                "images and registers the model when it is blessed.")
 
 
 def on_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, accelerator: str, count: int) -> None:
@@ -57,80 +62,52 @@ def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, 
     return task.set_container_image(settings.images.cpu).set_cpu_request(cpu).set_memory_request(memory)
 
 
+def task_names(settings: config.PipelineSettings | None = None) -> dict[str, str]:
+    """Each step's KFP task name, by role. KFP names a task after its component (preprocess_op ->
+    "preprocess-op"), and a run keeps each task's artifacts under that name (kfp.local: RUN_DIR/TASK/OUTPUT)."""
+    settings = settings or config.PipelineSettings()
+    train = ops.train_op if settings.train_launcher == "pod" else ops.train_job_op
+    return {"preprocess": ops.preprocess_op.name, "augment": ops.augment_op.name,
+            "placement": ops.placement_op.name, "train": train.name, "evaluate": ops.evaluate_op.name,
+            "predict": ops.predict_op.name, "register": ops.register_op.name}
+
+
 def build_pipeline(settings: config.PipelineSettings | None = None):
     """Returns the @dsl.pipeline function for these compile-time settings."""
     settings = settings or config.PipelineSettings()
 
-    @dsl.pipeline(name=PIPELINE_NAME)
     def image_classification(
-        data: str = DEFAULT_SOURCE,
-        validation_fraction: float = 0.1,
-        test_fraction: float = 0.1,
-        image_size: int = 28,
-        channels: int = 1,
-        limit: int = 0,
-        min_shards: int = 2,
-        classes: str = "",
-        augment_copies: int = 0,
-        augment_mode: str = "offline",
-        augment_policy: str = "{}",
-        recipe: str = "fast",  # components.train.DEFAULT_RECIPE
-        epochs: int = 0,
-        batch_size: int = 0,
-        learning_rate: float = 0.0,
-        checkpoint_root: str = "",
-        train_accelerator_type: str = settings.train_accelerator,
+        data: str = params.default("data"),
+        validation_fraction: float = params.default("validation_fraction"),
+        test_fraction: float = params.default("test_fraction"),
+        image_size: int = params.default("image_size"),
+        channels: int = params.default("channels"),
+        limit: int = params.default("limit"),
+        min_shards: int = params.default("min_shards"),
+        classes: str = params.default("classes"),
+        augment_copies: int = params.default("augment_copies"),
+        augment_mode: str = params.default("augment_mode"),
+        augment_policy: str = params.default("augment_policy"),
+        recipe: str = params.default("recipe"),
+        epochs: int = params.default("epochs"),
+        batch_size: int = params.default("batch_size"),
+        learning_rate: float = params.default("learning_rate"),
+        checkpoint_root: str = params.default("checkpoint_root"),
+        train_accelerator_type: str = settings.train_accelerator,  # compile-time default (pipectl compile)
         train_gpu_count: int = settings.train_gpus,
-        train_node_pool: str = "",
-        train_spot: bool = False,
-        train_workers: int = 1,
-        min_accuracy: float = 0.88,
-        min_class_recall: float = -1.0,
-        tolerance: float = 0.005,
-        predict_images: str = "",
-        registry: str = "local",
-        registry_root: str = "",
-        model_name: str = "image-classifier",
-        project: str = "",
-        location: str = "us-central1",
+        train_node_pool: str = params.default("train_node_pool"),
+        train_spot: bool = params.default("train_spot"),
+        train_workers: int = params.default("train_workers"),
+        min_accuracy: float = params.default("min_accuracy"),
+        min_class_recall: float = params.default("min_class_recall"),
+        tolerance: float = params.default("tolerance"),
+        predict_images: str = params.default("predict_images"),
+        registry: str = params.default("registry"),
+        registry_root: str = params.default("registry_root"),
+        model_name: str = params.default("model_name"),
+        project: str = params.default("project"),
+        location: str = params.default("location"),
     ):
-        """Trains an image classifier, evaluates it against the registry's champion, predicts a folder of images
-        and registers the model when it is blessed.
-
-        Args:
-            data: Image source: an idx directory, a class-per-folder image tree (local or gs://), or tfds:NAME[:SPLIT].
-            validation_fraction: Share of the training images held out for validation (by content hash).
-            test_fraction: Share held out for test when the source has no test split of its own.
-            image_size: Images are resized to image_size x image_size.
-            channels: 1 for grayscale, 3 for RGB.
-            limit: At most this many images per source split (0: all); for quick runs.
-            min_shards: At least this many shards per split (one per training worker that reads them).
-            classes: Comma-separated allowed class names, in label order (empty: any class the source has).
-            augment_copies: Augmented copies of each training image (offline mode; 0 passes the data through).
-            augment_mode: offline (materialise copies) or online (training augments on the fly).
-            augment_policy: JSON augmentation policy (rotation_degrees, shift_fraction, zoom_range, ..., seed).
-            recipe: Training recipe preset: fast (the default) or reference (the classic 12-epoch recipe).
-            epochs: Training epochs (0: the recipe's).
-            batch_size: Batch size per replica (0: the recipe's).
-            learning_rate: Base learning rate (0: the recipe's).
-            checkpoint_root: Durable directory for training checkpoints (empty: the pipeline root).
-            train_accelerator_type: GKE accelerator for training (nvidia-tesla-t4, nvidia-l4, nvidia-tesla-a100,
-                nvidia-a100-80gb, nvidia-h100-80gb, nvidia-h200-141gb).
-            train_gpu_count: GPUs per training machine (0: train on CPU nodes).
-            train_node_pool: GKE node pool to train on (empty: any pool with the accelerator).
-            train_spot: Train on Spot VMs (cheaper, preemptible: training resumes from its checkpoints).
-            train_workers: Machines besides the chief, when compiled with a multi-worker train launcher.
-            min_accuracy: A model below this test accuracy is not blessed.
-            min_class_recall: Minimum recall for every class (negative: no such check).
-            tolerance: A model may trail the champion's accuracy by this much and still be blessed.
-            predict_images: Images to classify: a folder, glob, manifest or TFRecord shards, local or gs://
-                (empty: 10 test images per class).
-            registry: local or vertex.
-            registry_root: Directory of the local registry.
-            model_name: The registered model's name.
-            project: Google Cloud project (registry=vertex).
-            location: Google Cloud region (registry=vertex).
-        """
         prep = ops.preprocess_op(
             source=data, validation_fraction=validation_fraction, test_fraction=test_fraction, image_size=image_size,
             channels=channels, limit=limit, min_shards=min_shards, classes=classes)
@@ -186,7 +163,9 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
             on_cpu(register.set_display_name("Register model"), settings, "1", "2G").set_caching_options(False)
 
-    return image_classification
+    image_classification.__doc__ = PIPELINE_DOC + "\n\n" + params.docstring_args(
+        inspect.signature(image_classification).parameters)
+    return dsl.pipeline(name=PIPELINE_NAME)(image_classification)
 
 
 def compile_pipeline(output_path: str, settings: config.PipelineSettings | None = None) -> str:

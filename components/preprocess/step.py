@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from components import data
+from components import data, params
 from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
@@ -52,14 +52,8 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
     one shard; `classes` (comma-separated or a list) is the allowed class list, in label order; `workers` is
     the number of CPUs to decode with (default: those this process may use; see `decode_plan`).
     """
-    if not 0 <= validation_fraction < 1 or not 0 <= test_fraction < 1 or validation_fraction + test_fraction >= 1:
-        raise ValueError("validation_fraction and test_fraction must be in [0, 1) and sum to less than 1")
-    if channels not in (1, 3):
-        raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
-    if image_size < 1:
-        raise ValueError(f"image_size must be >= 1, got {image_size}")
-    if min_shards < 1:
-        raise ValueError(f"min_shards must be >= 1, got {min_shards}")
+    params.validate({"validation_fraction": validation_fraction, "test_fraction": test_fraction, "channels": channels,
+                     "image_size": image_size, "min_shards": min_shards}, what="preprocess settings")
     start = time.monotonic()
     allowed = parse_classes(classes)
     workers = workers or available_cpus()

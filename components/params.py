@@ -1,0 +1,176 @@
+"""The pipeline's parameters: one table of names, types, defaults, bounds and help.
+
+Used three ways, so that a default or a bound is written once:
+- pipelines/training.py takes the pipeline signature's defaults and the docstring the KFP UI shows from here;
+- pipectl validates what a user gives (`validate`) before anything runs or is sent;
+- the steps check the values they receive with the same `validate`, so a step run on its own (its CLI, another
+  pipeline) refuses what pipectl would have refused, with the same message.
+
+A parameter's check returns a problem ("must be ...") or None. Checks that need another step's vocabulary (the
+recipes, the registries, the augmentation policy, the GPU placement) import it when they run, so importing this
+module stays cheap (the pipeline compiles without TensorFlow).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+DEFAULT_SOURCE = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist, also in the images
+DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"  # the reference setup: training on a T4 pool
+DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"  # ... and batch prediction on an H100 pool
+AUGMENT_MODES = ("offline", "online")
+MIN_IMAGE_SIZE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+
+
+def _at_least(low: float, note: str = "") -> Callable[[Any], str | None]:
+    return lambda value: None if value >= low else f"must be >= {low}{note} (got {value})"
+
+
+def _between(low: float, high: float) -> Callable[[Any], str | None]:
+    return lambda value: None if low <= value <= high else f"must be in [{low}, {high}] (got {value})"
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0 <= value < 1 else f"must be in [0, 1) (got {value})"
+
+
+def _one_of(choices: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> Callable[[Any], str | None]:
+    def check(value):
+        known = choices() if callable(choices) else choices
+        return None if value in known else f"must be one of {', '.join(known)} (got {value!r})"
+
+    return check
+
+
+def _recipes() -> tuple[str, ...]:
+    from components.train.recipes import RECIPES
+
+    return tuple(sorted(RECIPES))
+
+
+def _registries() -> tuple[str, ...]:
+    from components.registry import REGISTRIES
+
+    return REGISTRIES
+
+
+def _augment_policy(value: str) -> str | None:
+    from components.augment import AugmentPolicy
+
+    try:
+        AugmentPolicy.from_json(value)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+def _default_recipe() -> str:
+    from components.train.recipes import DEFAULT_RECIPE
+
+    return DEFAULT_RECIPE
+
+
+PARAMETERS: dict[str, Param] = {p.name: p for p in [
+    Param("data", str, DEFAULT_SOURCE,
+          "Image source: an idx directory, a class-per-folder image tree (local or gs://), a CSV/JSONL manifest, or "
+          "tfds:NAME[:SPLIT]."),
+    Param("validation_fraction", float, 0.1,
+          "Share of the training images held out for validation (by content hash).", _fraction),
+    Param("test_fraction", float, 0.1, "Share held out for test when the source has no test split of its own.",
+          _fraction),
+    Param("image_size", int, 28, "Images are resized to image_size x image_size.", _at_least(MIN_IMAGE_SIZE)),
+    Param("channels", int, 1, "1 for grayscale, 3 for RGB.",
+          lambda value: None if value in (1, 3) else f"must be 1 or 3 (got {value})"),
+    Param("limit", int, 0, "At most this many images per source split (0: all); for quick runs.", _at_least(0)),
+    Param("min_shards", int, 2, "At least this many shards per split (one per training worker that reads them).",
+          _at_least(1)),
+    Param("classes", str, "", "Comma-separated allowed class names, in label order (empty: any class the source has)."),
+    Param("augment_copies", int, 0,
+          "Augmented copies of each training image (offline mode; 0 passes the data through).", _at_least(0)),
+    Param("augment_mode", str, "offline", "offline (materialise copies) or online (training augments on the fly).",
+          _one_of(AUGMENT_MODES)),
+    Param("augment_policy", str, "{}",
+          "JSON augmentation policy (rotation_degrees, shift_fraction, zoom_range, ..., seed).", _augment_policy),
+    Param("recipe", str, _default_recipe(),
+          "Training recipe preset: fast (the default) or reference (the classic 12-epoch recipe).",
+          _one_of(_recipes)),
+    Param("epochs", int, 0, "Training epochs (0: the recipe's).", _at_least(0, ", 0 for the recipe's")),
+    Param("batch_size", int, 0, "Batch size per replica (0: the recipe's).", _at_least(0)),
+    Param("learning_rate", float, 0.0, "Base learning rate (0: the recipe's).", _at_least(0)),
+    Param("checkpoint_root", str, "", "Durable directory for training checkpoints (empty: the pipeline root)."),
+    Param("train_accelerator_type", str, DEFAULT_TRAIN_ACCELERATOR,
+          "GKE accelerator for training (nvidia-tesla-t4, nvidia-l4, nvidia-tesla-a100, nvidia-a100-80gb, "
+          "nvidia-h100-80gb, nvidia-h200-141gb)."),
+    Param("train_gpu_count", int, 1, "GPUs per training machine (0: train on CPU nodes)."),
+    Param("train_node_pool", str, "", "GKE node pool to train on (empty: any pool with the accelerator)."),
+    Param("train_spot", bool, False, "Train on Spot VMs (cheaper, preemptible: training resumes from its checkpoints)."),
+    Param("train_workers", int, 1, "Machines besides the chief, when compiled with a multi-worker train launcher.",
+          _at_least(0)),
+    Param("min_accuracy", float, 0.88, "A model below this test accuracy is not blessed.", _between(0, 1)),
+    Param("min_class_recall", float, -1.0, "Minimum recall for every class (negative: no such check).",
+          lambda value: None if value <= 1 else f"must be in [0, 1], or negative for no such check (got {value})"),
+    Param("tolerance", float, 0.005, "A model may trail the champion's accuracy by this much and still be blessed.",
+          _between(0, 1)),
+    Param("predict_images", str, "",
+          "Images to classify: a folder, glob, manifest or TFRecord shards, local or gs:// (empty: 10 test images "
+          "per class)."),
+    Param("registry", str, "local", "local or vertex.", _one_of(_registries)),
+    Param("registry_root", str, "", "Directory of the local registry."),
+    Param("model_name", str, "image-classifier", "The registered model's name."),
+    Param("project", str, "", "Google Cloud project (registry=vertex)."),
+    Param("location", str, "us-central1", "Google Cloud region (registry=vertex)."),
+]}
+
+
+def default(name: str) -> Any:
+    return PARAMETERS[name].default
+
+
+def docstring_args(names) -> str:
+    """The `Args:` lines of a Google-style docstring for these parameters (what the KFP UI shows). One line each:
+    KFP keeps a description's line breaks."""
+    return "Args:\n" + "\n".join(f"    {name}: {PARAMETERS[name].help}" for name in names)
+
+
+def problems(values: dict) -> list[str]:
+    """What is wrong with these values (a subset of the parameters, by name): each problem names its parameter.
+    Checks across parameters apply when all of theirs are given."""
+    found = []
+    for name, value in values.items():
+        param = PARAMETERS.get(name)
+        if param is None:
+            found.append(f"unknown parameter {name!r}")
+            continue
+        problem = param.check(value) if param.check else None
+        if problem:
+            found.append(f"{name}: {problem}" if name == "augment_policy" else f"{name} {problem}")
+    if {"validation_fraction", "test_fraction"} <= values.keys() \
+            and values["validation_fraction"] + values["test_fraction"] >= 1:
+        found.append("validation_fraction and test_fraction must be in [0, 1) and sum to less than 1")
+    if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
+        from components.gcp.accelerators import ACCELERATORS
+        from components.launch.placement import gpu_placement
+
+        try:
+            gpu_placement(values["train_accelerator_type"], values["train_gpu_count"], known_accelerators=ACCELERATORS,
+                          spot=values["train_spot"], node_pool=values["train_node_pool"])
+        except ValueError as e:
+            found.append(str(e))
+    return found
+
+
+def validate(values: dict, *, what: str = "parameters") -> None:
+    """Raises one ValueError listing every problem of `values` (see `problems`)."""
+    found = problems(values)
+    if found:
+        raise ValueError(f"Invalid {what}:\n  " + "\n  ".join(found))
