@@ -293,7 +293,7 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
 
 
 def test_launch_cli_exit_codes_follow_the_training_contract(capsys):
-    """2 for bad input and for a job that failed (permanent), as components/train.py documents; 143 is above."""
+    """2 for bad input and for a job that failed (permanent), as components/stepcli.py documents; 143 is above."""
     assert launch.main(["--name", "bad", "--image", "img", "--gpus", "99", "--", "true"]) == 2
     assert "GPU count" in capsys.readouterr().err
     with KubernetesStandIn() as k8s:

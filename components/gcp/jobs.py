@@ -1,7 +1,7 @@
 """`follow_job`: the one loop that follows a remote job to its end.
 
 Every launcher and every remote job in the project goes through it: the TFJob and the Vertex AI CustomJob
-launchers (components/launch/), Vertex AI batch prediction (components/predict.py), the Model Registry's upload
+launchers (components/launch/), Vertex AI batch prediction (components/predict/vertex.py), the Model Registry's upload
 operation (components/registry/vertex.py), and the watchers of whole pipeline runs on Vertex AI Pipelines and KFP
 (pipelines/vertex.py, pipelines/publish.py). Modelled on Google Cloud Pipeline Components' `job_remote_runner`
 (poll until a terminal state, ride out connection errors, cancel the job when the step is cancelled). It gives

@@ -2,7 +2,7 @@
 
 A pipeline step can only ask for one pod. For multi-node training the step instead creates a job that runs
 the same image and the same training command on a chief and N workers (the platform sets `TF_CONFIG`, so
-components/train.py picks MultiWorkerMirroredStrategy), follows its status and the chief's log, fails when
+components/train/ picks MultiWorkerMirroredStrategy), follows its status and the chief's log, fails when
 the job fails, and deletes (cancels) the job when it is itself stopped: a cancelled pipeline run sends
 SIGTERM to the step's pod, and a GPU job must not outlive the run that asked for it.
 

@@ -2,7 +2,7 @@
 
 Replicas use `restartPolicy: ExitCode`, so a preempted replica (exit 143 after its checkpoint, or 137 when
 killed) is restarted and resumes from the checkpoints in durable storage, while a bug or bad input (exit 1 or
-2) fails the job at once (see components/train.py for the codes).
+2) fails the job at once (see components/stepcli.py for the codes).
 """
 
 from __future__ import annotations
