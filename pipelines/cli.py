@@ -229,6 +229,9 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
             with warnings.catch_warnings():
                 # kfp.local says, for every task, that node selectors and resource requests do nothing here.
                 warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
+                # Its other warnings (one per task about the image) go to the task's log, also under a caller
+                # that records warnings itself (pytest).
+                warnings.showwarning = _warning_to_stderr
                 components.load_component_from_file(package)(**params)
             summary = collect_summary(find_run_dir(pipeline_root), settings)
     except RuntimeError as e:
@@ -248,6 +251,10 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
     return summary
 
 
+def _warning_to_stderr(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def print_summary(summary: dict, output_dir: str) -> None:
     """The run in a few lines (each step's own figures were on its end line); the run page's path last."""
     reg = summary["registered"]
@@ -257,7 +264,6 @@ def print_summary(summary: dict, output_dir: str) -> None:
         return path.replace(os.path.abspath(output_dir), shown, 1)
 
     lines = [
-        "",
         f"test accuracy    {summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f}), "
         f"training {summary['train_seconds']:.1f}s",
         f"decision         {summary['decision']}",

@@ -12,15 +12,18 @@ through `warnings` (stderr) and reports retries and skipped tasks through the ro
 after another, in the calling thread.
 
 `captured_output` redirects this process's file descriptors 1 and 2 into one pipe (`os.dup2`) for the length of
-the kfp.local call: whatever is written there, by Python or C code of this process or by a child that inherited
-them, arrives in one stream in the order it was written (sys.stdout and sys.stderr are line-buffered meanwhile,
-so their lines interleave as written). A reader thread splits the stream into lines and hands them to
-`StepRouter.feed`, which keys each line on the running task: kfp.local's "Executing task 'NAME'" line opens a
-task's section and its "Task 'NAME' finished with status S" line closes it, so the lines in between are that
-task's output. Those two lines are kfp.local's own, unindented; a child's lines always arrive indented, so
-nothing a step prints can be mistaken for them. Nothing in kfp.local is patched or subclassed, the compiled
-pipeline runs exactly as `kfp.local` runs it, and the attribution holds however a step writes (logging, print,
-TensorFlow's C++ logging, a subprocess of its own). The tests run the real kfp.local and check it.
+the kfp.local call, and points `sys.stdout`, `sys.stderr` and the root logger at them: whatever is written, by
+Python or C code of this process or by a child that inherited the descriptors, arrives in one stream in the order
+it was written (the Python streams are line-buffered meanwhile, so their lines interleave as written; pointing
+them at the descriptors also covers a caller that had replaced them, as pytest does). A reader thread splits the
+stream into lines and hands them to `StepRouter.feed`, which keys each line on the running task: kfp.local's
+"Executing task 'NAME'" line opens a task's section and its "Task 'NAME' finished with status S" line closes it,
+so the lines in between are that task's output. Those two lines are kfp.local's own, unindented; a child's lines
+always arrive indented, so nothing a step prints can be mistaken for them. Nothing in kfp.local is patched or
+subclassed, the compiled pipeline runs exactly as `kfp.local` runs it, and the attribution holds however a step
+writes (logging, print, TensorFlow's C++ logging, a subprocess of its own). Running tasks one by one ourselves
+would be simpler to capture but would no longer run the compiled pipeline as kfp.local does. The tests run the
+real kfp.local and check the attribution.
 
 What the console gets: the start and end lines (the key figures are read from the task's executor_output.json,
 what the KFP UI shows), the lines the project's loggers wrote (components/stepcli.py puts the logger's name in
@@ -36,6 +39,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -195,9 +199,8 @@ class StepRouter:
         elif PIPELINE_END.search(line):
             self.current, self.relaying = None, False
             self._write(PIPELINE_LOG, line)
-        else:
+        elif not self._kfp_note(line):
             self._write(self.steps.get(self.current, self.current) if self.current else PIPELINE_LOG, line)
-            self._kfp_note(line)
 
     def _child_line(self, line: str) -> None:
         record = self.records[self.current]
@@ -235,8 +238,9 @@ class StepRouter:
             text = f"FAILED after {record.seconds:.1f}s (full log: {record.log})"
         self._step_line(record, text)
 
-    def _kfp_note(self, line: str) -> None:
-        """kfp.local's lines about a task that did not run, or will run again."""
+    def _kfp_note(self, line: str) -> bool:
+        """kfp.local's lines about a task that did not run, or will run again: written to that task's log;
+        False for any other line."""
         if found := TASK_RETRY.search(line):
             tasks = [found.group(1)]
             text = f"attempt {found.group(2)} of {found.group(3)} failed; retrying in {float(found.group(4)):.0f}s"
@@ -254,7 +258,7 @@ class StepRouter:
         elif found := TASK_CACHED.search(line):
             tasks, state, text = [found.group(1)], "cached", "reused from kfp.local's cache"
         else:
-            return
+            return False
         for task in tasks:
             record = self.record(task)
             record.state = state or record.state
@@ -266,6 +270,7 @@ class StepRouter:
                                 else "skipped: its condition is false")
             else:
                 self._step_line(record, text)
+        return True
 
     def failures(self) -> list[StepRecord]:
         return [r for r in self.records.values() if r.state == "failed"]
@@ -383,12 +388,17 @@ def _pump(read_end: int, feed: Callable[[str], None], errors: list[BaseException
 
 @contextlib.contextmanager
 def captured_output(feed: Callable[[str], None]) -> Iterator[None]:
-    """For the block's length, everything written to file descriptors 1 and 2 goes, line by line and in order,
-    to `feed` (called from a reader thread); both are restored afterwards, also when the block raises."""
-    streams = [s for s in (sys.stdout, sys.stderr) if s is not None]
-    for stream in streams:
-        stream.flush()
-    rebuffer = [s for s in streams if isinstance(s, io.TextIOWrapper) and not s.line_buffering]
+    """For the block's length, everything this process writes goes, line by line and in order, to `feed` (called
+    from a reader thread): whatever reaches file descriptors 1 and 2 (Python, C, children that inherit them), and
+    what goes to `sys.stdout`, `sys.stderr` and the root logger, which are pointed at those descriptors meanwhile
+    (line-buffered, so that their lines interleave as written; also when a caller had replaced them, as pytest
+    does). Everything is restored afterwards, also when the block raises."""
+    old_streams = sys.stdout, sys.stderr
+    for stream in old_streams:
+        if stream is not None:
+            stream.flush()
+    root = logging.getLogger()
+    old_handlers, old_level = root.handlers[:], root.level
     saved = os.dup(1), os.dup(2)
     read_end, write_end = os.pipe()
     errors: list[BaseException] = []
@@ -399,15 +409,20 @@ def captured_output(feed: Callable[[str], None]) -> Iterator[None]:
         os.dup2(write_end, 2)
     finally:
         os.close(write_end)
-    for stream in rebuffer:
-        stream.reconfigure(line_buffering=True)
+    sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", closefd=False), encoding="utf-8", errors="replace",
+                                               line_buffering=True) for fd in (1, 2))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root.handlers = [handler]
+    root.setLevel(min(root.getEffectiveLevel(), logging.INFO))  # kfp.local's notes on retries and skips are INFO
     try:
         yield
     finally:
-        for stream in streams:
+        for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        for stream in rebuffer:
-            stream.reconfigure(line_buffering=False)
+        sys.stdout, sys.stderr = old_streams
+        root.handlers = old_handlers
+        root.setLevel(old_level)
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in saved:
