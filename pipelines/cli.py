@@ -236,7 +236,7 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
             summary = collect_summary(find_run_dir(pipeline_root), settings)
     except RuntimeError as e:
         if router.failures():
-            raise steplogs.StepFailed(router.failures()) from None
+            raise steplogs.StepFailed(router.failures(), shorten=shorten) from None
         raise RuntimeError(f"{steplogs.ANSI.sub('', str(e))} (kfp.local's log: "
                            f"{router.log_path(steplogs.PIPELINE_LOG)})") from e
     finally:

@@ -113,7 +113,7 @@ def image_data_uri(uri: str) -> str | None:
         return None
 
 
-def _predictions(path: str | None, count: int) -> str:
+def _predictions(path: str | None, count: int, output_dir: str) -> str:
     rows = []
     if path and os.path.exists(path):
         with open(path) as f:
@@ -132,8 +132,9 @@ def _predictions(path: str | None, count: int) -> str:
         cells.append(f"<figure title='{html.escape(row['uri'])}'>{picture}<figcaption><b>{name}</b><br>"
                      f"{100 * row['confidence']:.1f}%</figcaption></figure>")
     note = (f"The first {len(rows)} of {count} predictions" if count > len(rows) else f"All {count} predictions")
+    shown = html.escape(os.path.relpath(path, os.path.abspath(output_dir)))  # the page sits in the output dir
     return (f"<p>{note}: predicted class and confidence. Every prediction, with its top classes: "
-            f"<code>{html.escape(path)}</code></p><div class='grid'>{''.join(cells)}</div>")
+            f"<a href='{shown}'><code>{shown}</code></a></p><div class='grid'>{''.join(cells)}</div>")
 
 
 def _training(summary: dict, report: str | None) -> str:
@@ -196,7 +197,7 @@ def render(summary: dict, output_dir: str) -> str:
         "<nav>" + " &middot; ".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in SECTIONS) + "</nav>",
         _steps(summary, output_dir),
         "<h2 id='predictions'>Predictions</h2>",
-        _predictions(summary["predictions"]["path"], summary["predictions"]["count"]),
+        _predictions(summary["predictions"]["path"], summary["predictions"]["count"], output_dir),
         "<h2 id='training'>Training curves</h2>",
         _training(summary, report),
         "<h2 id='tensorboard'>TensorBoard</h2>",

@@ -93,7 +93,7 @@ class StepFailed(Exception):
     """One or more steps of a local run failed. str() is the short block pipectl prints: each failed step, its
     own error message and the path of its full log."""
 
-    def __init__(self, failures: list[StepRecord], note: str = ""):
+    def __init__(self, failures: list[StepRecord], note: str = "", shorten: Callable[[str], str] = lambda p: p):
         self.failures = failures
         lines = []
         for record in failures:
@@ -101,7 +101,7 @@ class StepFailed(Exception):
             first, *more = message.splitlines() or [""]
             lines.append(f"step {record.step} failed: {first}")
             lines += [f"  {line}" for line in more]
-            lines.append(f"  full log: {record.log}")
+            lines.append(f"  full log: {shorten(record.log)}")
         if note:
             lines.append(note)
         super().__init__("\n".join(lines))
@@ -235,7 +235,7 @@ class StepRouter:
         else:
             record.state = "failed"
             record.error = error_message(list(record.tail))
-            text = f"FAILED after {record.seconds:.1f}s (full log: {record.log})"
+            text = f"FAILED after {record.seconds:.1f}s (full log: {self.shorten(record.log)})"
         self._step_line(record, text)
 
     def _kfp_note(self, line: str) -> bool:

@@ -101,8 +101,9 @@ def test_the_grid_names_what_it_cannot_show(tmp_path, fashion_arrays):
             {"uri": "gs://bucket/b.png", "class_name": "Coat <2>", "confidence": 0.25}]
     path = tmp_path / "predictions.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    grid = runpage._predictions(str(path), 7)
+    grid = runpage._predictions(str(path), 7, str(tmp_path))
     assert "The first 2 of 7 predictions" in grid and grid.count("<figure") == 2
+    assert "<a href='predictions.jsonl'>" in grid  # beside the page, which sits in the output directory
     assert "<b>Bag</b><br>90.0%" in grid and "<b>Coat &lt;2&gt;</b><br>25.0%" in grid
     assert "<div class='missing'>gs://bucket/b.png</div>" in grid
 
