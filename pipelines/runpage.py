@@ -27,17 +27,10 @@ INLINE_BYTES = 256 << 10  # larger images are shown as thumbnails
 BROWSER_FORMATS = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                    ".webp": "image/webp", ".bmp": "image/bmp"}
 
+# Added to the evaluation report's style (components/evaluate.py), so that the page and the report look alike.
 STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1180px;
-  color:#202124;padding:0 16px}
-h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #e0e0e0}
-.decision{font-size:1.2em;font-weight:600;padding:10px 14px;border-radius:6px}
-.ok{background:#e6f4ea;color:#137333}.no{background:#fce8e6;color:#b3261e}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}
-.card{border:1px solid #dadce0;border-radius:6px;padding:8px 14px;min-width:110px}
-.card b{display:block;font-size:1.3em}.card span{color:#5f6368;font-size:.85em}
-table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{border:1px solid #dadce0;padding:4px 10px;
-  text-align:left}td.n{text-align:right}
+body{max-width:1180px}h2{margin-top:1.8em}.decision{font-size:1.2em}
+td,th{padding:4px 10px;text-align:left}td.n{text-align:right}
 .state-succeeded{color:#137333}.state-failed{color:#b3261e;font-weight:600}.state-skipped{color:#5f6368}
 iframe.artifact{width:100%;height:640px;border:1px solid #dadce0;border-radius:6px}
 .grid{display:flex;flex-wrap:wrap;gap:8px}
@@ -46,10 +39,9 @@ iframe.artifact{width:100%;height:640px;border:1px solid #dadce0;border-radius:6
 .grid figcaption{font-size:.75em;line-height:1.2}.grid .missing{height:72px;display:flex;align-items:center;
   font-size:.75em;color:#5f6368;overflow-wrap:anywhere}
 .curves img{max-width:100%;height:auto}pre{background:#f1f3f4;padding:10px 12px;border-radius:6px;overflow-x:auto}
-.meta{color:#5f6368;font-size:.85em;margin-top:2em}nav{margin:10px 0 14px}
+nav{margin:10px 0 14px}
 """
 
-# Sized to its content once loaded (a srcdoc frame has this page's origin; the sandbox lets no script run inside).
 # Capped, so that one long artifact does not push the rest of the page away (the frame scrolls).
 FIT_FRAME = ("try{this.style.height=Math.min(900,this.contentDocument.documentElement.scrollHeight+24)+'px'}"
              "catch(e){}")
@@ -178,6 +170,8 @@ def _steps(summary: dict, output_dir: str) -> str:
 
 def render(summary: dict, output_dir: str) -> str:
     """The page's HTML, from a local run's summary (pipelines/cli.py's collect_summary plus its steps)."""
+    from components.evaluate import REPORT_STYLE
+
     esc = html.escape
     artifacts = summary["artifacts"]
     report = _read(artifacts.get("evaluate", {}).get("report"))
@@ -213,7 +207,8 @@ def render(summary: dict, output_dir: str) -> str:
     ]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>Local run {esc(os.path.basename(os.path.abspath(output_dir)))}</title><style>{STYLE}</style>"
+            f"<title>Local run {esc(os.path.basename(os.path.abspath(output_dir)))}</title>"
+            f"<style>{REPORT_STYLE}{STYLE}</style>"
             "</head><body>" + "".join(body) + "</body></html>")
 
 

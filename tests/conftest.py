@@ -107,6 +107,18 @@ def local_runs(fashion_dir, tmp_path_factory) -> LocalRuns:
     return LocalRuns(base, first, second, command, console.getvalue())
 
 
+@pytest.fixture(scope="session")
+def browser() -> str:
+    """Debian's chromium (or another Chrome), for the HTML pages' browser tests; they are skipped without it."""
+    from tests.test_report_browser import find_browser
+
+    found = find_browser()
+    if not found:
+        pytest.skip("chromium is not installed (apt-get install chromium, or `make browser`): the browser tests "
+                    "need it")
+    return found
+
+
 def write_png(path: str, array: np.ndarray, mode: str | None = None) -> None:
     from PIL import Image
 

@@ -9,7 +9,6 @@ To regenerate the README's screenshot from a run directory (`make run RUN_DIR=ru
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
@@ -21,7 +20,7 @@ import pytest
 
 from pipelines import runpage
 from tests.conftest import write_png
-from tests.test_report_browser import find_browser, run_browser, screenshot
+from tests.test_report_browser import RECORD_ERRORS, find_browser, probe, screenshot
 
 SECTIONS = ["Predictions", "Training curves", "TensorBoard", "Evaluation report", "Dataset card",
             "Augmentation preview"]
@@ -29,13 +28,7 @@ SECTIONS = ["Predictions", "Training curves", "TensorBoard", "Evaluation report"
 # Injected into a copy of the page: on load (after every frame loaded) it writes what the browser made of the
 # page into the DOM, where --dump-dom reads it back.
 PROBE = """<script>
-(function () {
-  var errors = [];
-  window.addEventListener('error', function (e) {
-    var t = e.target;
-    errors.push(t && t !== window ? 'resource failed: ' + (t.currentSrc || t.src || t.href || t.tagName).slice(0, 80)
-                                  : 'script error: ' + e.message);
-  }, true);
+(function () {""" + RECORD_ERRORS + """
   function decoded(img) { return img.complete && img.naturalWidth > 0; }
   window.addEventListener('load', function () {
     var frames = [].map.call(document.querySelectorAll('iframe'), function (f) {
@@ -61,19 +54,6 @@ PROBE = """<script>
   });
 })();
 </script>"""
-
-
-def probe(browser: str, page: str, work: str) -> dict:
-    with_probe = page.replace("<head>", "<head>" + PROBE, 1)
-    path = os.path.join(work, "probe.html")
-    with open(path, "w") as f:
-        f.write(with_probe)
-    done = run_browser(browser, ["--virtual-time-budget=15000", "--window-size=1280,3000", "--dump-dom",
-                                 "file://" + path])
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
-    assert found, f"the probe never reported:\n{done.stdout[-1500:]}"
-    return json.loads(html.unescape(found.group(1)))
 
 
 # ---------------------------------------------------------------------------------------------- its parts
@@ -119,14 +99,6 @@ def test_the_training_curves_are_the_reports_own_figure():
 # ---------------------------------------------------------------------------------------------- in a browser
 
 
-@pytest.fixture(scope="module")
-def browser():
-    found = find_browser()
-    if not found:
-        pytest.skip("chromium is not installed (apt-get install chromium): the run page's browser test needs it")
-    return found
-
-
 @pytest.mark.slow
 def test_run_page_shows_every_section(browser, local_runs, tmp_path):
     summary = local_runs.first
@@ -134,7 +106,7 @@ def test_run_page_shows_every_section(browser, local_runs, tmp_path):
     assert summary["page"] == str(page_path)
     page = page_path.read_text()
     assert not re.search(r"""(src|href)=['"]?(https?:)?//""", page)  # nothing fetched: no server, no network
-    seen = probe(browser, page, str(tmp_path))
+    seen = probe(browser, page, str(tmp_path), script=PROBE, height=3000)
     assert seen["errors"] == []
     assert seen["headings"] == SECTIONS
     assert seen["decision"] == summary["decision"]
