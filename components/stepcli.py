@@ -40,7 +40,8 @@ EXIT_CODES: Mapping[type, int] = MappingProxyType({ValueError: EXIT_PERMANENT})
 # the KFP executor's) can tell the project's progress lines from the rest: `pipectl run --local` shows only those
 # (pipelines/steplogs.py), the step's log file keeps everything.
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
-_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[([^\]\s]+)\] (.*)$")
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                       r"\[([^\]\s]+)\] (.*)$")
 PROJECT_LOGGERS = ("components",)  # every step logs through logging.getLogger(__name__) under components/
 
 

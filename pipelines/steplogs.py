@@ -93,7 +93,7 @@ class StepFailed(Exception):
     """One or more steps of a local run failed. str() is the short block pipectl prints: each failed step, its
     own error message and the path of its full log."""
 
-    def __init__(self, failures: list[StepRecord], note: str = "", shorten: Callable[[str], str] = lambda p: p):
+    def __init__(self, failures: list[StepRecord], shorten: Callable[[str], str] = lambda path: path):
         self.failures = failures
         lines = []
         for record in failures:
@@ -102,8 +102,6 @@ class StepFailed(Exception):
             lines.append(f"step {record.step} failed: {first}")
             lines += [f"  {line}" for line in more]
             lines.append(f"  full log: {shorten(record.log)}")
-        if note:
-            lines.append(note)
         super().__init__("\n".join(lines))
 
 

@@ -183,7 +183,7 @@ def test_router_keys_lines_on_the_running_task(tmp_path):
                  "    Executing task 'a-line-a-step-printed'",
                  "    2026-01-01 12:00:01,000 INFO [components.train.loop] epoch 1/1 (0.5s) loss=0.1",
                  "    2026-01-01 12:00:01,000 INFO [tensorflow] Assets written to: /m",
-                 "    2026-01-01 12:00:01,000 INFO [components.train.loop] train: checkpoint /c/ckpt-5 (end of epoch 1)",
+                 "    2026-01-01 12:00:01,000 INFO [components.train.loop] train: checkpoint /c/ckpt-5 (epoch 1)",
                  "12:00:02.000 - INFO - Task \x1b[96m'train-op'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
                  "    Output: 1.5",
                  "2026-01-01 12:00:02,000 root INFO Skipping conditional task condition-1 (condition evaluated to "
