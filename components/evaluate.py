@@ -137,7 +137,7 @@ def decide(scores: Scores, class_names: list[str], *, min_accuracy: float, min_c
             reasons.append(f"every class recall >= {min_class_recall:.3f} (lowest {min(scores.recall):.3f})")
     if champion_problem:
         reasons.append(champion_problem)
-        clauses.append((False, champion_problem.split(":")[0]))
+        clauses.append((False, champion_problem))
     elif champion is None:
         reasons.append("no champion yet: the thresholds alone decide")
     else:
@@ -155,6 +155,11 @@ def decide(scores: Scores, class_names: list[str], *, min_accuracy: float, min_c
     if blessed and champion is None:
         line += " (no champion yet)"
     return blessed, reasons, f"{'blessed' if blessed else 'not blessed'}: {line}"
+
+
+def _class_list(names: list[str], most: int = 12) -> str:
+    shown = ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
+    return f"{len(names)} classes ({shown})"
 
 
 def predict_arrays(classifier: data.Classifier, images: np.ndarray, batch: int = 1024) -> np.ndarray:
@@ -189,15 +194,19 @@ def evaluate(model_dir: str, dataset_dir: str, *, min_accuracy: float = 0.0, min
         except (data.DataError, OSError) as e:
             raise data.DataError(f"The registry's champion v{champion_version} could not be loaded from "
                                  f"{champion_model_dir}: {e}") from e
+        # The decision line carries the whole problem: what differs, and how to keep such models apart.
+        advice = ("choose another --model-name or --registry-root (parameters model_name, registry_root) for the "
+                  "models of this data")
         if list(champion_classifier.image_shape) != list(images.shape[1:]):
             problem = (f"champion v{champion_version} cannot be compared on this test data: it takes "
-                       f"{'x'.join(map(str, champion_classifier.image_shape))} images, the test data is "
-                       f"{'x'.join(map(str, images.shape[1:]))}; register a model with another input under a new "
-                       "model name, or promote it by hand")
+                       f"{'x'.join(map(str, champion_classifier.image_shape))} images, this run's test data is "
+                       f"{'x'.join(map(str, images.shape[1:]))}; {advice}")
         elif list(champion_classifier.class_names) != list(class_names):
-            problem = (f"champion v{champion_version} cannot be compared on this test data: it predicts the classes "
-                       f"{champion_classifier.class_names}, the test data has {class_names}; register it under a "
-                       "new model name, or promote it by hand")
+            order = (" (the same classes in another order)"
+                     if sorted(champion_classifier.class_names) == sorted(class_names) else "")
+            problem = (f"champion v{champion_version} cannot be compared on this test data: it predicts "
+                       f"{_class_list(champion_classifier.class_names)}, this run's test data has "
+                       f"{_class_list(class_names)}{order}; {advice}")
         else:
             champion_scores = score(predict_arrays(champion_classifier, images), labels, len(class_names))
             champion = Champion(champion_version, champion_scores.accuracy, champion_model_dir)

@@ -18,8 +18,10 @@ of error therefore plugs in either way, without changing this module.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 import sys
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -34,7 +36,32 @@ RETRYABLE_EXIT_CODES = frozenset(range(128, 256))
 # Errors every step maps the same way; a step passes its own additions to `run` / `exit_code_for`.
 EXIT_CODES: Mapping[type, int] = MappingProxyType({ValueError: EXIT_PERMANENT})
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+# The logger's name is in the line so that a reader of the mixed output of a step (its own lines, TensorFlow's,
+# the KFP executor's) can tell the project's progress lines from the rest: `pipectl run --local` shows only those
+# (pipelines/steplogs.py), the step's log file keeps everything.
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                       r"\[([^\]\s]+)\] (.*)$")
+PROJECT_LOGGERS = ("components",)  # every step logs through logging.getLogger(__name__) under components/
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLine:
+    time: str
+    level: str
+    logger: str
+    message: str
+
+    @property
+    def from_project(self) -> bool:
+        return self.logger.split(".")[0] in PROJECT_LOGGERS
+
+
+def parse_log_line(line: str) -> LogLine | None:
+    """A line written in LOG_FORMAT, split into its fields; None for any other line (a continuation of a
+    multi-line message, a print, a library's own format)."""
+    found = _LOG_LINE.match(line)
+    return LogLine(*found.groups()) if found else None
 
 
 def setup_logging(*, force: bool = False) -> None:

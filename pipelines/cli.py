@@ -8,8 +8,10 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
 import warnings
+from typing import TextIO
 
 from pipelines import config, training
 
@@ -174,44 +176,102 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
     }
 
 
-def run_local(params: dict, output_dir: str, settings: config.PipelineSettings | None = None) -> dict:
-    """Compiles the pipeline and runs that compiled YAML with kfp.local's SubprocessRunner; returns the summary."""
+def run_local(params: dict, output_dir: str, settings: config.PipelineSettings | None = None, *,
+              console: TextIO | None = None, verbose: bool = False) -> dict:
+    """Compiles the pipeline and runs that compiled YAML with kfp.local's SubprocessRunner; returns the summary
+    (also written to OUTPUT_DIR/summary.json, and shown as OUTPUT_DIR/index.html).
+
+    Each step's complete output goes to OUTPUT_DIR/logs/<step>.log; `console` (default: this process's stdout)
+    gets one line when a step starts, one when it ends, and the project's progress lines between
+    (pipelines/steplogs.py); with `verbose`, every line. A failed step raises steplogs.StepFailed, whose text
+    names the step, its own error message and its log.
+    """
+    import yaml
     from kfp import components, local
 
+    from pipelines import local_checks, runpage, steplogs
+
+    shown_dir = output_dir.rstrip("/") or output_dir
     output_dir = os.path.abspath(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
     params = dict(params)
     params.setdefault("registry_root", os.path.join(os.path.dirname(output_dir), "registry"))
     validate_parameters(params)
+    local_checks.check_local_sources(params)
+    os.makedirs(output_dir, exist_ok=True)
     package = training.compile_pipeline(os.path.join(output_dir, "pipeline.yaml"), settings)
     pipeline_root = os.path.join(output_dir, "pipeline_root")
-    # The steps inherit this: TensorFlow's C++ start-up chatter would drown the steps' own progress lines.
+    # The steps inherit this: TensorFlow's C++ start-up chatter, which only the step logs would show anyway.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # use_venv=False: the steps run in this environment, where the project is installed (as the image has it).
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root, raise_on_error=True)
-    log.info("running %s locally; artifacts under %s", package, pipeline_root)
-    with warnings.catch_warnings():
-        # kfp.local says, for every task, that node selectors and resource requests do nothing here: expected.
-        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
-        components.load_component_from_file(package)(**params)
-    summary = collect_summary(find_run_dir(pipeline_root), settings)
+
+    run_prefix = re.compile(re.escape(pipeline_root) + "/" + re.escape(training.PIPELINE_NAME) + r"-[^/\s]+/")
+
+    def shorten(text: str) -> str:  # a progress line's paths, as the console shows them
+        return run_prefix.sub(".../", text).replace(output_dir + "/", shown_dir + "/")
+
+    own_console = console is None
+    console = console or steplogs.console_stream()
+    tasks = training.task_names(settings)
+    logs_dir = os.path.join(output_dir, "logs")
+    with open(package) as f:
+        groups = steplogs.task_groups(next(yaml.safe_load_all(f)))  # the spec; the platform spec follows
+    router = steplogs.StepRouter(
+        logs_dir, {task: step for step, task in tasks.items()}, console, verbose=verbose, groups=groups,
+        task_outputs=lambda task: steplogs.read_task_outputs(os.path.join(find_run_dir(pipeline_root), task)),
+        shorten=shorten)
+    console.write(f"running {os.path.join(shown_dir, 'pipeline.yaml')} with kfp.local; each step's full log: "
+                  f"{os.path.join(shown_dir, 'logs', 'STEP.log')}\n")
+    try:
+        # The summary is read inside too: reading the artifacts starts TensorFlow here, whose start-up lines
+        # belong in the run's log (logs/pipeline.log), not on the console.
+        with steplogs.captured_output(router.feed):
+            with warnings.catch_warnings():
+                # kfp.local says, for every task, that node selectors and resource requests do nothing here.
+                warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
+                # Its other warnings (one per task about the image) go to the task's log, also under a caller
+                # that records warnings itself (pytest).
+                warnings.showwarning = _warning_to_stderr
+                components.load_component_from_file(package)(**params)
+            summary = collect_summary(find_run_dir(pipeline_root), settings)
+    except RuntimeError as e:
+        if router.failures():
+            raise steplogs.StepFailed(router.failures(), shorten=shorten) from None
+        raise RuntimeError(f"{steplogs.ANSI.sub('', str(e))} (kfp.local's log: "
+                           f"{router.log_path(steplogs.PIPELINE_LOG)})") from e
+    finally:
+        router.close()
+        if own_console:
+            console.close()
+    summary["steps"] = router.summary()
+    summary["logs"] = logs_dir
+    summary["page"] = runpage.write_run_page(summary, output_dir)
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
 
+def _warning_to_stderr(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def print_summary(summary: dict, output_dir: str) -> None:
+    """The run in a few lines (each step's own figures were on its end line); the run page's path last."""
     reg = summary["registered"]
+    shown = output_dir.rstrip("/") or output_dir
+
+    def short(path: str) -> str:  # as the user named the output directory
+        return path.replace(os.path.abspath(output_dir), shown, 1)
+
     lines = [
-        "",
-        f"test accuracy    {summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})",
-        f"training         {summary['train_seconds']:.1f}s",
-        "images           " + ", ".join(f"{k} {v}" for k, v in summary["images"].items()),
+        f"test accuracy    {summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f}), "
+        f"training {summary['train_seconds']:.1f}s",
         f"decision         {summary['decision']}",
         f"registered       {reg['registry']} model {reg['model']} version {reg['version']} {reg['aliases']}"
         if reg else "registered       nothing (not blessed)",
-        f"predictions      {summary['predictions']['count']} in {summary['predictions']['path']}",
-        f"summary          {os.path.join(os.path.abspath(output_dir), 'summary.json')}",
+        f"predictions      {summary['predictions']['count']} in {short(summary['predictions']['path'])}",
+        f"summary          {short(os.path.join(os.path.abspath(output_dir), 'summary.json'))}",
+        f"run page         {short(summary['page'])}",
     ]
     print("\n".join(lines))
 
@@ -311,7 +371,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = validate_parameters(given_parameters(args))
     if args.local:
         output_dir = args.output_dir or os.path.join("runs", _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-        summary = run_local(params, output_dir, settings_from(args))
+        summary = run_local(params, output_dir, settings_from(args), verbose=args.verbose)
         print_summary(summary, output_dir)
         return 0
     from pipelines.publish import start_run
@@ -408,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the pipeline: --local (kfp.local here) or --host URL (a KFP API)")
     p.add_argument("--local", action="store_true", help="run with kfp.local's SubprocessRunner")
+    # SUPPRESS: `pipectl -v run` and `pipectl run -v` both work (a default here would undo the first).
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="--local: show every step's complete output as it comes (it always goes to its log)")
     p.add_argument("--output-dir", help="local run: where artifacts and summary.json go (default: runs/TIMESTAMP)")
     add_host_options(p)
     p.add_argument("--pipeline-name", default=training.PIPELINE_NAME, help="--host: the uploaded pipeline to run")
@@ -473,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from pipelines.publish import PublishError
+    from pipelines.steplogs import StepFailed
     from pipelines.vertex import VertexPipelineError
 
     try:
@@ -483,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     except (VertexPipelineError, TimeoutError) as e:
         print(f"pipectl: error: {e}", file=sys.stderr)
         return 1
+    except StepFailed as e:  # the step's own message and its log say what happened; no traceback from here
+        print(f"pipectl: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pipectl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,10 +6,14 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses  # noqa: E402
+import io  # noqa: E402
 import itertools  # noqa: E402
+import json  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
@@ -70,6 +74,49 @@ def tiny_model(small_dataset, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("tiny_model"))
     train(small_dataset, out, epochs=2)
     return out
+
+
+LOCAL_RUN_PARAMS = {"limit": 600, "epochs": 2, "min_accuracy": 0.3, "tolerance": 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalRuns:
+    base: Any  # pathlib.Path: first/, second/ and the registry/ they share
+    first: dict  # summaries
+    second: dict
+    command: subprocess.CompletedProcess  # the first run, as pipectl's command line printed it
+    second_console: str  # what the second run wrote to its console
+
+
+@pytest.fixture(scope="session")
+def local_runs(fashion_dir, tmp_path_factory) -> LocalRuns:
+    """Two local runs of the compiled pipeline on a slice of Fashion-MNIST, sharing one registry as two `make run`s
+    do: the first as a user starts it (`pipectl run --local`, a child process whose output is kept), the second
+    through `cli.run_local`. Once per session: a run costs a minute or two."""
+    from pipelines import cli
+
+    base = tmp_path_factory.mktemp("e2e")
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in LOCAL_RUN_PARAMS.items()]
+    command = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--local", "--output-dir",
+                              str(base / "first"), *flags], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=1200)
+    assert command.returncode == 0, f"{command.stdout[-3000:]}\n{command.stderr[-3000:]}"
+    first = json.loads((base / "first" / "summary.json").read_text())
+    console = io.StringIO()
+    second = cli.run_local(dict(LOCAL_RUN_PARAMS), str(base / "second"), console=console)
+    return LocalRuns(base, first, second, command, console.getvalue())
+
+
+@pytest.fixture(scope="session")
+def browser() -> str:
+    """Debian's chromium (or another Chrome), for the HTML pages' browser tests; they are skipped without it."""
+    from tests.test_report_browser import find_browser
+
+    found = find_browser()
+    if not found:
+        pytest.skip("chromium is not installed (apt-get install chromium, or `make browser`): the browser tests "
+                    "need it")
+    return found
 
 
 def write_png(path: str, array: np.ndarray, mode: str | None = None) -> None:

@@ -97,10 +97,10 @@ def test_both_checks_failing_and_a_champion_that_cannot_be_compared():
                               champion=Champion("1", 0.7, "r/1"))
     assert not blessed
     assert line == "not blessed: 0.800 < 0.90 and recall < 0.50 for three (0.300) but >= champion v1 0.700 - 0.00"
-    blessed, reasons, line = decide(scores_with(950), NAMES, min_accuracy=0.9,
-                                    champion_problem="champion v1 cannot be compared on this test data: it takes "
-                                                     "32x32x3 images")
-    assert not blessed and line == "not blessed: 0.950 >= 0.90 but champion v1 cannot be compared on this test data"
+    problem = "champion v1 cannot be compared on this test data: it takes 32x32x3 images; choose another ..."
+    blessed, reasons, line = decide(scores_with(950), NAMES, min_accuracy=0.9, champion_problem=problem)
+    assert not blessed and line == f"not blessed: 0.950 >= 0.90 but {problem}"  # the whole problem: what to do
+    assert problem in reasons
 
 
 @pytest.mark.parametrize("arguments", [{"min_accuracy": 1.5}, {"min_accuracy": -0.1},
@@ -189,10 +189,26 @@ def test_champion_that_cannot_be_compared_or_loaded(tiny_model, small_dataset, t
                                                    "image_shape": [32, 32, 3], "history": {}})
     result = evaluate(tiny_model, small_dataset, champion_model_dir=str(other), champion_version="5")
     assert not result.blessed
-    assert result.decision.endswith("but champion v5 cannot be compared on this test data")
-    assert any("32x32x3 images, the test data is 28x28x1" in r and "new model name" in r for r in result.reasons)
+    assert "but champion v5 cannot be compared on this test data: it takes 32x32x3 images, this run's test data " \
+           "is 28x28x1; choose another --model-name or --registry-root" in result.decision
+    assert result.decision.split(" but ", 1)[1] in result.reasons
     with pytest.raises(data.DataError, match="champion v6 could not be loaded from .*gone"):
         evaluate(tiny_model, small_dataset, champion_model_dir=str(tmp_path / "gone"), champion_version="6")
+
+
+def test_champion_of_other_classes_names_both_and_says_what_to_choose(tiny_model, small_dataset, tmp_path):
+    from components.train import build_model
+
+    other = tmp_path / "pets-model"
+    other.mkdir()
+    build_model([28, 28, 1], 3).save(str(other / "model.keras"))
+    data.write_json(str(other / "training.json"), {"class_names": ["cat", "dog", "bird"], "image_shape": [28, 28, 1],
+                                                   "history": {}})
+    result = evaluate(tiny_model, small_dataset, champion_model_dir=str(other), champion_version="4")
+    assert not result.blessed
+    assert ("but champion v4 cannot be compared on this test data: it predicts 3 classes (cat, dog, bird), this "
+            "run's test data has 10 classes (T-shirt/top, Trouser, Pullover, Dress, Coat, Sandal, Shirt, Sneaker, "
+            "Bag, Ankle boot); choose another --model-name or --registry-root") in result.decision
 
 
 def test_kfp_metrics_and_confusion_matrix(tiny_model, small_dataset, tmp_path):

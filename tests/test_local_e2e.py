@@ -1,32 +1,32 @@
-"""The compiled pipeline, run end to end with kfp.local on a small slice of Fashion-MNIST.
+"""The compiled pipeline, run end to end with kfp.local on a small slice of Fashion-MNIST (conftest's
+`local_runs`: the first run through pipectl's command line, the second through run_local).
 
 Two runs share one local registry, as two runs of `make run` do: the first registers version 1 as champion;
-the second is gated against that champion, re-scored on the same test data.
+the second is gated against that champion, re-scored on the same test data. What the first printed is what a
+user sees: one line when each step starts and ends, the project's progress lines between, kfp.local's own output
+only in the steps' logs.
 """
 
 import json
 import os
+import re
 
 import pytest
 
-from pipelines import cli
-
 pytestmark = pytest.mark.slow
 
-PARAMS = {"limit": 600, "epochs": 2, "min_accuracy": 0.3, "tolerance": 1.0}
+STEPS = ["preprocess", "augment", "placement", "train", "evaluate", "predict", "register"]
+STEP_LINE = r"\d\d:\d\d:\d\d  {step} +{text}"
 
 
 @pytest.fixture(scope="module")
-def runs(fashion_dir, tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    first = cli.run_local(dict(PARAMS), str(base / "first"))
-    second = cli.run_local(dict(PARAMS), str(base / "second"))
-    return base, first, second
+def runs(local_runs):
+    return local_runs.base, local_runs.first, local_runs.second
 
 
 def test_summary_reports_what_the_run_produced(runs):
-    base, first, _ = runs
-    assert json.loads((base / "first" / "summary.json").read_text()) == first
+    base, first, second = runs
+    assert json.loads((base / "second" / "summary.json").read_text()) == second
     assert first["images"] == {"train": pytest.approx(540, abs=30), "validation": pytest.approx(60, abs=30),
                                "test": 600, "rejected": 0}
     assert first["images"]["train"] + first["images"]["validation"] == 600
@@ -81,3 +81,67 @@ def test_second_run_is_gated_against_the_champion_and_becomes_version_2(runs):
     assert second["registered"]["version"] == "2" and second["registered"]["aliases"] == ["champion"]
     index = json.loads((base / "registry" / "image-classifier" / "index.json").read_text())
     assert [(v["version"], v["aliases"]) for v in index["versions"]] == [("1", ["default"]), ("2", ["champion"])]
+
+
+# ---------------------------------------------------------------------------------------------- console and logs
+
+
+def step_lines(console: str, step: str, text: str) -> list[str]:
+    return [line for line in console.splitlines() if re.fullmatch(STEP_LINE.format(step=step, text=text), line)]
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_one_line_when_each_step_starts_and_one_when_it_ends(local_runs, run):
+    console = local_runs.command.stdout if run == "first" else local_runs.second_console
+    lines = console.splitlines()
+    for step in STEPS:
+        started, ended = step_lines(console, step, "started"), step_lines(console, step, r"succeeded in \d+\.\ds.*")
+        assert len(started) == 1 and len(ended) == 1, (step, console)
+        assert lines.index(started[0]) < lines.index(ended[0])
+    figures = {step: step_lines(console, step, r"succeeded in \d+\.\ds: (.*)")[0] for step in STEPS}
+    assert re.search(r"train \d+, validation \d+, test 600, rejected 0$", figures["preprocess"])
+    assert figures["train"].endswith(re.search(r"2 epochs, \d+\.\ds fitting, validation accuracy 0\.\d{4}",
+                                               figures["train"]).group(0))
+    assert re.search(r"test accuracy 0\.\d{4}, blessed$", figures["evaluate"])
+    assert figures["predict"].endswith("100 predictions, 0 errors")
+    version = "1" if run == "first" else "2"
+    assert figures["register"].endswith(f"image-classifier version {version} (local registry)")
+
+
+def test_between_them_only_the_projects_progress_lines(local_runs):
+    out, err = local_runs.command.stdout, local_runs.command.stderr
+    for progress in ("preprocess: wrote .../preprocess-op/dataset (train ", "epoch 1/2 (", "epoch 2/2 (",
+                     "train: 10 steps", "evaluate: blessed: ", "predict: 100 predictions, 0 errors"):
+        assert progress in out, progress
+    for noise in ("executor_input", '"inputs": {', "[KFP Executor", "Streamed logs", "non-Python base image",
+                  "oneDNN", "absl::InitializeLog", "Traceback", "train: checkpoint ", "The image 0000.png is"):
+        assert noise not in out and noise not in err, noise
+    assert err == ""
+    lines = out.splitlines()
+    assert len(lines) <= 40, out
+    progress = [line for line in lines[1:] if not any(re.fullmatch(STEP_LINE.format(step=s, text=".*"), line)
+                                                      for s in STEPS)]
+    summary = progress[-6:]
+    assert all(re.match(r"\d\d:\d\d:\d\d {14}", line) for line in progress[:-6]), progress
+    assert [line.split()[0] for line in summary] == ["test", "decision", "registered", "predictions", "summary", "run"]
+    assert summary[-1].endswith(os.path.join("first", "index.html"))
+
+
+def test_each_steps_log_holds_its_complete_output(local_runs):
+    logs = local_runs.base / "first" / "logs"
+    for step in STEPS:
+        text = (logs / f"{step}.log").read_text()
+        task = {"placement": "placement-op"}.get(step, f"{step}-op")
+        assert f"Executing task '{task}'" in text.splitlines()[0]
+        assert "Got executor_input:" in text and '"inputs": {' in text
+        assert "non-Python base image" in text or step == "placement"  # kfp.local warns about each image once
+        assert f"Task '{task}' finished with status SUCCESS" in text
+    train = (logs / "train.log").read_text()
+    assert "epoch 2/2 (" in train and "train: checkpoint " in train  # kept off the console, not lost
+    assert "preprocess: wrote " in (logs / "preprocess.log").read_text()
+    assert "The image 0000.png is" in (logs / "predict.log").read_text()
+    assert "Running pipeline: 'image-classification'" in (logs / "pipeline.log").read_text()
+    steps = {s["step"]: s for s in local_runs.first["steps"]}
+    assert sorted(steps) == sorted(STEPS)
+    for step, record in steps.items():
+        assert record["state"] == "succeeded" and record["log"] == str(logs / f"{step}.log") and record["seconds"] > 0

@@ -28,10 +28,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
          "--disable-extensions", "--mute-audio"]
 
-# Injected at the top of a copy of the page: records script errors, failed resources and console errors, and
-# on load writes what every <img> decoded to into the DOM, where --dump-dom can read it back.
-PROBE = """<script>
-(function () {
+# The start of a probe: records script errors, failed resources and console errors in `errors`.
+RECORD_ERRORS = """
   var errors = [];
   window.addEventListener('error', function (e) {
     var t = e.target;
@@ -40,6 +38,12 @@ PROBE = """<script>
   }, true);
   var consoleError = console.error;
   console.error = function () { errors.push('console.error: ' + [].join.call(arguments, ' ')); consoleError.apply(console, arguments); };
+"""
+
+# Injected at the top of a copy of the page: records errors, and on load writes what every <img> decoded to into
+# the DOM, where --dump-dom can read it back.
+PROBE = """<script>
+(function () {""" + RECORD_ERRORS + """
   window.addEventListener('load', function () {
     var report = {
       title: document.title,
@@ -81,16 +85,18 @@ def run_browser(browser: str, arguments: list[str], timeout: int = 120) -> subpr
                               text=True, timeout=timeout)
 
 
-def probe(browser: str, page: str, work: str, *, in_kfp_frame: bool = False) -> dict:
-    """Loads `page` (HTML text) with the probe and returns what the probe saw."""
-    with_probe = page.replace("<head>", "<head>" + PROBE, 1)
+def probe(browser: str, page: str, work: str, *, in_kfp_frame: bool = False, script: str = PROBE,
+          height: int = 3600) -> dict:
+    """Loads `page` (HTML text) with the probe `script` and returns what the probe saw (the JSON it writes into
+    <pre id="probe">, or posts to the frame's parent)."""
+    with_probe = page.replace("<head>", "<head>" + script, 1)
     assert with_probe != page, "the report has no <head>"
     if in_kfp_frame:
         with_probe = KFP_FRAME.format(height=4000, srcdoc=html.escape(with_probe, quote=True))
     path = os.path.join(work, "kfp-frame.html" if in_kfp_frame else "probe.html")
     with open(path, "w") as f:
         f.write(with_probe)
-    completed = run_browser(browser, ["--virtual-time-budget=15000", "--window-size=1280,3600", "--dump-dom",
+    completed = run_browser(browser, ["--virtual-time-budget=15000", f"--window-size=1280,{height}", "--dump-dom",
                                       "file://" + path])
     assert completed.returncode == 0, completed.stderr[-2000:]
     found = re.search(r'<pre id="probe">(.*?)</pre>', completed.stdout, re.S)
@@ -106,14 +112,6 @@ def screenshot(browser: str, page_path: str, png_path: str, width: int = 1280, h
 
 
 # ---------------------------------------------------------------------------------------------- tests
-
-
-@pytest.fixture(scope="module")
-def browser():
-    found = find_browser()
-    if not found:
-        pytest.skip("chromium is not installed (apt-get install chromium): the report's browser test needs it")
-    return found
 
 
 @pytest.fixture(scope="module")

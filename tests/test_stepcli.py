@@ -103,3 +103,26 @@ def test_every_steps_cli_reports_bad_input_as_exit_2(tmp_path, capsys):
         assert len(errors) == 1 and missing in errors[0] and "Traceback" not in captured.err, step
         assert captured.out == "", step
     assert not os.path.exists(tmp_path / "m")
+
+
+def test_log_lines_name_their_logger_and_parse_back():
+    """A reader of a step's mixed output (pipectl run --local) tells the project's lines by their logger."""
+    import io
+    import logging
+
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logging.Formatter(stepcli.LOG_FORMAT))
+    for name, message in [("components.train.loop", "epoch 1/2 (0.5s) loss=0.1"), ("tensorflow", "Assets written")]:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        try:
+            logger.warning(message)
+        finally:
+            logger.removeHandler(handler)
+    ours, theirs = (stepcli.parse_log_line(line) for line in buffer.getvalue().splitlines())
+    assert (ours.level, ours.logger, ours.message, ours.from_project) == (
+        "WARNING", "components.train.loop", "epoch 1/2 (0.5s) loss=0.1", True)
+    assert (theirs.logger, theirs.from_project) == ("tensorflow", False)
+    assert stepcli.parse_log_line("[KFP Executor 2026-01-01 00:00:00,000 INFO]: Got executor_input:") is None
+    assert stepcli.parse_log_line("The image 0.png is a Bag with a 90.00 percent confidence.") is None
