@@ -198,6 +198,9 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
     validate_parameters(params)
     local_checks.check_local_sources(params)
     os.makedirs(output_dir, exist_ok=True)
+    # No task retries here: they exist for preempted GPU nodes, and on this machine a failed step fails for good,
+    # so retrying with backoff (60 + 120 + 240 s) would only keep the user waiting for the same error.
+    settings = dataclasses.replace(settings or config.PipelineSettings(), train_retries=0)
     package = training.compile_pipeline(os.path.join(output_dir, "pipeline.yaml"), settings)
     pipeline_root = os.path.join(output_dir, "pipeline_root")
     # The steps inherit this: TensorFlow's C++ start-up chatter, which only the step logs would show anyway.

@@ -141,8 +141,9 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             train.after(placement)
         # Retries resume from the task's checkpoints, so a preempted (Spot) node costs minutes; a permanent
         # failure (bad input, NaN loss, a bug) is recorded and makes the retries fail at once.
-        train.set_retry(num_retries=settings.train_retries, backoff_duration="60s", backoff_factor=2.0,
-                        backoff_max_duration="3600s")
+        if settings.train_retries:
+            train.set_retry(num_retries=settings.train_retries, backoff_duration="60s", backoff_factor=2.0,
+                            backoff_max_duration="3600s")
 
         evaluate = ops.evaluate_op(
             model=train.outputs["model"], dataset=prep.outputs["dataset"], min_accuracy=min_accuracy,
