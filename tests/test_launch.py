@@ -282,7 +282,8 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
             time.sleep(600)
         """)
         pods, launcher = run_then_sigterm(
-            [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
+            [sys.executable, "-m", "components.launch", "--launcher", "tfjob", "--api-server", k8s.url, "--namespace",
+             "ml", "--name",
              "train-cancel", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command],
             ready=lambda: started.exists() and list(k8s.job("ml", "train-cancel").pods.values()))
         assert launcher.returncode == 143, launcher.stderr
@@ -298,7 +299,8 @@ def test_launch_cli_exit_codes_follow_the_training_contract(capsys):
     assert "GPU count" in capsys.readouterr().err
     with KubernetesStandIn() as k8s:
         failing = script("import sys; sys.exit(2)")
-        code = launch.main(["--api-server", k8s.url, "--namespace", "ml", "--name", "train-fails", "--image", "img",
+        code = launch.main(["--launcher", "tfjob", "--api-server", k8s.url, "--namespace", "ml", "--name",
+                            "train-fails", "--image", "img",
                             "--workers", "0", "--poll-seconds", "0.05", "--", *failing])
     assert code == 2
     assert "TFJob ml/train-fails ended Failed" in capsys.readouterr().err

@@ -1,8 +1,10 @@
 """`launch_training`: the train step's multi-node path. Runs the training CLI (components/train/) on a chief and
-workers as a TFJob or a Vertex AI CustomJob, then copies what the replicas wrote into the step's outputs.
+workers as a Kubeflow Trainer v2 TrainJob, a JobSet, a (legacy) Kubeflow TFJob or a Vertex AI CustomJob, then
+copies what the replicas wrote into the step's outputs.
 
 What is trained is one `TrainSettings` (the same value the single-pod path trains with; each replica's command
-is `settings.command()`); where it runs is one `LaunchSettings`."""
+is `settings.command()`); where it runs is one `LaunchSettings`. `job_manifests` is the one place a Kubernetes
+launcher's manifests are built: the launch and the dry run (`python -m components.launch --dry-run`) both use it."""
 
 from __future__ import annotations
 
@@ -13,15 +15,33 @@ import logging
 from components import gcp
 from components.gcp.accelerators import ACCELERATORS
 from components.launch.job import LaunchError, TrainingJob, job_name
+from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
 from components.launch.k8s import kubernetes_client
-from components.launch.placement import gpu_placement
+from components.launch.placement import gpu_placement, placement_from_task_config
 from components.launch.tfjob import TFJobLauncher, tfjob_manifest
+from components.launch.trainjob import RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest
 from components.launch.vertex import VertexJobLauncher, custom_job
 from components.train.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-LAUNCHERS = ("tfjob", "vertex-job")
+# trainjob: Kubeflow Trainer v2 (what a Kubeflow install has); jobset: the JobSet beneath it, for clusters with
+# JobSet but no Trainer v2; tfjob: Kubeflow Training Operator v1 (legacy); vertex-job: Vertex AI.
+KUBERNETES_LAUNCHERS = {"trainjob": TrainJobLauncher, "jobset": JobSetLauncher, "tfjob": TFJobLauncher}
+LAUNCHERS = (*KUBERNETES_LAUNCHERS, "vertex-job")
+
+
+def job_manifests(launcher: str, job: TrainingJob, namespace: str, *, runtime: str = RUNTIME_NAME) -> list[dict]:
+    """What a Kubernetes launcher creates for `job`, last; before it, what the cluster needs that the repository
+    ships (the TrainJob's ClusterTrainingRuntime, when it is ours), for a dry run to show."""
+    if launcher == "trainjob":
+        shipped = [runtime_manifest()] if runtime == RUNTIME_NAME else []
+        return [*shipped, trainjob_manifest(job, namespace, runtime)]
+    if launcher == "jobset":
+        return [jobset_manifest(job, namespace)]
+    if launcher == "tfjob":
+        return [tfjob_manifest(job, namespace)]
+    raise ValueError(f"{launcher!r} is not a Kubernetes launcher ({', '.join(KUBERNETES_LAUNCHERS)})")
 
 
 def copy_tree(source: str, destination: str) -> int:
@@ -54,6 +74,11 @@ class LaunchSettings:
     node_pool: str = ""
     kueue_queue: str = ""  # Kueue LocalQueue that admits the job (empty: not queued)
     namespace: str = "kubeflow"  # Kubernetes launchers
+    runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a plain one, see trainjob.py)
+    # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
+    # `dataclasses.asdict(dsl.TaskConfig)`): when they are there, they place the nodes instead of
+    # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
+    task_config: dict | None = None
     project: str = ""  # Vertex AI
     location: str = ""  # Vertex AI
 
@@ -67,8 +92,8 @@ class LaunchSettings:
 def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_path: str, tensorboard_path: str,
                     staging_dir: str, run_id: str, task_name: str, api_client=None, vertex_client=None,
                     poll_seconds: float | None = None) -> dict:
-    """Runs the training CLI with `settings` on a chief + `launch.workers` as a TFJob or a Vertex AI CustomJob and
-    returns its training.json. The replicas write the model and TensorBoard logs under `staging_dir` (durable
+    """Runs the training CLI with `settings` on a chief + `launch.workers` (as `launch.launcher` says) and returns
+    its training.json. The replicas write the model and TensorBoard logs under `staging_dir` (durable
     storage they can reach), whatever `settings` says; they are then copied into the step's own output paths
     `model_path` and `tensorboard_path`."""
     import tensorflow as tf
@@ -77,17 +102,24 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
         if uri.startswith(("minio://", "s3://")):
             raise ValueError(f"The training job's replicas cannot read or write {uri}: run the pipeline with a gs:// "
                              "pipeline root (or a checkpoint_root and pipeline root they can reach)")
-    placement = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS, spot=launch.spot,
-                              node_pool=launch.node_pool)
+    from_task = placement_from_task_config(launch.task_config) if launch.launcher != "vertex-job" else None
+    if from_task:
+        placement, sizes = from_task
+    else:
+        placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
+                                         spot=launch.spot, node_pool=launch.node_pool), {}
     staged_model, staged_logs = f"{staging_dir.rstrip('/')}/model", f"{staging_dir.rstrip('/')}/tensorboard"
     staged = dataclasses.replace(settings, model_dir=staged_model, tensorboard_dir=staged_logs)
-    job = TrainingJob(name=job_name("train", run_id, task_name), image=launch.image, command=staged.command(),
-                      workers=launch.workers, placement=placement, kueue_queue=launch.kueue_queue,
+    # JobSet-based jobs name their pods after themselves: their names leave room for that.
+    longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
+    job = TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
+                      command=staged.command(), workers=launch.workers, placement=placement,
+                      kueue_queue=launch.kueue_queue, **sizes,
                       labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
     polling = {"poll_seconds": poll_seconds} if poll_seconds else {}
-    if launch.launcher == "tfjob":
-        outcome = TFJobLauncher(api_client or kubernetes_client(), launch.namespace, **polling).run(
-            tfjob_manifest(job, launch.namespace))
+    if launch.launcher in KUBERNETES_LAUNCHERS:
+        launcher = KUBERNETES_LAUNCHERS[launch.launcher](api_client or kubernetes_client(), launch.namespace, **polling)
+        outcome = launcher.run(job_manifests(launch.launcher, job, launch.namespace, runtime=launch.runtime)[-1])
     else:
         client = vertex_client or gcp.job_client(launch.location)
         outcome = VertexJobLauncher(client, launch.project, launch.location, **polling).run(
