@@ -76,7 +76,7 @@ class LaunchSettings:
     namespace: str = "kubeflow"  # Kubernetes launchers
     runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a plain one, see trainjob.py)
     # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
-    # `dataclasses.asdict(dsl.TaskConfig)`): when they are there, they place the nodes instead of
+    # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
     # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
     task_config: dict | None = None
     project: str = ""  # Vertex AI
@@ -87,6 +87,8 @@ class LaunchSettings:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
         if self.launcher == "vertex-job" and not self.project:
             raise ValueError("launcher=vertex-job needs the Google Cloud project")
+        if self.launcher == "vertex-job" and self.task_config is not None:
+            raise ValueError("launcher=vertex-job picks machines from accelerator/gpus, not from a task's config")
 
 
 def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_path: str, tensorboard_path: str,
@@ -102,8 +104,12 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
         if uri.startswith(("minio://", "s3://")):
             raise ValueError(f"The training job's replicas cannot read or write {uri}: run the pipeline with a gs:// "
                              "pipeline root (or a checkpoint_root and pipeline root they can reach)")
-    from_task = placement_from_task_config(launch.task_config) if launch.launcher != "vertex-job" else None
-    if from_task:
+    if launch.task_config is not None:
+        from_task = placement_from_task_config(launch.task_config)
+        if from_task is None:
+            raise ValueError("The training task passed on no resources, node selector or tolerations (KFP's "
+                             "TaskConfig passthrough, KFP 2.15 or newer): the nodes' GPUs are unknown. Upgrade KFP, "
+                             "or compile with --train-launcher pod")
         placement, sizes = from_task
     else:
         placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
@@ -130,3 +136,21 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
         copy_tree(staged_logs, tensorboard_path)
     with tf.io.gfile.GFile(f"{model_path.rstrip('/')}/training.json") as f:
         return json.load(f)
+
+
+def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmented_uri: str, model_uri: str,
+                             model_path: str, tensorboard_path: str, recipe: str, epochs: int, batch_size: int,
+                             learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
+                             task_name: str) -> dict:
+    """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
+    replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
+    `{pipeline_root}/jobs/{run_id}/{task_name}`."""
+    from components.train.faults import backup_dir_for
+
+    settings = TrainSettings.from_pipeline(
+        dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
+    return launch_training(settings, launch, model_path=model_path, tensorboard_path=tensorboard_path,
+                           staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
+                           task_name=task_name)
+
