@@ -48,7 +48,7 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-PERMANENT_EXIT_CODES = list(range(1, 128))  # components/stepcli.py: 1 a bug, 2 bad input or a permanent failure
+PERMANENT_EXIT_CODES = tuple(range(1, 128))  # components/stepcli.py: 1 a bug, 2 bad input or a permanent failure
 POD_NAME_SUFFIX = len("-abcde")  # the Job controller's random suffix on a pod's name
 JOBSET_PHASES = {"Completed": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
 
@@ -76,7 +76,7 @@ def pod_failure_policy() -> dict:
     return {"rules": [
         {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {"action": "FailJob", "onExitCodes": {"containerName": NODE, "operator": "In",
-                                              "values": PERMANENT_EXIT_CODES}},
+                                              "values": list(PERMANENT_EXIT_CODES)}},
     ]}
 
 
@@ -205,8 +205,10 @@ class NodePodsLauncher(CustomResourceLauncher):
         from kubernetes.client.rest import ApiException
 
         detail = ""
-        try:
-            failed = [(pod, exit_code(pod)) for pod in self.node_pods(name) if exit_code(pod)]
+        try:  # the nodes that failed by themselves, first failure first (a failed Job's others are deleted)
+            failed = sorted(((pod, exit_code(pod)) for pod in self.node_pods(name)
+                             if exit_code(pod) and not pod.metadata.deletion_timestamp),
+                            key=lambda failure: str(finished_at(failure[0])))
         except ApiException as e:
             failed = []
             log.warning("launch: cannot list the pods of %s: %s", name, api_reason(e))
@@ -232,12 +234,23 @@ def completion_index(pod) -> int:
     return int((pod.metadata.annotations or {}).get(COMPLETION_INDEX_ANNOTATION, -1))
 
 
-def exit_code(pod) -> int:
-    """The node container's exit code when it ended, else 0."""
+def _terminated(pod):
+    """The node container's terminated state, None while it runs."""
     for status in (pod.status.container_statuses or []) if pod.status else []:
         if status.name == NODE and status.state and status.state.terminated:
-            return int(status.state.terminated.exit_code or 0)
-    return 0
+            return status.state.terminated
+    return None
+
+
+def exit_code(pod) -> int:
+    """The node container's exit code when it ended, else 0."""
+    terminated = _terminated(pod)
+    return int(terminated.exit_code or 0) if terminated else 0
+
+
+def finished_at(pod):
+    terminated = _terminated(pod)
+    return terminated.finished_at if terminated else None
 
 
 class JobSetLauncher(NodePodsLauncher):

@@ -153,6 +153,7 @@ class LogFollower(threading.Thread):
         self.pod = pod if isinstance(pod, str) else ""
         self.core, self.namespace, self.container, self.echo = core_api, namespace, container, echo
         self.stopped = threading.Event()
+        self.drained = threading.Event()  # a stream (or an attempt at one) has just ended
         self.tail: list[str] = []
         self.last_seen: tuple = ()
 
@@ -162,7 +163,8 @@ class LogFollower(threading.Thread):
         while not self.stopped.is_set():
             try:
                 pod = self.find_pod()
-                if not pod:
+                if not pod:  # none yet, or gone: nothing to drain
+                    self.drained.set()
                     self.stopped.wait(1.0)
                     continue
                 if pod != self.pod:
@@ -185,6 +187,7 @@ class LogFollower(threading.Thread):
                     log.warning("launch: cannot read the log of %s: %s", self.pod, api_reason(e))
             except Exception as e:  # the log is a convenience; never fail the launch over it
                 log.debug("launch: log stream of %s ended: %s", self.pod, e)
+            self.drained.set()
             self.stopped.wait(1.0)
 
     def _emit(self, stamped: str) -> None:
@@ -200,8 +203,11 @@ class LogFollower(threading.Thread):
         return ("\nLast lines of the chief's log:\n" + "\n".join(self.tail)) if self.tail else ""
 
     def stop(self, wait: bool = False) -> None:
+        """Stops following; with `wait`, first lets the current stream end (it does once the pod has exited), so
+        that the last lines are shown and quoted."""
         if wait and self.is_alive():
-            self.join(timeout=5.0)  # the stream ends by itself once the pod has exited
+            self.drained.clear()
+            self.drained.wait(5.0)
         self.stopped.set()
 
 

@@ -75,6 +75,7 @@ class JobSetPod(Pod):
         self.namespace, self.pod_spec, self.created = namespace, pod_spec, created
         self.conditions: list[dict] = []
         self.finished_at: float | None = None  # when the controller saw the container end (orders failures)
+        self.finished_wall = ""  # the same, as the container status' finishedAt
         self.terminating = False  # deleted by its controller (a failed Job, a restart, a deleted JobSet)
         self.judged = False  # its failure was taken into account by the Job controller
 
@@ -110,7 +111,8 @@ class JobSetPod(Pod):
         container = self.container.get("name", "node")
         if self.exit_code is not None:
             state = {"terminated": {"exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0
-                                    else "Error"}}
+                                    else "Error", "startedAt": self.created,
+                                    "finishedAt": self.finished_wall or self.created}}
             phase = "Succeeded" if self.exit_code == 0 else "Failed"
         elif self.process is not None:
             state, phase = {"running": {"startedAt": self.created}}, "Running"
@@ -204,7 +206,7 @@ class JobRun:
         ended = [pod for pod in self.pods.values() if pod.exit_code is not None and not pod.terminating]
         for pod in ended:
             if pod.finished_at is None:
-                pod.finished_at = time.monotonic()
+                pod.finished_at, pod.finished_wall = time.monotonic(), self.jobset.now()
         for pod in sorted((p for p in ended if p.exit_code != 0 and not p.judged), key=lambda p: p.finished_at):
             pod.judged = True
             action, message = self._match_rule(pod)
@@ -294,8 +296,9 @@ class JobSetRun:
                 "jobset.sigs.k8s.io/group-name": rjob.get("groupName", "default")}
 
     def pods(self) -> list[JobSetPod]:
+        """The pods the API lists: those a controller deleted (a failed Job's running pods, a restart's) are gone."""
         with self.lock:
-            return [pod for job in self.jobs for pod in job.pods.values()]
+            return [pod for job in self.jobs for pod in job.pods.values() if not pod.terminating]
 
     def _condition(self, kind: str, reason: str, message: str, status: str = "True") -> None:
         with self.lock:
