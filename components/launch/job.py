@@ -73,6 +73,21 @@ class TrainingJob:
         """`env` as a container's env list, sorted by name."""
         return [{"name": k, "value": str(v)} for k, v in sorted(self.env.items())]
 
+    def pod_placement(self) -> dict:
+        """The replicas' pod spec fields for where and how long: the run's node selector and tolerations, the grace
+        period for the SIGTERM checkpoint, the service account."""
+        spec: dict = {"terminationGracePeriodSeconds": self.grace_seconds}
+        if self.placement.node_selector:
+            spec["nodeSelector"] = dict(self.placement.node_selector)
+        if self.placement.tolerations:
+            spec["tolerations"] = [dict(t) for t in self.placement.tolerations]
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
+        return spec
+
+    def pod_labels(self) -> dict:
+        return {**self.labels, "app.kubernetes.io/component": "training"}
+
 
 @dataclasses.dataclass
 class JobOutcome:

@@ -109,23 +109,6 @@ def jobset_spec(job_template: dict, max_restarts: int) -> dict:
             "replicatedJobs": [{"name": NODE, "replicas": 1, "template": job_template}]}
 
 
-def placement_pod_spec(job: TrainingJob) -> dict:
-    """Where and how long: the run's node selector and tolerations, the grace period for the SIGTERM checkpoint,
-    the service account."""
-    spec: dict = {"terminationGracePeriodSeconds": job.grace_seconds}
-    if job.placement.node_selector:
-        spec["nodeSelector"] = dict(job.placement.node_selector)
-    if job.placement.tolerations:
-        spec["tolerations"] = [dict(t) for t in job.placement.tolerations]
-    if job.service_account:
-        spec["serviceAccountName"] = job.service_account
-    return spec
-
-
-def pod_labels(job: TrainingJob) -> dict:
-    return {**job.labels, "app.kubernetes.io/component": "training"}
-
-
 def check_name(job: TrainingJob) -> None:
     limit = max_name_length(job.nodes)
     if len(job.name) > limit:
@@ -141,9 +124,9 @@ def jobset_manifest(job: TrainingJob, namespace: str, *, max_restarts: int | Non
                  "env": job.env_list() + cluster_env(job.name, job.nodes),
                  "ports": [{"name": "tf-training", "containerPort": TRAINING_PORT}],
                  "resources": job.container_resources()}
-    template = node_job_template(container, pod_spec=placement_pod_spec(job), pod_labels=pod_labels(job),
+    template = node_job_template(container, pod_spec=job.pod_placement(), pod_labels=job.pod_labels(),
                                  nodes=job.nodes)
-    labels = {**job.labels, "app.kubernetes.io/component": "training"}
+    labels = job.pod_labels()
     if job.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue's JobSet integration admits (un-suspends) it
     return {"apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet",

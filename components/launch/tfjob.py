@@ -28,17 +28,8 @@ def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
     """The kubeflow.org/v1 TFJob for `job`: chief + workers, same image and command, ExitCode restarts."""
     container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
                  "resources": job.container_resources()}
-    labels = {**job.labels, "app.kubernetes.io/component": "training"}
-    pod_spec = {
-        "containers": [container],
-        "terminationGracePeriodSeconds": job.grace_seconds,
-    }
-    if job.placement.node_selector:
-        pod_spec["nodeSelector"] = dict(job.placement.node_selector)
-    if job.placement.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in job.placement.tolerations]
-    if job.service_account:
-        pod_spec["serviceAccountName"] = job.service_account
+    labels = job.pod_labels()
+    pod_spec = {"containers": [container], **job.pod_placement()}
 
     def replicas(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "ExitCode",

@@ -26,8 +26,7 @@ import logging
 from components import gcp
 from components.launch.job import LaunchError, TrainingJob
 from components.launch.jobset import (MAX_RESTARTS, NODE, TRAINING_PORT, NodePodsLauncher, check_name, cluster_env,
-                                      jobset_spec, node_job_template, placement_pod_spec, pod_labels,
-                                      restart_attempt)
+                                      jobset_spec, node_job_template, restart_attempt)
 from components.launch.k8s import api_reason
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
@@ -62,12 +61,12 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
     trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command),
                "env": job.env_list() + cluster_env(job.name, job.nodes),
                "resourcesPerNode": job.container_resources()}
-    node_pods = {"metadata": {"labels": pod_labels(job)}, "spec": placement_pod_spec(job)}
+    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": job.pod_placement()}
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
-    labels = {**job.labels, "app.kubernetes.io/component": "training"}
+    labels = job.pod_labels()
     if job.kueue_queue:
-        labels[KUEUE_QUEUE_LABEL] = job.kueue_queue
+        labels[KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue's webhook suspends it until the queue admits it
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob",
             "metadata": {"name": job.name, "namespace": namespace, "labels": labels},
             "spec": {"runtimeRef": {"name": runtime, "apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime"},
