@@ -5,11 +5,9 @@ of the APIs (tests/standins/), which run each replica's command as a local proce
 platform would set. Compile tests assert on the compiled pipeline YAML.
 """
 
-import json
 import os
 import sys
 import textwrap
-import time
 
 import pytest
 import yaml

@@ -2,8 +2,9 @@
 checked against the real CRDs and the Kubernetes schema, the dry run, and the launchers end to end.
 
 The launchers use the real `kubernetes` client against the Kubernetes API stand-in (tests/standins/k8s_api.py),
-whose Trainer and JobSet controllers (tests/standins/jobsets.py) run each node as a local process with the env,
-hostnames and labels the real JobSet pods get, and restart or fail the job as the manifests' failure policies say.
+whose Trainer and JobSet controllers (tests/standins/trainer.py, jobsets.py) run each node as a local process with
+the env, hostnames and labels the real JobSet pods get, and restart or fail the job as the manifests' failure
+policies say.
 """
 
 import json
@@ -20,10 +21,11 @@ from components.launch.jobset import cluster_env, node_hosts
 from components.train import TRAINING_INFO, TrainSettings
 from components.train.cluster import cluster_role, process_tf_config, tf_config_from_pod_env
 from tests.conftest import REPO_ROOT, accuracy_of, preprocessed_slice, run_then_sigterm
-from tests.standins.jobsets import jobset_problems, trainjob_jobset
+from tests.standins.jobsets import jobset_problems
 from tests.standins.k8s_api import KubernetesStandIn
+from tests.standins.trainer import trainjob_jobset
 from tests.standins.validation import KUBERNETES_VERSION, crd_problems, job_problems
-from tests.test_launch import KNOWN, job, script
+from tests.test_launch import job, script
 
 TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs"
 
@@ -111,7 +113,8 @@ def test_trainjob_and_the_jobset_trainer_makes_of_it_are_valid(nodes):
     assert crd_problems(manifest) == []
     trainer = manifest["spec"]["trainer"]
     assert trainer["numNodes"] == nodes and trainer["image"] == "registry.example/gpu@sha256:abc"
-    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"nvidia.com/gpu": "2"}}
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "4", "memory": "16Gi"},
+                                           "limits": {"nvidia.com/gpu": "2"}}
     assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpu"
     # What Trainer v2 builds from the runtime and the TrainJob: the JobSet CRD, the JobSet webhook and the
     # Kubernetes schema (kubernetes-validate) accept it, and the pods are placed as the run chose.
@@ -448,3 +451,4 @@ def test_a_node_preempted_mid_training_resumes_at_the_exact_step(k8s, small_data
     with open(tmp_path / "model" / TRAINING_INFO) as f:
         info = json.load(f)
     assert info["workers"] == 2 and info["steps"] == 4 * info["steps_per_epoch"] > preempted[0]
+    print(f"node 1 preempted: both nodes stopped at step {preempted[0]} of {info['steps']} and resumed there")

@@ -2,10 +2,10 @@
 
 It follows the public definitions: the Kubeflow training operator's TFJob CRD (kubeflow.org/v1, the
 `kubeflow/training-operator` v1 API types and CRD manifest), Kubeflow Trainer v2.3.0's TrainJob and
-ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0 (jobset.x-k8s.io/v1alpha2), whose CRDs are
-vendored under tests/schemas/ and whose controllers are in jobsets.py, and the Kubernetes core/v1 REST API reference
-for pods and pod logs; errors are meta/v1 `Status` objects, as the API server writes them (shared stand-in base,
-base.py).
+ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0 (jobset.x-k8s.io/v1alpha2), whose CRDs
+are vendored under tests/schemas/ and whose controllers are in trainer.py and jobsets.py, and the Kubernetes core/v1
+REST API reference for pods and pod logs; errors are meta/v1 `Status` objects, as the API server writes them
+(shared stand-in base, base.py).
 
 Endpoints, as the `kubernetes` Python client calls them:
 
@@ -29,8 +29,8 @@ container's `env`. Pods are named `{job}-{type}-{index}` as the operator names t
 `restartPolicy: ExitCode`, a replica exiting 128-255 is restarted (up to `runPolicy.backoffLimit` restarts
 for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 without a chief) exits 0.
 Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed. Behind the TrainJob and JobSet
-endpoints run the "trainer" and "JobSet" controllers of jobsets.py; `preempt(namespace, pod)` shuts a JobSet pod's
-node down as a Spot VM preemption does.
+endpoints run the "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts
+a JobSet pod's node down as a Spot VM preemption does.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import uuid
 from typing import Callable
 
 from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
-from tests.standins.jobsets import (JOBSET_GROUP, JOBSET_VERSION, TRAINER_GROUP, TRAINER_VERSION, FRAMEWORK_POLICIES,
-                                    JobSetPod, JobSetRun, TrainJobRun, invalid, jobset_problems, runtime_problems,
+from tests.standins.jobsets import JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid, jobset_problems
+from tests.standins.trainer import (FRAMEWORK_POLICIES, TRAINER_GROUP, TRAINER_VERSION, TrainJobRun, runtime_problems,
                                     trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
 
