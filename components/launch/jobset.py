@@ -2,6 +2,10 @@
 Kubeflow Trainer v2. What the two launchers on it share (the TrainJob's runtime in trainjob.py, and the JobSet that
 `JobSetLauncher` creates directly where Trainer v2 is not installed), and that launcher.
 
+Why a JobSet launcher as well: many GKE clusters have JobSet (and Kueue, which queues JobSets natively) without a
+Kubeflow install; a TrainJob is a JobSet template plus per-job values, so the direct JobSet is the same pods and the
+same failure rules from the same builders below, and costs a manifest function and a status reader.
+
 The pods. One replicated job `node` (Trainer v2 overrides the Job and the container of that name: its trainer
 step), 1 replica, `parallelism = completions = nodes`, `completionMode: Indexed`. JobSet names pod k's host
 `{jobset}-node-0-{k}` in the subdomain `{jobset}` (its headless Service), and Kubernetes gives the pod the
