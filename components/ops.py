@@ -105,25 +105,60 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
                  launcher: str, image: str, workers: int, accelerator: str, gpus: int, spot: bool, node_pool: str,
                  kueue_queue: str, namespace: str, project: str, location: str,
                  model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
-    """Trains on a chief and `workers` more machines: creates a Kubeflow TFJob (launcher=tfjob) or a Vertex AI
-    CustomJob (launcher=vertex-job) running the training image, follows it, and deletes/cancels it when the run is
-    cancelled. The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
+    """Trains on a chief and `workers` more machines placed by this task's parameters: creates a Vertex AI CustomJob
+    (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image, follows it, and
+    cancels it when the run is cancelled. The job reads and writes the pipeline root directly (gs://). Returns the
+    job's training seconds.
     """
     from components import stepcli
-    from components.launch import LaunchSettings, launch_training
-    from components.train import TrainSettings, backup_dir_for, log_to_kfp
+    from components.launch import LaunchSettings, launch_pipeline_training
+    from components.train import log_to_kfp
 
     stepcli.setup_logging(force=True)
-    # The replicas read and write the pipeline root directly (gs://): URIs, not this pod's local paths.
-    settings = TrainSettings.from_pipeline(
-        dataset.uri, model.uri, augmented_dir=augmented.uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
-        learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
     where = LaunchSettings(launcher, image, workers=workers, accelerator=accelerator, gpus=gpus, spot=spot,
                            node_pool=node_pool, kueue_queue=kueue_queue, namespace=namespace, project=project,
                            location=location)
-    info = launch_training(settings, where, model_path=model.path, tensorboard_path=tensorboard.path,
-                           staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
-                           task_name=task_name)
+    # The replicas read and write the pipeline root directly (gs://): URIs, not this pod's local paths.
+    info = launch_pipeline_training(
+        where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
+        tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
+        task_name=task_name)
+    log_to_kfp(info, metrics, model)
+    return info["train_seconds"]
+
+
+# The task's placement is handed to the op (dsl.TaskConfig), not applied to the op's own pod: the nodes get the GPUs.
+NODE_PLACEMENT = [dsl.TaskConfigField.RESOURCES, dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR,
+                  dsl.TaskConfigField.KUBERNETES_TOLERATIONS]
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False, task_config_passthroughs=NODE_PLACEMENT)
+def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int,
+                         batch_size: int, learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
+                         task_name: str, launcher: str, image: str, workers: int, kueue_queue: str, namespace: str,
+                         runtime: str, task_config: dsl.TaskConfig, model: Output[Model], metrics: Output[Metrics],
+                         tensorboard: Output[Artifact]) -> float:
+    """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
+    ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) running the
+    training image, follows it, and deletes it when the run is cancelled. The nodes get the resources, node selector
+    and tolerations set on this task (KFP passes them on instead of applying them to this pod). The job reads and
+    writes the pipeline root directly (gs://). Returns the job's training seconds.
+    """
+    import dataclasses
+
+    from components import stepcli
+    from components.launch import LaunchSettings, launch_pipeline_training
+    from components.train import log_to_kfp
+
+    stepcli.setup_logging(force=True)
+    where = LaunchSettings(launcher, image, workers=workers, kueue_queue=kueue_queue, namespace=namespace,
+                           runtime=runtime, task_config=dataclasses.asdict(task_config))
+    info = launch_pipeline_training(
+        where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
+        tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
+        task_name=task_name)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 

@@ -42,10 +42,14 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--predict-gpus", type=int, default=1)
     group.add_argument("--train-launcher", choices=config.TRAIN_LAUNCHERS, default="pod",
-                       help="pod: train in the pipeline task; tfjob: a Kubeflow TFJob (chief + --train-workers); "
-                            "vertex-job: a Vertex AI CustomJob with worker pools")
-    group.add_argument("--train-namespace", default="kubeflow", help="namespace of the TFJob (default: %(default)s)")
-    group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the TFJob")
+                       help="pod: train in the pipeline task; trainjob: a Kubeflow Trainer v2 TrainJob of chief + "
+                            "--train-workers nodes; jobset: the same as a JobSet (no Trainer v2); tfjob: a legacy "
+                            "Kubeflow TFJob; vertex-job: a Vertex AI CustomJob with worker pools")
+    group.add_argument("--train-runtime", default=config.DEFAULT_TRAIN_RUNTIME,
+                       help="ClusterTrainingRuntime of the TrainJob (default: %(default)s, manifests/trainer/)")
+    group.add_argument("--train-namespace", default="kubeflow",
+                       help="namespace of the TrainJob/JobSet/TFJob (default: %(default)s)")
+    group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the training job")
 
 
 def add_host_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -67,7 +71,8 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
     return config.PipelineSettings(images=images, target=args.target, train_accelerator=args.train_accelerator,
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
                                    predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
-                                   train_namespace=args.train_namespace, kueue_queue=args.kueue_queue)
+                                   train_namespace=args.train_namespace, train_runtime=args.train_runtime,
+                                   kueue_queue=args.kueue_queue)
 
 
 def add_parameter_options(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,8 @@ import dataclasses
 # in components/ (one table) and the pipeline reads them from there.
 from components.gcp.accelerators import ACCELERATORS  # noqa: F401
 from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL  # noqa: F401
+# The TrainJob's default runtime: the plain ClusterTrainingRuntime shipped in manifests/trainer/.
+from components.launch.trainjob import RUNTIME_NAME as DEFAULT_TRAIN_RUNTIME  # noqa: F401
 # The reference setup: training on a T4 pool, batch prediction on an H100 pool (components/params.py).
 from components.params import DEFAULT_PREDICT_ACCELERATOR, DEFAULT_TRAIN_ACCELERATOR  # noqa: F401
 
@@ -23,9 +25,11 @@ CPU_IMAGE_NAME = "cpu"
 GPU_IMAGE_NAME = "gpu"
 
 TARGETS = ("kfp", "vertex")
-# Where training runs: "pod" trains in the pipeline task's own pod; "tfjob" launches a Kubeflow TFJob (chief +
-# workers) on the cluster; "vertex-job" launches a Vertex AI CustomJob with worker pools.
-TRAIN_LAUNCHERS = ("pod", "tfjob", "vertex-job")
+# Where training runs: "pod" trains in the pipeline task's own pod; "trainjob" launches a Kubeflow Trainer v2
+# TrainJob (chief + workers) on the cluster, "jobset" the same pods as a JobSet where Trainer v2 is not installed,
+# "tfjob" a legacy Kubeflow Training Operator v1 TFJob; "vertex-job" launches a Vertex AI CustomJob with worker pools.
+CLUSTER_LAUNCHERS = ("trainjob", "jobset", "tfjob")
+TRAIN_LAUNCHERS = ("pod", *CLUSTER_LAUNCHERS, "vertex-job")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +61,8 @@ class PipelineSettings:
     predict_gpus: int = 1
     train_retries: int = 3
     train_launcher: str = "pod"  # see TRAIN_LAUNCHERS
-    train_namespace: str = "kubeflow"  # where the TFJob is created (the pipeline's namespace on Kubeflow)
+    train_namespace: str = "kubeflow"  # where the training job is created (the pipeline's namespace on Kubeflow)
+    train_runtime: str = DEFAULT_TRAIN_RUNTIME  # the TrainJob's ClusterTrainingRuntime (train_launcher=trainjob)
     kueue_queue: str = ""  # Kueue LocalQueue for the GPU pods and the TFJob (empty: not queued by Kueue)
 
     def __post_init__(self):
@@ -65,6 +70,9 @@ class PipelineSettings:
             raise ValueError(f"Unknown target {self.target!r}; known: {', '.join(TARGETS)}")
         if self.train_launcher not in TRAIN_LAUNCHERS:
             raise ValueError(f"Unknown train launcher {self.train_launcher!r}; known: {', '.join(TRAIN_LAUNCHERS)}")
+        if self.target == "vertex" and self.train_launcher in CLUSTER_LAUNCHERS:
+            raise ValueError(f"--train-launcher {self.train_launcher} creates a job on the Kubernetes cluster that "
+                             "runs the pipeline; on Vertex AI use pod or vertex-job")
         check_accelerator(self.train_accelerator)
         check_accelerator(self.predict_accelerator)
         if self.train_gpus < 0 or self.predict_gpus < 0:

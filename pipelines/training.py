@@ -50,12 +50,18 @@ def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, plac
         task.set_accelerator_type(config.ACCELERATORS[settings.train_accelerator])
         task.set_accelerator_limit(settings.train_gpus)
         return
+    place_training(task, placement, gpus)
+    queue_on_kueue(task, settings)
+
+
+def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask, gpus) -> None:
+    """Where training runs on GKE: the GPUs, and the node selector and tolerations that the placement step checked.
+    The training pod gets them; a cluster job's launcher passes them on to its nodes (TaskConfig)."""
     from kfp import kubernetes
 
     kubernetes.add_node_selector_json(task, placement.outputs["node_selector"])
     kubernetes.add_toleration_json(task, placement.outputs["tolerations"])
     task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(gpus)
-    queue_on_kueue(task, settings)
 
 
 def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, memory: str) -> dsl.PipelineTask:
@@ -66,7 +72,8 @@ def task_names(settings: config.PipelineSettings | None = None) -> dict[str, str
     """Each step's KFP task name, by role. KFP names a task after its component (preprocess_op ->
     "preprocess-op"), and a run keeps each task's artifacts under that name (kfp.local: RUN_DIR/TASK/OUTPUT)."""
     settings = settings or config.PipelineSettings()
-    train = ops.train_op if settings.train_launcher == "pod" else ops.train_job_op
+    train = {"pod": ops.train_op, "vertex-job": ops.train_job_op}.get(settings.train_launcher,
+                                                                      ops.train_cluster_job_op)
     return {"preprocess": ops.preprocess_op.name, "augment": ops.augment_op.name,
             "placement": ops.placement_op.name, "train": train.name, "evaluate": ops.evaluate_op.name,
             "predict": ops.predict_op.name, "register": ops.register_op.name}
@@ -130,8 +137,17 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
             on_train_gpu(train, settings, placement, train_gpu_count)
+        elif settings.train_launcher in config.CLUSTER_LAUNCHERS:
+            # The task says where the nodes run as the training pod's task does; KFP hands that to the launcher
+            # (dsl.TaskConfig passthrough) instead of applying it to the launcher's own small pod.
+            train = ops.train_cluster_job_op(
+                **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu, workers=train_workers,
+                kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime)
+            train.set_display_name(f"Train ({settings.train_launcher})").set_container_image(settings.images.cpu)
+            train.set_cpu_request("4").set_memory_request("16G")  # each node's, as the training pod's
+            place_training(train, placement, train_gpu_count)
         else:
-            # The task only launches and follows the job; the chief and workers get the GPUs.
+            # The task only launches and follows the Vertex AI job; the chief and workers get the GPUs.
             train = ops.train_job_op(
                 **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu,
                 workers=train_workers, accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,

@@ -5,11 +5,9 @@ of the APIs (tests/standins/), which run each replica's command as a local proce
 platform would set. Compile tests assert on the compiled pipeline YAML.
 """
 
-import json
 import os
 import sys
 import textwrap
-import time
 
 import pytest
 import yaml
@@ -149,26 +147,58 @@ def test_compile_kueue_queue_labels_the_gpu_pods(tmp_path):
     assert "podMetadata" not in plain["exec-train-op"]
 
 
-def test_compile_tfjob_launcher(tmp_path):
-    settings = config.PipelineSettings(train_launcher="tfjob", kueue_queue="team-gpu", train_namespace="ml")
+@pytest.mark.parametrize("launcher", config.CLUSTER_LAUNCHERS)
+def test_compile_cluster_launchers_pass_the_task_placement_on(tmp_path, launcher):
+    settings = config.PipelineSettings(train_launcher=launcher, kueue_queue="team-gpu", train_namespace="ml",
+                                       train_runtime="team-tf")
     spec, executors = compiled(tmp_path, settings)
     tasks = spec["root"]["dag"]["tasks"]
-    assert "train-op" not in tasks and "train-job-op" in tasks
-    inputs = tasks["train-job-op"]["inputs"]["parameters"]
-    assert inputs["launcher"]["runtimeValue"]["constant"] == "tfjob"
+    assert "train-op" not in tasks and "train-cluster-job-op" in tasks
+    inputs = tasks["train-cluster-job-op"]["inputs"]["parameters"]
+    assert inputs["launcher"]["runtimeValue"]["constant"] == launcher
     assert inputs["image"]["runtimeValue"]["constant"] == settings.images.gpu
     assert inputs["namespace"]["runtimeValue"]["constant"] == "ml"
+    assert inputs["runtime"]["runtimeValue"]["constant"] == "team-tf"
     assert inputs["kueue_queue"]["runtimeValue"]["constant"] == "team-gpu"
     assert inputs["workers"] == {"componentInputParameter": "train_workers"}
-    assert inputs["spot"] == {"componentInputParameter": "train_spot"}
-    assert tasks["train-job-op"]["retryPolicy"]["maxRetryCount"] == 3
-    # The launching pod is small and on CPU nodes: the job's replicas get the GPUs.
-    container = spec["deploymentSpec"]["executors"]["exec-train-job-op"]["container"]
-    assert container["image"] == settings.images.cpu and "accelerator" not in container["resources"]
-    assert "exec-train-job-op" not in executors or "nodeSelector" not in executors["exec-train-job-op"]
+    assert tasks["train-cluster-job-op"]["retryPolicy"]["maxRetryCount"] == 3
+    # KFP's TaskConfig passthrough: the task's resources, node selector and tolerations go to the op, which gives
+    # them to the nodes; none is applied to the launching pod itself.
+    component = spec["components"]["comp-train-cluster-job-op"]
+    assert component["inputDefinitions"]["parameters"]["task_config"]["parameterType"] == "TASK_CONFIG"
+    assert component["taskConfigPassthroughs"] == [{"field": "RESOURCES"}, {"field": "KUBERNETES_NODE_SELECTOR"},
+                                                   {"field": "KUBERNETES_TOLERATIONS"}]
+    container = spec["deploymentSpec"]["executors"]["exec-train-cluster-job-op"]["container"]
+    assert container["image"] == settings.images.cpu
+    assert container["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert container["resources"]["accelerator"]["resourceCount"] == \
+        "{{$.inputs.parameters['pipelinechannel--train_gpu_count']}}"
+    assert (container["resources"]["resourceCpuRequest"], container["resources"]["resourceMemoryRequest"]) == \
+        ("4", "16G")
+    placed = executors["exec-train-cluster-job-op"]
+    assert placed["nodeSelector"] == {"nodeSelectorJson": {"taskOutputParameter": {
+        "outputParameterKey": "node_selector", "producerTask": "placement-op"}}}
+    assert placed["tolerations"] == [{"tolerationJson": {"taskOutputParameter": {
+        "outputParameterKey": "tolerations", "producerTask": "placement-op"}}}]
+    assert "podMetadata" not in placed  # the Kueue label goes on the job, not on the launching pod
     # The model still flows to evaluation from the training task.
     evaluate_inputs = tasks["evaluate-op"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]
-    assert evaluate_inputs["producerTask"] == "train-job-op"
+    assert evaluate_inputs["producerTask"] == "train-cluster-job-op"
+    assert training.task_names(settings)["train"] == "train-cluster-job-op"
+
+
+def test_compile_vertex_job_launcher_places_its_pools_from_parameters(tmp_path):
+    spec, executors = compiled(tmp_path, config.PipelineSettings(train_launcher="vertex-job"))
+    inputs = spec["root"]["dag"]["tasks"]["train-job-op"]["inputs"]["parameters"]
+    assert inputs["accelerator"] == {"componentInputParameter": "train_accelerator_type"}
+    assert "taskConfigPassthroughs" not in spec["components"]["comp-train-job-op"]
+    container = spec["deploymentSpec"]["executors"]["exec-train-job-op"]["container"]
+    assert "accelerator" not in container["resources"] and "exec-train-job-op" not in executors
+
+
+def test_cluster_launchers_are_refused_on_vertex():
+    with pytest.raises(ValueError, match="on Vertex AI use pod or vertex-job"):
+        config.PipelineSettings(target="vertex", train_launcher="trainjob")
 
 
 def test_compile_vertex_target_fixes_the_accelerator_when_compiling(tmp_path):
@@ -282,7 +312,8 @@ def test_cancelling_the_run_deletes_the_tfjob(tmp_path):
             time.sleep(600)
         """)
         pods, launcher = run_then_sigterm(
-            [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
+            [sys.executable, "-m", "components.launch", "--launcher", "tfjob", "--api-server", k8s.url, "--namespace",
+             "ml", "--name",
              "train-cancel", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command],
             ready=lambda: started.exists() and list(k8s.job("ml", "train-cancel").pods.values()))
         assert launcher.returncode == 143, launcher.stderr
@@ -298,7 +329,8 @@ def test_launch_cli_exit_codes_follow_the_training_contract(capsys):
     assert "GPU count" in capsys.readouterr().err
     with KubernetesStandIn() as k8s:
         failing = script("import sys; sys.exit(2)")
-        code = launch.main(["--api-server", k8s.url, "--namespace", "ml", "--name", "train-fails", "--image", "img",
+        code = launch.main(["--launcher", "tfjob", "--api-server", k8s.url, "--namespace", "ml", "--name",
+                            "train-fails", "--image", "img",
                             "--workers", "0", "--poll-seconds", "0.05", "--", *failing])
     assert code == 2
     assert "TFJob ml/train-fails ended Failed" in capsys.readouterr().err

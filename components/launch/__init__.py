@@ -1,41 +1,53 @@
-"""Launch: run training on several machines, as a Kubeflow TFJob (GKE) or a Vertex AI CustomJob, and follow it.
+"""Launch: run training on several machines, as a Kubeflow Trainer v2 TrainJob or a JobSet (GKE), a legacy Kubeflow
+TFJob, or a Vertex AI CustomJob, and follow it.
 
 A pipeline step can only ask for one pod. For multi-node training the step instead creates a job that runs
-the same image and the same training command on a chief and N workers (the platform sets `TF_CONFIG`, so
-components/train/ picks MultiWorkerMirroredStrategy), follows its status and the chief's log, fails when
-the job fails, and deletes (cancels) the job when it is itself stopped: a cancelled pipeline run sends
-SIGTERM to the step's pod, and a GPU job must not outlive the run that asked for it.
+the same image and the same training command on a chief and N workers (the platform sets `TF_CONFIG`, or each
+pod builds it from its environment, so components/train/ picks MultiWorkerMirroredStrategy), follows its status
+and the chief's log, fails when the job fails, and deletes (cancels) the job when it is itself stopped: a
+cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not outlive the run that asked for it.
 
-- placement.py: GPU placement (`gpu_placement`): node selector, tolerations, Spot, node pool, Kueue label;
-  shared with the single-pod path of the pipeline.
+- placement.py: GPU placement (`gpu_placement`, `placement_from_task_config`): node selector, tolerations, Spot,
+  node pool, Kueue label; shared with the single-pod path of the pipeline.
 - job.py: `TrainingJob`, `job_name`, and `Launcher`, which runs any kind of job on components/gcp's
   `follow_job` (polling, progress lines, cancel on SIGTERM/timeout/failure, errors and exit codes).
 - k8s.py: the Kubernetes client, the pod-log follower, and `CustomResourceLauncher` for jobs that are custom
   resources.
-- tfjob.py: the TFJob manifest, its status reader and `TFJobLauncher`.
+- jobset.py: the JobSet pods, failure rules and TF cluster env that TrainJob and JobSet share; `JobSetLauncher`
+  (for clusters with JobSet but without Trainer v2).
+- trainjob.py: the Kubeflow Trainer v2 TrainJob, the plain ClusterTrainingRuntime shipped in manifests/trainer/,
+  and `TrainJobLauncher`: the default on GKE.
+- tfjob.py: the Kubeflow Training Operator v1 TFJob (legacy: for clusters that still run it).
 - vertex.py: the Vertex AI CustomJob and `VertexJobLauncher`.
-- training.py: `launch_training`, what the train step's multi-node path calls.
-- cli.py: `python -m components.launch` (a TFJob from the command line).
+- training.py: `launch_training`, what the train step's multi-node path calls, and `job_manifests`.
+- cli.py: `python -m components.launch` (a job from the command line, or `--dry-run` to print its manifests).
 
-Adding a launcher (e.g. a Kubeflow Trainer v2 TrainJob) is a manifest builder and a status reader: subclass
-`CustomResourceLauncher` (group, version, plural, the pod whose log to stream, `resource_status`) or, for
-another API, `Launcher` (create, get, cancel, status), and add it to `launch_training`.
+Adding a launcher is a manifest builder and a status reader: subclass `CustomResourceLauncher` (group, version,
+plural, the pod whose log to stream, `resource_status`) or, for another API, `Launcher` (create, get, cancel,
+status), and add it to training.py's `KUBERNETES_LAUNCHERS` / `launch_training`.
 """
 
 from components.gcp.accelerators import VERTEX_MACHINES, vertex_machine_type
 from components.launch.cli import main
 from components.launch.job import Cancelled, JobOutcome, LaunchError, Launcher, TrainingJob, job_name
 from components.launch.k8s import CustomResourceLauncher, LogFollower, kubernetes_client
+from components.launch.jobset import JobSetLauncher, jobset_manifest, jobset_status
 from components.launch.placement import (ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL, NODE_POOL_LABEL,
-                                         SPOT_NODE_LABEL, Placement, gpu_placement)
+                                         SPOT_NODE_LABEL, Placement, gpu_placement, placement_from_task_config)
 from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifest, tfjob_status
-from components.launch.training import LAUNCHERS, LaunchSettings, copy_tree, launch_training
+from components.launch.trainjob import (RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest,
+                                        trainjob_status)
+from components.launch.training import (KUBERNETES_LAUNCHERS, LAUNCHERS, LaunchSettings, copy_tree, job_manifests,
+                                        launch_pipeline_training, launch_training)
 from components.launch.vertex import VertexJobLauncher, custom_job
 
 __all__ = [
     "ACCELERATOR_NODE_LABEL", "CONTAINER_NAME", "Cancelled", "CustomResourceLauncher", "GPU_RESOURCE",
-    "JobOutcome", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError", "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL",
-    "Placement", "SPOT_NODE_LABEL", "TFJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher",
-    "copy_tree", "custom_job", "gpu_placement", "job_name", "kubernetes_client", "launch_training", "main",
-    "tfjob_manifest", "tfjob_status", "vertex_machine_type",
+    "JobOutcome", "JobSetLauncher", "KUBERNETES_LAUNCHERS", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError",
+    "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL", "Placement", "RUNTIME_NAME", "SPOT_NODE_LABEL",
+    "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher", "copy_tree",
+    "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
+    "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "placement_from_task_config",
+    "runtime_manifest", "tfjob_manifest", "tfjob_status", "trainjob_manifest", "trainjob_status",
+    "vertex_machine_type",
 ]

@@ -15,20 +15,21 @@ import hashlib
 from typing import Any, Callable, Iterator
 
 from components import gcp
-from components.launch.placement import CPU_ONLY, DNS_LABEL_CHARS, Placement
+from components.launch.placement import CPU_ONLY, DNS_LABEL_CHARS, GPU_RESOURCE, Placement
 
 # The launchers' errors are the layer's job errors, under the names callers catch.
 LaunchError = gcp.JobError
 Cancelled = gcp.JobStopped
 
 
-def job_name(prefix: str, run_id: str, task: str = "") -> str:
-    """A DNS-1123 name (<= 63 chars) that is the same for every attempt of one run's task, so a retried
-    launcher finds the job its previous attempt created instead of starting a second one."""
+def job_name(prefix: str, run_id: str, task: str = "", *, max_length: int = 63) -> str:
+    """A DNS-1123 name (<= `max_length` chars) that is the same for every attempt of one run's task, so a retried
+    launcher finds the job its previous attempt created instead of starting a second one. (A JobSet's name must
+    leave room for its pods' names, which it extends: see jobset.max_name_length.)"""
     base = DNS_LABEL_CHARS.sub("-", f"{prefix}-{run_id}-{task}".lower()).strip("-")
-    if len(base) > 63:
+    if len(base) > max_length:
         digest = hashlib.sha256(base.encode()).hexdigest()[:8]
-        base = f"{base[:54].rstrip('-')}-{digest}"
+        base = f"{base[:max_length - 9].rstrip('-')}-{digest}"
     return base
 
 
@@ -55,6 +56,37 @@ class TrainingJob:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         if not self.command:
             raise ValueError("the training command is empty")
+
+    @property
+    def nodes(self) -> int:
+        """Machines in all: the chief and the workers."""
+        return self.workers + 1
+
+    def container_resources(self) -> dict:
+        """Each replica's container resources: CPU and memory requested, the GPUs as a limit."""
+        resources = {"requests": {"cpu": self.cpu, "memory": self.memory}}
+        if self.placement.gpus:
+            resources["limits"] = {GPU_RESOURCE: str(self.placement.gpus)}
+        return resources
+
+    def env_list(self) -> list[dict]:
+        """`env` as a container's env list, sorted by name."""
+        return [{"name": k, "value": str(v)} for k, v in sorted(self.env.items())]
+
+    def pod_placement(self) -> dict:
+        """The replicas' pod spec fields for where and how long: the run's node selector and tolerations, the grace
+        period for the SIGTERM checkpoint, the service account."""
+        spec: dict = {"terminationGracePeriodSeconds": self.grace_seconds}
+        if self.placement.node_selector:
+            spec["nodeSelector"] = dict(self.placement.node_selector)
+        if self.placement.tolerations:
+            spec["tolerations"] = [dict(t) for t in self.placement.tolerations]
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
+        return spec
+
+    def pod_labels(self) -> dict:
+        return {**self.labels, "app.kubernetes.io/component": "training"}
 
 
 @dataclasses.dataclass

@@ -141,13 +141,19 @@ class LogFollower(threading.Thread):
     """Streams a pod's log (kubectl logs -f) into the launcher's output, re-attaching after restarts.
 
     Lines are read with their timestamps, so re-attaching (the stream ends when the container exits, and the
-    restarted container starts a new log) shows only lines not yet shown.
+    restarted container starts a new log) shows only lines not yet shown. `pod` is the pod's name, or a function
+    that finds it (None while there is none): a JobSet recreates its pods under new names when it restarts, and
+    the follower moves on to the new one.
     """
 
-    def __init__(self, core_api, namespace: str, pod: str, container: str, echo: Callable[[str], None]):
-        super().__init__(daemon=True, name=f"logs-{pod}")
-        self.core, self.namespace, self.pod, self.container, self.echo = core_api, namespace, pod, container, echo
+    def __init__(self, core_api, namespace: str, pod: str | Callable[[], str | None], container: str,
+                 echo: Callable[[str], None]):
+        super().__init__(daemon=True, name=f"logs-{pod if isinstance(pod, str) else 'node-0'}")
+        self.find_pod = pod if callable(pod) else (lambda: pod)
+        self.pod = pod if isinstance(pod, str) else ""
+        self.core, self.namespace, self.container, self.echo = core_api, namespace, container, echo
         self.stopped = threading.Event()
+        self.drained = threading.Event()  # a stream (or an attempt at one) has just ended
         self.tail: list[str] = []
         self.last_seen: tuple = ()
 
@@ -156,6 +162,15 @@ class LogFollower(threading.Thread):
 
         while not self.stopped.is_set():
             try:
+                pod = self.find_pod()
+                if not pod:  # none yet, or gone: nothing to drain
+                    self.drained.set()
+                    self.stopped.wait(1.0)
+                    continue
+                if pod != self.pod:
+                    if self.pod:
+                        log.info("launch: following the log of %s (was %s)", pod, self.pod)
+                    self.pod = pod
                 response = self.core.read_namespaced_pod_log(self.pod, self.namespace, container=self.container,
                                                              follow=True, timestamps=True, _preload_content=False)
                 pending = b""
@@ -172,6 +187,7 @@ class LogFollower(threading.Thread):
                     log.warning("launch: cannot read the log of %s: %s", self.pod, api_reason(e))
             except Exception as e:  # the log is a convenience; never fail the launch over it
                 log.debug("launch: log stream of %s ended: %s", self.pod, e)
+            self.drained.set()
             self.stopped.wait(1.0)
 
     def _emit(self, stamped: str) -> None:
@@ -187,8 +203,11 @@ class LogFollower(threading.Thread):
         return ("\nLast lines of the chief's log:\n" + "\n".join(self.tail)) if self.tail else ""
 
     def stop(self, wait: bool = False) -> None:
+        """Stops following; with `wait`, first lets the current stream end (it does once the pod has exited), so
+        that the last lines are shown and quoted."""
         if wait and self.is_alive():
-            self.join(timeout=5.0)  # the stream ends by itself once the pod has exited
+            self.drained.clear()
+            self.drained.wait(5.0)
         self.stopped.set()
 
 

@@ -64,3 +64,27 @@ def gpu_placement(accelerator: str, gpus: int, *, known_accelerators, spot: bool
     if node_pool:
         selector[NODE_POOL_LABEL] = node_pool
     return Placement(selector, tolerations, gpus, accelerator if gpus else "")
+
+
+def placement_from_task_config(task_config: dict | None) -> tuple[Placement, dict] | None:
+    """The placement, CPU and memory a pipeline task carries (KFP's TaskConfig passthrough, `dataclasses.asdict`
+    of `dsl.TaskConfig`: `resources` as a Kubernetes ResourceRequirements, `node_selector`, `tolerations`), for a
+    launcher to give its replicas; None when the task carries none (kfp.local, a backend before KFP 2.15).
+    The second value holds `cpu`/`memory` when the task requests them."""
+    if not task_config:
+        return None
+    resources = task_config.get("resources") or {}
+    selector = dict(task_config.get("node_selector") or {})
+    tolerations = [dict(t) for t in task_config.get("tolerations") or []]
+    if not (resources or selector or tolerations):
+        return None
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    count = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE, 0)) or 0
+    try:
+        gpus = int(float(count))
+    except (TypeError, ValueError):
+        raise ValueError(f"The task's {GPU_RESOURCE} limit {count!r} is not a GPU count") from None
+    if not 0 <= gpus <= MAX_GPUS_PER_REPLICA:
+        raise ValueError(f"GPU count must be an integer from 0 to {MAX_GPUS_PER_REPLICA}, got {gpus}")
+    sizes = {name: str(requests[name]) for name in ("cpu", "memory") if requests.get(name)}
+    return Placement(selector, tolerations, gpus, selector.get(ACCELERATOR_NODE_LABEL, "") if gpus else ""), sizes

@@ -1,4 +1,9 @@
-"""Kubeflow TFJob: the manifest for a chief + workers, its status, and the launcher (a custom resource).
+"""Kubeflow TFJob (Kubeflow Training Operator v1, `kubeflow.org/v1`): the manifest for a chief + workers, its status,
+and the launcher (a custom resource).
+
+Legacy: Training Operator v1 only gets maintenance releases (Kubeflow Trainer v2 replaced it, and Kueue is
+deprecating its v1 integration). It stays for clusters that still run it; a new cluster runs Trainer v2's TrainJob
+(trainjob.py).
 
 Replicas use `restartPolicy: ExitCode`, so a preempted replica (exit 143 after its checkpoint, or 137 when
 killed) is restarted and resumes from the checkpoints in durable storage, while a bug or bad input (exit 1 or
@@ -12,7 +17,7 @@ import json
 from components import gcp
 from components.launch.job import TrainingJob
 from components.launch.k8s import CustomResourceLauncher
-from components.launch.placement import GPU_RESOURCE, KUEUE_QUEUE_LABEL
+from components.launch.placement import KUEUE_QUEUE_LABEL
 
 TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
 CONTAINER_NAME = "tensorflow"  # the container the training operator looks for
@@ -21,26 +26,10 @@ TFJOB_PHASES = {"Succeeded": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}  #
 
 def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
     """The kubeflow.org/v1 TFJob for `job`: chief + workers, same image and command, ExitCode restarts."""
-    container = {
-        "name": CONTAINER_NAME,
-        "image": job.image,
-        "command": list(job.command),
-        "env": [{"name": k, "value": str(v)} for k, v in sorted(job.env.items())],
-        "resources": {"requests": {"cpu": job.cpu, "memory": job.memory}},
-    }
-    if job.placement.gpus:
-        container["resources"]["limits"] = {GPU_RESOURCE: str(job.placement.gpus)}
-    labels = {**job.labels, "app.kubernetes.io/component": "training"}
-    pod_spec = {
-        "containers": [container],
-        "terminationGracePeriodSeconds": job.grace_seconds,
-    }
-    if job.placement.node_selector:
-        pod_spec["nodeSelector"] = dict(job.placement.node_selector)
-    if job.placement.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in job.placement.tolerations]
-    if job.service_account:
-        pod_spec["serviceAccountName"] = job.service_account
+    container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
+                 "resources": job.container_resources()}
+    labels = job.pod_labels()
+    pod_spec = {"containers": [container], **job.pod_placement()}
 
     def replicas(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "ExitCode",

@@ -1,8 +1,10 @@
 """`launch_training`: the train step's multi-node path. Runs the training CLI (components/train/) on a chief and
-workers as a TFJob or a Vertex AI CustomJob, then copies what the replicas wrote into the step's outputs.
+workers as a Kubeflow Trainer v2 TrainJob, a JobSet, a (legacy) Kubeflow TFJob or a Vertex AI CustomJob, then
+copies what the replicas wrote into the step's outputs.
 
 What is trained is one `TrainSettings` (the same value the single-pod path trains with; each replica's command
-is `settings.command()`); where it runs is one `LaunchSettings`."""
+is `settings.command()`); where it runs is one `LaunchSettings`. `job_manifests` is the one place a Kubernetes
+launcher's manifests are built: the launch and the dry run (`python -m components.launch --dry-run`) both use it."""
 
 from __future__ import annotations
 
@@ -13,15 +15,33 @@ import logging
 from components import gcp
 from components.gcp.accelerators import ACCELERATORS
 from components.launch.job import LaunchError, TrainingJob, job_name
+from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
 from components.launch.k8s import kubernetes_client
-from components.launch.placement import gpu_placement
+from components.launch.placement import gpu_placement, placement_from_task_config
 from components.launch.tfjob import TFJobLauncher, tfjob_manifest
+from components.launch.trainjob import RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest
 from components.launch.vertex import VertexJobLauncher, custom_job
 from components.train.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-LAUNCHERS = ("tfjob", "vertex-job")
+# trainjob: Kubeflow Trainer v2 (what a Kubeflow install has); jobset: the JobSet beneath it, for clusters with
+# JobSet but no Trainer v2; tfjob: Kubeflow Training Operator v1 (legacy); vertex-job: Vertex AI.
+KUBERNETES_LAUNCHERS = {"trainjob": TrainJobLauncher, "jobset": JobSetLauncher, "tfjob": TFJobLauncher}
+LAUNCHERS = (*KUBERNETES_LAUNCHERS, "vertex-job")
+
+
+def job_manifests(launcher: str, job: TrainingJob, namespace: str, *, runtime: str = RUNTIME_NAME) -> list[dict]:
+    """What a Kubernetes launcher creates for `job`, last; before it, what the cluster needs that the repository
+    ships (the TrainJob's ClusterTrainingRuntime, when it is ours), for a dry run to show."""
+    if launcher == "trainjob":
+        shipped = [runtime_manifest()] if runtime == RUNTIME_NAME else []
+        return [*shipped, trainjob_manifest(job, namespace, runtime)]
+    if launcher == "jobset":
+        return [jobset_manifest(job, namespace)]
+    if launcher == "tfjob":
+        return [tfjob_manifest(job, namespace)]
+    raise ValueError(f"{launcher!r} is not a Kubernetes launcher ({', '.join(KUBERNETES_LAUNCHERS)})")
 
 
 def copy_tree(source: str, destination: str) -> int:
@@ -54,6 +74,11 @@ class LaunchSettings:
     node_pool: str = ""
     kueue_queue: str = ""  # Kueue LocalQueue that admits the job (empty: not queued)
     namespace: str = "kubeflow"  # Kubernetes launchers
+    runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a plain one, see trainjob.py)
+    # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
+    # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
+    # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
+    task_config: dict | None = None
     project: str = ""  # Vertex AI
     location: str = ""  # Vertex AI
 
@@ -62,13 +87,15 @@ class LaunchSettings:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
         if self.launcher == "vertex-job" and not self.project:
             raise ValueError("launcher=vertex-job needs the Google Cloud project")
+        if self.launcher == "vertex-job" and self.task_config is not None:
+            raise ValueError("launcher=vertex-job picks machines from accelerator/gpus, not from a task's config")
 
 
 def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_path: str, tensorboard_path: str,
                     staging_dir: str, run_id: str, task_name: str, api_client=None, vertex_client=None,
                     poll_seconds: float | None = None) -> dict:
-    """Runs the training CLI with `settings` on a chief + `launch.workers` as a TFJob or a Vertex AI CustomJob and
-    returns its training.json. The replicas write the model and TensorBoard logs under `staging_dir` (durable
+    """Runs the training CLI with `settings` on a chief + `launch.workers` (as `launch.launcher` says) and returns
+    its training.json. The replicas write the model and TensorBoard logs under `staging_dir` (durable
     storage they can reach), whatever `settings` says; they are then copied into the step's own output paths
     `model_path` and `tensorboard_path`."""
     import tensorflow as tf
@@ -77,17 +104,28 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
         if uri.startswith(("minio://", "s3://")):
             raise ValueError(f"The training job's replicas cannot read or write {uri}: run the pipeline with a gs:// "
                              "pipeline root (or a checkpoint_root and pipeline root they can reach)")
-    placement = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS, spot=launch.spot,
-                              node_pool=launch.node_pool)
+    if launch.task_config is not None:
+        from_task = placement_from_task_config(launch.task_config)
+        if from_task is None:
+            raise ValueError("The training task passed on no resources, node selector or tolerations (KFP's "
+                             "TaskConfig passthrough, KFP 2.15 or newer): the nodes' GPUs are unknown. Upgrade KFP, "
+                             "or compile with --train-launcher pod")
+        placement, sizes = from_task
+    else:
+        placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
+                                         spot=launch.spot, node_pool=launch.node_pool), {}
     staged_model, staged_logs = f"{staging_dir.rstrip('/')}/model", f"{staging_dir.rstrip('/')}/tensorboard"
     staged = dataclasses.replace(settings, model_dir=staged_model, tensorboard_dir=staged_logs)
-    job = TrainingJob(name=job_name("train", run_id, task_name), image=launch.image, command=staged.command(),
-                      workers=launch.workers, placement=placement, kueue_queue=launch.kueue_queue,
+    # JobSet-based jobs name their pods after themselves: their names leave room for that.
+    longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
+    job = TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
+                      command=staged.command(), workers=launch.workers, placement=placement,
+                      kueue_queue=launch.kueue_queue, **sizes,
                       labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
     polling = {"poll_seconds": poll_seconds} if poll_seconds else {}
-    if launch.launcher == "tfjob":
-        outcome = TFJobLauncher(api_client or kubernetes_client(), launch.namespace, **polling).run(
-            tfjob_manifest(job, launch.namespace))
+    if launch.launcher in KUBERNETES_LAUNCHERS:
+        launcher = KUBERNETES_LAUNCHERS[launch.launcher](api_client or kubernetes_client(), launch.namespace, **polling)
+        outcome = launcher.run(job_manifests(launch.launcher, job, launch.namespace, runtime=launch.runtime)[-1])
     else:
         client = vertex_client or gcp.job_client(launch.location)
         outcome = VertexJobLauncher(client, launch.project, launch.location, **polling).run(
@@ -98,3 +136,21 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
         copy_tree(staged_logs, tensorboard_path)
     with tf.io.gfile.GFile(f"{model_path.rstrip('/')}/training.json") as f:
         return json.load(f)
+
+
+def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmented_uri: str, model_uri: str,
+                             model_path: str, tensorboard_path: str, recipe: str, epochs: int, batch_size: int,
+                             learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
+                             task_name: str) -> dict:
+    """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
+    replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
+    `{pipeline_root}/jobs/{run_id}/{task_name}`."""
+    from components.train.faults import backup_dir_for
+
+    settings = TrainSettings.from_pipeline(
+        dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
+    return launch_training(settings, launch, model_path=model_path, tensorboard_path=tensorboard_path,
+                           staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
+                           task_name=task_name)
+

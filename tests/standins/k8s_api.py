@@ -1,23 +1,36 @@
-"""A stand-in for the parts of the Kubernetes API that the TFJob launcher calls, on 127.0.0.1.
+"""A stand-in for the parts of the Kubernetes API that the launchers call, on 127.0.0.1.
 
 It follows the public definitions: the Kubeflow training operator's TFJob CRD (kubeflow.org/v1, the
-`kubeflow/training-operator` v1 API types and CRD manifest) and the Kubernetes core/v1 REST API reference for pod
-logs; errors are meta/v1 `Status` objects, as the API server writes them (shared stand-in base, base.py).
+`kubeflow/training-operator` v1 API types and CRD manifest), Kubeflow Trainer v2.3.0's TrainJob and
+ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0 (jobset.x-k8s.io/v1alpha2), whose CRDs
+are vendored under tests/schemas/ and whose controllers are in trainer.py and jobsets.py, and the Kubernetes core/v1
+REST API reference for pods and pod logs; errors are meta/v1 `Status` objects, as the API server writes them
+(shared stand-in base, base.py).
 
 Endpoints, as the `kubernetes` Python client calls them:
 
     POST   /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs             create (201; 409 AlreadyExists; 422 Invalid)
     GET    /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      read, with .status (404 NotFound)
     DELETE /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      delete (200 Status), stops its pods
-    GET    /api/v1/namespaces/{ns}/pods/{pod}/log?container=&follow=  pod log (follow streams until exit)
+    POST   /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes          create (cluster-scoped)
+    GET    /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/{name}   read
+    POST   /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs        create (422 Invalid: CRD schema;
+                                                                                403: Trainer's webhook denied it)
+    GET    /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name} read, with .status
+    DELETE /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name} delete, with its JobSet and pods
+    POST/GET/DELETE /apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets[/{name}]  the same for JobSets
+    GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...       list the JobSets' pods (equality selectors)
+    GET    /api/v1/namespaces/{ns}/pods/{pod}/log?container=&follow=&tailLines=  pod log (follow streams until exit)
 
-Behind them runs a small local "training operator": each replica of a created TFJob becomes a process
-running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment stands
-in for it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the
+Behind the TFJob endpoints runs a small local "training operator": each replica of a created TFJob becomes a
+process running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment
+stands in for it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the
 container's `env`. Pods are named `{job}-{type}-{index}` as the operator names them. With
 `restartPolicy: ExitCode`, a replica exiting 128-255 is restarted (up to `runPolicy.backoffLimit` restarts
 for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 without a chief) exits 0.
-Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed.
+Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed. Behind the TrainJob and JobSet
+endpoints run the "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts
+a JobSet pod's node down as a Spot VM preemption does.
 """
 
 from __future__ import annotations
@@ -30,6 +43,9 @@ import uuid
 from typing import Callable
 
 from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
+from tests.standins.jobsets import JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid, jobset_problems
+from tests.standins.trainer import (FRAMEWORK_POLICIES, TRAINER_GROUP, TRAINER_VERSION, TrainJobRun, runtime_problems,
+                                    trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
@@ -153,15 +169,31 @@ class KubernetesStandIn(StandIn):
         super().__init__()
         self.run_containers = run_containers
         self.jobs: dict[tuple[str, str], TFJob] = {}
-        self.deleted: list[tuple[str, str]] = []
-        self.created_bodies: list[dict] = []
+        self.trainjobs: dict[tuple[str, str], TrainJobRun] = {}
+        self.jobsets: dict[tuple[str, str], JobSetRun] = {}
+        self.runtimes: dict[str, dict] = {}
+        self.deleted: list[tuple[str, str]] = []  # (namespace, name) of the TFJobs, TrainJobs and JobSets deleted
+        self.created_bodies: list[dict] = []  # TFJobs, TrainJobs and JobSets as sent, in order
 
     def routes(self) -> list:
         jobs = rf"/apis/{GROUP}/{VERSION}/namespaces/(?P<namespace>[^/]+)/{PLURAL}"
+        trainjobs = rf"/apis/{TRAINER_GROUP}/{TRAINER_VERSION}/namespaces/(?P<namespace>[^/]+)/trainjobs"
+        runtimes = rf"/apis/{TRAINER_GROUP}/{TRAINER_VERSION}/clustertrainingruntimes"
+        jobsets = rf"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/(?P<namespace>[^/]+)/jobsets"
+        name = "/(?P<name>[^/]+)"
         return [
             route("POST", jobs, "createKubeflowOrgV1NamespacedTFJob", self._create),
-            route("GET", jobs + "/(?P<name>[^/]+)", "readKubeflowOrgV1NamespacedTFJob", self._read),
-            route("DELETE", jobs + "/(?P<name>[^/]+)", "deleteKubeflowOrgV1NamespacedTFJob", self._delete),
+            route("GET", jobs + name, "readKubeflowOrgV1NamespacedTFJob", self._read),
+            route("DELETE", jobs + name, "deleteKubeflowOrgV1NamespacedTFJob", self._delete),
+            route("POST", runtimes, "createTrainerV1alpha1ClusterTrainingRuntime", self._create_runtime),
+            route("GET", runtimes + name, "readTrainerV1alpha1ClusterTrainingRuntime", self._read_runtime),
+            route("POST", trainjobs, "createTrainerV1alpha1NamespacedTrainJob", self._create_trainjob),
+            route("GET", trainjobs + name, "readTrainerV1alpha1NamespacedTrainJob", self._read_trainjob),
+            route("DELETE", trainjobs + name, "deleteTrainerV1alpha1NamespacedTrainJob", self._delete_trainjob),
+            route("POST", jobsets, "createJobsetV1alpha2NamespacedJobSet", self._create_jobset),
+            route("GET", jobsets + name, "readJobsetV1alpha2NamespacedJobSet", self._read_jobset),
+            route("DELETE", jobsets + name, "deleteJobsetV1alpha2NamespacedJobSet", self._delete_jobset),
+            route("GET", r"/api/v1/namespaces/(?P<namespace>[^/]+)/pods", "listCoreV1NamespacedPod", self._list_pods),
             route("GET", r"/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<pod>[^/]+)/log",
                   "readCoreV1NamespacedPodLog", self._log),
         ]
@@ -173,12 +205,30 @@ class KubernetesStandIn(StandIn):
         return ApiError("NOT_FOUND", "the server could not find the requested resource")
 
     def stop(self) -> None:
-        for job in list(self.jobs.values()):
+        for job in [*self.jobs.values(), *self.jobsets.values()]:
             job.delete()
         super().stop()
 
     def job(self, namespace: str, name: str) -> TFJob:
         return self.jobs[(namespace, name)]
+
+    def jobset(self, namespace: str, name: str) -> JobSetRun:
+        """A JobSet, created directly or by a TrainJob of the same name."""
+        return self.jobsets[(namespace, name)]
+
+    def jobset_pods(self, namespace: str) -> list[JobSetPod]:
+        return [pod for (ns, _), jobset in list(self.jobsets.items()) if ns == namespace for pod in jobset.pods()]
+
+    def preempt(self, namespace: str, pod_name: str) -> None:
+        """The pod's node shuts down (a Spot VM preemption): DisruptionTarget, SIGTERM, SIGKILL after the grace."""
+        next(pod for pod in self.jobset_pods(namespace) if pod.name == pod_name).preempt()
+
+    def add_runtime(self, runtime: dict) -> None:
+        """Installs a ClusterTrainingRuntime, as `kubectl apply` would (checked as the API server checks it)."""
+        problems = runtime_problems(runtime)
+        if problems:
+            raise ValueError(f"ClusterTrainingRuntime is invalid: {'; '.join(problems)}")
+        self.runtimes[runtime["metadata"]["name"]] = json.loads(json.dumps(runtime))
 
     # -- handlers --------------------------------------------------------------------------------------
 
@@ -209,25 +259,139 @@ class KubernetesStandIn(StandIn):
             raise ApiError("NOT_FOUND", f'tfjobs.kubeflow.org "{key[1]}" not found')
         job.delete()
         self.deleted.append(key)
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": key[1], "group": GROUP, "kind": PLURAL, "uid": job.body["metadata"]["uid"]}}
+        return _deleted(key[1], GROUP, PLURAL, job.body["metadata"]["uid"])
+
+    def _create_runtime(self, request: Request) -> tuple[int, dict]:
+        body = request.json()
+        name = body.get("metadata", {}).get("name", "")
+        problems = runtime_problems(body)
+        if problems:
+            raise invalid("ClusterTrainingRuntime", TRAINER_GROUP, name, problems)
+        if name in self.runtimes:
+            raise ApiError("ALREADY_EXISTS", f'clustertrainingruntimes.{TRAINER_GROUP} "{name}" already exists')
+        self.runtimes[name] = body
+        return 201, body
+
+    def _read_runtime(self, request: Request) -> dict:
+        runtime = self.runtimes.get(request.params["name"])
+        if runtime is None:
+            raise ApiError("NOT_FOUND", f'clustertrainingruntimes.{TRAINER_GROUP} "{request.params["name"]}" '
+                                        "not found")
+        return runtime
+
+    def _create_trainjob(self, request: Request) -> tuple[int, dict]:
+        namespace, body = request.params["namespace"], request.json()
+        name = body.get("metadata", {}).get("name", "")
+        problems, runtime = trainjob_problems(body, self.runtimes)
+        if problems:
+            raise invalid("TrainJob", TRAINER_GROUP, name, problems)
+        if (namespace, name) in self.trainjobs:
+            raise ApiError("ALREADY_EXISTS", f'trainjobs.{TRAINER_GROUP} "{name}" already exists')
+        ref = body["spec"]["runtimeRef"]
+        if runtime is None:
+            raise _denied(f"spec.RuntimeRef: Invalid value: {json.dumps(ref)}: clustertrainingruntimes."
+                          f'{TRAINER_GROUP} "{ref.get("name")}" not found: specified clusterTrainingRuntime must be '
+                          "created before the TrainJob is created")
+        policies = [p for p in FRAMEWORK_POLICIES if p in (runtime["spec"].get("mlPolicy") or {})]
+        if policies:
+            raise ApiError("UNIMPLEMENTED", f"the stand-in runs plain runtimes only ({ref['name']} has a "
+                                            f"{policies[0]} policy)")
+        self.created_bodies.append(json.loads(json.dumps(body)))
+        body["metadata"]["uid"] = str(uuid.uuid4())
+        jobset_body, problems = trainjob_jobset(body, runtime)
+        if problems:
+            raise _denied("; ".join(problems))
+        problems = jobset_problems({**jobset_body, "metadata": {**jobset_body["metadata"], "namespace": namespace}})
+        if problems:  # the trainer would fail to create it later; the stand-in says so at once
+            raise invalid("TrainJob", TRAINER_GROUP, name, [f"the JobSet it makes is invalid: {p}" for p in problems])
+        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0))
+        self.jobsets[(namespace, name)] = jobset
+        trainjob = TrainJobRun(body, namespace, jobset, lambda: self.now(0))
+        self.trainjobs[(namespace, name)] = trainjob
+        return 201, trainjob.snapshot()
+
+    def _read_trainjob(self, request: Request) -> dict:
+        trainjob = self.trainjobs.get((request.params["namespace"], request.params["name"]))
+        if trainjob is None:
+            raise ApiError("NOT_FOUND", f'trainjobs.{TRAINER_GROUP} "{request.params["name"]}" not found')
+        return trainjob.snapshot()
+
+    def _delete_trainjob(self, request: Request) -> dict:
+        key = (request.params["namespace"], request.params["name"])
+        trainjob = self.trainjobs.pop(key, None)
+        if trainjob is None:
+            raise ApiError("NOT_FOUND", f'trainjobs.{TRAINER_GROUP} "{key[1]}" not found')
+        self.jobsets.pop(key, None)
+        trainjob.jobset.delete()  # its owner reference: the JobSet, and with it the pods, go too
+        self.deleted.append(key)
+        return _deleted(key[1], TRAINER_GROUP, "trainjobs", trainjob.body["metadata"]["uid"])
+
+    def _create_jobset(self, request: Request) -> tuple[int, dict]:
+        namespace, body = request.params["namespace"], request.json()
+        name = body.get("metadata", {}).get("name", "")
+        problems = jobset_problems(body)
+        if problems:
+            raise invalid("JobSet", JOBSET_GROUP, name, problems)
+        if (namespace, name) in self.jobsets:
+            raise ApiError("ALREADY_EXISTS", f'jobsets.{JOBSET_GROUP} "{name}" already exists')
+        self.created_bodies.append(json.loads(json.dumps(body)))
+        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0))
+        self.jobsets[(namespace, name)] = jobset
+        return 201, jobset.snapshot()
+
+    def _read_jobset(self, request: Request) -> dict:
+        jobset = self.jobsets.get((request.params["namespace"], request.params["name"]))
+        if jobset is None:
+            raise ApiError("NOT_FOUND", f'jobsets.{JOBSET_GROUP} "{request.params["name"]}" not found')
+        return jobset.snapshot()
+
+    def _delete_jobset(self, request: Request) -> dict:
+        key = (request.params["namespace"], request.params["name"])
+        jobset = self.jobsets.pop(key, None)
+        if jobset is None:
+            raise ApiError("NOT_FOUND", f'jobsets.{JOBSET_GROUP} "{key[1]}" not found')
+        jobset.delete()
+        self.deleted.append(key)
+        return _deleted(key[1], JOBSET_GROUP, "jobsets", jobset.uid)
+
+    def _list_pods(self, request: Request) -> dict:
+        wanted = [term.partition("=")[::2] for term in request.arg("labelSelector").split(",") if term]
+        if any(not key or "!" in key for key, _ in wanted):
+            raise ApiError("INVALID_ARGUMENT", "the stand-in answers equality label selectors (k=v,...) only")
+        pods = [pod.to_api() for pod in self.jobset_pods(request.params["namespace"])
+                if all(pod.labels.get(key) == value for key, value in wanted)]
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": pods}
 
     def _log(self, request: Request) -> Stream:
         namespace, pod_name = request.params["namespace"], request.params["pod"]
         pod = next((job.pods[pod_name] for (ns, _), job in self.jobs.items()
-                    if ns == namespace and pod_name in job.pods), None)
+                    if ns == namespace and pod_name in job.pods), None) or next(
+            (pod for pod in self.jobset_pods(namespace) if pod.name == pod_name), None)
         if pod is None:
             raise ApiError("NOT_FOUND", f'pods "{pod_name}" not found')
         if pod.process is None:
-            raise ApiError("INVALID_ARGUMENT", f'container "tensorflow" in pod "{pod_name}" is waiting to start: '
-                                               "ContainerCreating")
+            raise ApiError("INVALID_ARGUMENT", f'container "{pod.container.get("name")}" in pod "{pod_name}" is '
+                                               "waiting to start: ContainerCreating")
         follow, timestamps = _bool(request.arg("follow")), _bool(request.arg("timestamps"))
-        return Stream(_follow(pod, follow, timestamps))
+        tail = int(request.arg("tailLines") or 0) or None
+        return Stream(_follow(pod, follow, timestamps, tail))
 
 
-def _follow(pod: Pod, follow: bool, timestamps: bool):
-    """The log of the pod's current container instance (a restart starts a new one), until it ends when following."""
-    sent = 0
+def _denied(message: str) -> ApiError:
+    """A validating admission webhook's denial (controller-runtime answers a plain error with 403 Forbidden)."""
+    return ApiError("PERMISSION_DENIED", f'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the '
+                                         f"request: {message}", reason="Forbidden")
+
+
+def _deleted(name: str, group: str, plural: str, uid: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "details": {"name": name, "group": group, "kind": plural, "uid": uid}}
+
+
+def _follow(pod: Pod, follow: bool, timestamps: bool, tail: int | None = None):
+    """The log of the pod's current container instance (a restart starts a new one), until it ends when following;
+    `tail`: only its last lines so far."""
+    sent = max(0, len(pod.lines) - tail) if tail else 0
     process, lines = pod.process, pod.lines
 
     def ended() -> bool:

@@ -1,0 +1,161 @@
+"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the plain
+ClusterTrainingRuntime it runs on, the status reader and `TrainJobLauncher`.
+
+The runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework policy:
+its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
+TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). Its JobSet
+template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly as
+the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints;
+1-127 fail at once).
+
+Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `command`, `env` and `resourcesPerNode`
+(CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:
+the run's node selector and tolerations (GPU, Spot, node pool), the grace period, the service account and the
+pipeline's labels. With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
+Suspended) until the queue admits it, then adds a runtime patch of its own.
+
+The step's service account needs create/get/delete on trainjobs, get/list on pods and get on pods/log in the
+namespace, and get on clustertrainingruntimes (manifests/trainer/launcher-rbac.yaml): the launcher reads the
+runtime first, so that a missing or unsuitable runtime is reported before anything is created.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from components import gcp
+from components.launch.job import LaunchError, TrainingJob
+from components.launch.jobset import (MAX_RESTARTS, NODE, TRAINING_PORT, NodePodsLauncher, check_name, cluster_env,
+                                      jobset_spec, node_job_template, restart_attempt)
+from components.launch.k8s import api_reason
+from components.launch.placement import KUEUE_QUEUE_LABEL
+
+log = logging.getLogger(__name__)
+
+TRAINER_RELEASE = "v2.3.0"
+TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
+TRAINJOB_PLURAL, RUNTIME_PLURAL = "trainjobs", "clustertrainingruntimes"
+RUNTIME_NAME = "tensorflow-multiworker"  # the ClusterTrainingRuntime in manifests/trainer/
+RUNTIME_FILE = f"manifests/trainer/{RUNTIME_NAME}.yaml"
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job Trainer's trainer step is
+# Who owns our runtime patch: Trainer's webhook wants a domain-prefixed path; the project's name stands in for it.
+RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
+FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")  # MLPolicySource members in v2.3.0
+TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
+
+
+def runtime_manifest(name: str = RUNTIME_NAME, *, max_restarts: int = MAX_RESTARTS) -> dict:
+    """The plain ClusterTrainingRuntime: one `node` replicated job, no image or command of its own (every
+    TrainJob brings them), the failure rules of jobset.py."""
+    container = {"name": NODE, "ports": [{"name": "tf-training", "containerPort": TRAINING_PORT}]}
+    template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"},
+                                 pod_spec={"terminationGracePeriodSeconds": 30})
+    return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
+            "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": jobset_spec(template, max_restarts)}}}
+
+
+def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_NAME) -> dict:
+    """The TrainJob for `job` on the ClusterTrainingRuntime `runtime` (see the module docstring)."""
+    check_name(job)
+    trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command),
+               "env": job.env_list() + cluster_env(job.name, job.nodes),
+               "resourcesPerNode": job.container_resources()}
+    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": job.pod_placement()}
+    patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
+    labels = job.pod_labels()
+    if job.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue's webhook suspends it until the queue admits it
+    return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob",
+            "metadata": {"name": job.name, "namespace": namespace, "labels": labels},
+            "spec": {"runtimeRef": {"name": runtime, "apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime"},
+                     "trainer": trainer, "runtimePatches": [patch]}}
+
+
+def trainjob_status(trainjob: dict) -> gcp.JobStatus:
+    """Complete or Failed (the JobSet's condition, with its message) end it; Suspended (waiting for Kueue) and
+    Running (a node Job active) or Created do not. Trainer v2 has no Running condition: jobsStatus tells."""
+    status = trainjob.get("status", {})
+    conditions = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
+    for state in ("Failed", "Complete"):
+        if state in conditions:
+            return gcp.JobStatus(state, TRAINJOB_PHASES[state], conditions[state].get("message", ""))
+    if "Suspended" in conditions:
+        return gcp.JobStatus("Suspended", gcp.Phase.RUNNING, conditions["Suspended"].get("message", ""))
+    active = sum(int(j.get("active", 0)) for j in status.get("jobsStatus", []))
+    return gcp.JobStatus("Running" if active else "Created")
+
+
+def runtime_problems(runtime: dict) -> tuple[list[str], list[str]]:
+    """What makes a ClusterTrainingRuntime unfit for TensorFlow multi-worker training (errors), and what only
+    weakens it (warnings): a framework policy would inject its own launcher/env, a custom subdomain breaks the
+    node addresses, a runtime without the failure rules restarts and fails by its own policy."""
+    errors, warnings = [], []
+    spec = runtime.get("spec", {})
+    policies = [p for p in FRAMEWORK_POLICIES if p in (spec.get("mlPolicy") or {})]
+    if policies:
+        errors.append(f"it has a {policies[0]} policy (a plain runtime has none)")
+    jobset = spec.get("template", {}).get("spec", {})
+    if jobset.get("network", {}).get("subdomain"):
+        errors.append("it sets network.subdomain (the nodes find each other in the subdomain named after the job)")
+    if jobset.get("network", {}).get("enableDNSHostnames") is False:
+        errors.append("it turns network.enableDNSHostnames off (the nodes find each other by hostname)")
+    trainer_jobs = [r for r in jobset.get("replicatedJobs", [])
+                    if r.get("name") == NODE and r.get("template", {}).get("metadata", {}).get("labels", {}).get(
+                        ANCESTOR_LABEL) == "trainer"]
+    if not trainer_jobs:
+        errors.append(f"it has no replicated job {NODE!r} labelled {ANCESTOR_LABEL}: trainer")
+    elif "podFailurePolicy" not in trainer_jobs[0]["template"].get("spec", {}) or "failurePolicy" not in jobset:
+        warnings.append(f"it has no podFailurePolicy/failurePolicy: exit codes are not told apart (retryable "
+                        f"128-255, permanent 1-127) as {RUNTIME_FILE} does")
+    return errors, warnings
+
+
+class TrainJobLauncher(NodePodsLauncher):
+    """Creates a TrainJob through the Kubernetes API after checking its runtime, follows it and node 0's log to
+    the end, deletes it (and so its JobSet and pods) when stopped (see CustomResourceLauncher)."""
+
+    kind = "TrainJob"
+    group, version, plural = TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL
+
+    def check_runtime(self, name: str) -> None:
+        """Refuses a runtime that is missing or unfit (LaunchError naming what to apply); goes on, with a warning,
+        when the service account may not read cluster-scoped runtimes."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            runtime = self.custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, RUNTIME_PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                raise LaunchError(f"ClusterTrainingRuntime {name!r} is not installed: apply it with `kubectl apply "
+                                  f"--server-side -f {RUNTIME_FILE}` (or name an installed plain runtime)") from None
+            if e.status == 403:
+                log.warning("launch: cannot read ClusterTrainingRuntime %s (%s); creating the TrainJob unchecked",
+                            name, api_reason(e))
+                return
+            raise
+        errors, warnings = runtime_problems(runtime)
+        if errors:
+            raise LaunchError(f"ClusterTrainingRuntime {name!r} cannot run TensorFlow multi-worker training: "
+                              f"{'; '.join(errors)}. Use {RUNTIME_NAME!r} ({RUNTIME_FILE}).")
+        for warning in warnings:
+            log.warning("launch: ClusterTrainingRuntime %s: %s", name, warning)
+
+    def create(self, manifest: dict) -> str:
+        self.check_runtime(manifest["spec"]["runtimeRef"]["name"])
+        return super().create(manifest)
+
+    def resource_status(self, resource: dict) -> gcp.JobStatus:
+        return trainjob_status(resource)
+
+    def restarts(self, trainjob: dict | None) -> int:
+        """Whole-group restarts: the TrainJob does not count them, its JobSet's pods carry the attempt."""
+        from kubernetes.client.rest import ApiException
+
+        if not trainjob:
+            return 0
+        try:
+            return max((restart_attempt(pod) for pod in self.node_pods(trainjob["metadata"]["name"])), default=0)
+        except ApiException:
+            return 0
