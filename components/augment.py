@@ -120,8 +120,9 @@ class AugmentPolicy:
 
     @property
     def is_identity(self) -> bool:
-        return not any((self.random_resized_crop, self.rotation_degrees, self.shift_fraction, self.zoom_range, self.horizontal_flip,
-                        self.brightness, self.contrast, self.noise_stddev, self.elastic_alpha, self.cutout_fraction))
+        return not any((self.random_resized_crop, self.rotation_degrees, self.shift_fraction, self.zoom_range,
+                        self.horizontal_flip, self.brightness, self.contrast, self.noise_stddev, self.elastic_alpha,
+                        self.cutout_fraction))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
