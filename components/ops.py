@@ -234,5 +234,6 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
     with open(registration.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
     registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version,
+                                  "new_version": result.new_version,
                                   "network": result.version.lineage.get("name", "")})
     return result.version.version
