@@ -1,7 +1,10 @@
 """Augment: seeded random geometric, elastic and photometric changes to training images.
 
-The policy (JSON, a pipeline parameter) declares rotation, shift, zoom, horizontal flip (off by default: it
-breaks digits and text), brightness, contrast, gaussian noise, elastic distortion, cutout, and a seed.
+The policy (JSON, a pipeline parameter) declares a random resized crop and a horizontal flip (both off by default:
+they suit photos, not digits or centred clothing), rotation, shift, zoom, brightness, contrast, gaussian noise,
+elastic distortion, cutout, and a seed. A named preset fills in a standard recipe: `{"preset": "photo"}` (or just
+`photo`) is the random resized crop and horizontal flip of the Inception/ImageNet recipe, with the other geometric
+changes off; keys given beside the preset override it (`{"preset": "photo", "crop_scale_min": 0.25}`).
 
 One implementation (`augment_image`) serves both modes, so a seed gives the same images in both:
   - offline: materialise `copies` augmented copies of every training image into new shards (the originals
@@ -30,11 +33,29 @@ log = logging.getLogger(__name__)
 
 PASSTHROUGH = "passthrough"
 
+# Named policies: the keys each sets, before the keys given beside it. "photo" is the standard recipe for natural
+# images (Szegedy et al. 2015, torchvision's RandomResizedCrop): a crop of 8%-100% of the area with an aspect
+# ratio in [3/4, 4/3], resized back to the image size, and a horizontal flip; no rotation, shift or zoom.
+PRESETS: dict[str, dict] = {
+    "photo": {"random_resized_crop": True, "crop_scale_min": 0.08, "crop_scale_max": 1.0, "crop_aspect_min": 3 / 4,
+              "crop_aspect_max": 4 / 3, "horizontal_flip": True, "rotation_degrees": 0.0, "shift_fraction": 0.0,
+              "zoom_range": 0.0},
+}
+
 
 @dataclasses.dataclass
 class AugmentPolicy:
     """Ranges of the random changes; each draw is uniform in [-x, x] unless said otherwise."""
 
+    preset: str = ""  # a name in PRESETS whose keys apply first; "" for none
+    # Random resized crop: a box of crop_scale_min..crop_scale_max of the image's area, with a width/height ratio
+    # in crop_aspect_min..crop_aspect_max, resized back to the image size (bilinear). Up to 10 draws look for a
+    # box that fits; when none does, the whole image is kept (as tf.image and torchvision do).
+    random_resized_crop: bool = False  # off by default: it can cut the object out of a centred, tightly framed image
+    crop_scale_min: float = 0.08
+    crop_scale_max: float = 1.0
+    crop_aspect_min: float = 3 / 4
+    crop_aspect_max: float = 4 / 3
     rotation_degrees: float = 10.0
     shift_fraction: float = 0.08  # of the image size, each axis
     zoom_range: float = 0.08  # scale in [1 - z, 1 + z]
@@ -49,7 +70,18 @@ class AugmentPolicy:
 
     @classmethod
     def from_json(cls, text: str | dict | None) -> "AugmentPolicy":
-        raw = text if isinstance(text, dict) else json.loads(text) if text else {}
+        """A policy from a JSON object (or its text), or from a bare preset name such as `photo`."""
+        raw = text if isinstance(text, dict) else {}
+        if isinstance(text, str) and text.strip() in PRESETS:
+            raw = {"preset": text.strip()}
+        elif isinstance(text, str) and text.strip():
+            try:
+                raw = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"Augmentation policy {text.strip()!r} is neither a JSON object ({e}) nor a "
+                                 f"preset name ({', '.join(sorted(PRESETS))})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"Augmentation policy must be a JSON object or a preset name, got {raw!r}")
         unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             allowed = ", ".join(f.name for f in dataclasses.fields(cls))
@@ -64,21 +96,33 @@ class AugmentPolicy:
                 raise ValueError(f"Augmentation policy {field.name} must be an integer, got {value!r}")
             if field.type == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
                 raise ValueError(f"Augmentation policy {field.name} must be a number, got {value!r}")
-        policy = cls(**raw)
+            if field.type == "str" and not isinstance(value, str):
+                raise ValueError(f"Augmentation policy {field.name} must be a string, got {value!r}")
+        preset = raw.get("preset", "")
+        if preset and preset not in PRESETS:
+            raise ValueError(f"Unknown augmentation preset {preset!r}; presets: {', '.join(sorted(PRESETS))}")
+        policy = cls(**{**PRESETS.get(preset, {}), **raw})
         for name in ("rotation_degrees", "shift_fraction", "zoom_range", "brightness", "contrast",
                      "noise_stddev", "elastic_alpha", "cutout_fraction"):
             if getattr(policy, name) < 0:
                 raise ValueError(f"Augmentation policy {name} must be >= 0, got {getattr(policy, name)}")
         if policy.zoom_range >= 1 or policy.cutout_fraction >= 1 or policy.shift_fraction >= 1:
             raise ValueError("zoom_range, shift_fraction and cutout_fraction must be < 1")
+        if not 0 < policy.crop_scale_min <= policy.crop_scale_max <= 1:
+            raise ValueError(f"The crop scale range must satisfy 0 < crop_scale_min <= crop_scale_max <= 1, got "
+                             f"{policy.crop_scale_min}..{policy.crop_scale_max}")
+        if not 0 < policy.crop_aspect_min <= policy.crop_aspect_max:
+            raise ValueError(f"The crop aspect range must satisfy 0 < crop_aspect_min <= crop_aspect_max, got "
+                             f"{policy.crop_aspect_min}..{policy.crop_aspect_max}")
         if policy.elastic_alpha and policy.elastic_sigma <= 0:
             raise ValueError(f"elastic_sigma must be > 0 when elastic_alpha is set, got {policy.elastic_sigma}")
         return policy
 
     @property
     def is_identity(self) -> bool:
-        return not any((self.rotation_degrees, self.shift_fraction, self.zoom_range, self.horizontal_flip,
-                        self.brightness, self.contrast, self.noise_stddev, self.elastic_alpha, self.cutout_fraction))
+        return not any((self.random_resized_crop, self.rotation_degrees, self.shift_fraction, self.zoom_range,
+                        self.horizontal_flip, self.brightness, self.contrast, self.noise_stddev, self.elastic_alpha,
+                        self.cutout_fraction))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,6 +136,8 @@ def augment_image(image, index, copy, policy: AugmentPolicy):
     seed = tf.stack([tf.cast(policy.seed, tf.int64) * 1_000_003 + tf.cast(copy, tf.int64), tf.cast(index, tf.int64)])
     u = tf.random.stateless_uniform([8], seed=seed, minval=-1.0, maxval=1.0)
     x = tf.cast(image, tf.float32)
+    if policy.random_resized_crop:
+        x = _random_resized_crop(x, seed + 5, policy)
 
     angle = u[0] * policy.rotation_degrees * math.pi / 180.0
     scale = 1.0 + u[1] * policy.zoom_range
@@ -132,6 +178,24 @@ def augment_image(image, index, copy, policy: AugmentPolicy):
         inside = (rows >= y0) & (rows < y0 + side_h) & (cols >= x0) & (cols < x0 + side_w)
         x = tf.where(inside, 0.0, x)
     return tf.cast(tf.clip_by_value(tf.round(x), 0.0, 255.0), tf.uint8)
+
+
+def _random_resized_crop(x, seed, policy: AugmentPolicy):
+    """A random box of the image (area and aspect ratio in the policy's ranges), resized back to the image size.
+
+    The box comes from tf.image's stateless sampler (the Inception recipe's own op): its aspect ratio is drawn
+    uniformly in the range, 10 draws at most, and the whole image when none fits."""
+    import tensorflow as tf
+
+    height, width, channels = x.shape
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.constant([height, width, channels], tf.int32), tf.zeros([1, 0, 4], tf.float32), seed=seed,
+        min_object_covered=0.0, aspect_ratio_range=(policy.crop_aspect_min, policy.crop_aspect_max),
+        area_range=(policy.crop_scale_min, policy.crop_scale_max), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    crop = tf.slice(x, begin, size)
+    return tf.ensure_shape(tf.image.resize(crop[None], [height, width], method="bilinear")[0],
+                           [height, width, channels])
 
 
 def _smooth(field, sigma: float):

@@ -233,5 +233,7 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
                       artifact_uri=model.uri if model.uri.startswith("gs://") else None)
     with open(registration.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
-    registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version})
+    registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version,
+                                  "new_version": result.new_version,
+                                  "network": result.version.lineage.get("name", "")})
     return result.version.version

@@ -100,7 +100,9 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
     Param("augment_mode", str, "offline", "offline (materialise copies) or online (training augments on the fly).",
           _one_of(AUGMENT_MODES)),
     Param("augment_policy", str, "{}",
-          "JSON augmentation policy (rotation_degrees, shift_fraction, zoom_range, ..., seed).", _augment_policy),
+          "JSON augmentation policy (rotation_degrees, shift_fraction, zoom_range, ..., seed), or a preset: "
+          "photo (random resized crop + horizontal flip), also as {\"preset\": \"photo\", ...overrides}.",
+          _augment_policy),
     Param("recipe", str, _default_recipe(),
           "Training recipe preset: fast (the default) or reference (the classic 12-epoch recipe).",
           _one_of(_recipes)),

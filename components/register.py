@@ -3,8 +3,13 @@
 The step talks to a registry through the narrow `Registry` interface of components/registry/ (the local
 directory registry and the Vertex AI Model Registry behave the same), so a local run behaves like a Vertex run:
 
-- every registration of a new model digest is a new version of one model;
+- every registration of a new model digest is a new version of one model; the digest covers the architecture,
+  the weights and the class names, not timestamps or timings (components/registry/identity.py), so a retrain
+  that produced bit-identical weights is the same version;
 - registering the same digest again returns the existing version (a retried task creates nothing);
+- each new version records its lineage: the network (`reference-cnn`, a Keras Applications backbone, or the
+  `module:function` of a bring-your-own builder) and the pretrained weights it started from (source and sha256),
+  from training.json's `model` key;
 - `champion` points at the blessed version that evaluation compares against, and moves, never copies.
 """
 
@@ -15,7 +20,7 @@ import dataclasses
 import json
 
 from components import stepcli
-from components.registry import CHAMPION, LocalRegistry, ModelVersion, Registry, model_digest
+from components.registry import CHAMPION, LocalRegistry, ModelVersion, Registry, model_digest, model_lineage
 
 
 @dataclasses.dataclass
@@ -35,18 +40,30 @@ def register(model_dir: str, registry: Registry, *, model_name: str, metrics: di
     files (the artifact's gs:// URI on a cluster). With `promote`, the `champion` alias moves to this version.
     """
     digest = model_digest(model_dir)
+    lineage = model_lineage(model_dir)
     metrics = dict(metrics or {})
     existing = registry.find_by_digest(model_name, digest)
     if existing is not None:
         version, new_version = existing, False
     else:
         description = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items()))
+        if lineage:
+            description += ("; " if description else "") + describe_lineage(lineage)
         version = registry.upload(model_name, model_dir, digest=digest, metrics=metrics, labels=dict(labels or {}),
-                                  description=description, artifact_uri=artifact_uri)
+                                  description=description, artifact_uri=artifact_uri, lineage=lineage)
         new_version = True
     if promote and CHAMPION not in version.aliases:
         version = registry.set_alias(model_name, version.version, CHAMPION)
     return Registration(version=version, new_version=new_version)
+
+
+def describe_lineage(lineage: dict) -> str:
+    """One line for people: `network mobilenet-v3-small, pretrained imagenet (sha256 0123abcd...)`."""
+    pretrained = lineage.get("pretrained") or {}
+    text = f"network {lineage.get('name')}, pretrained {pretrained.get('source') or 'none'}"
+    if pretrained.get("sha256"):
+        text += f" (sha256 {str(pretrained['sha256']).split(':')[-1][:12]}...)"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

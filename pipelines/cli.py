@@ -276,6 +276,7 @@ def print_summary(summary: dict, output_dir: str) -> None:
         f"training {summary['train_seconds']:.1f}s",
         f"decision         {summary['decision']}",
         f"registered       {reg['registry']} model {reg['model']} version {reg['version']} {reg['aliases']}"
+        + ("" if reg.get("new_version", True) else " (already registered: the same model)")
         if reg else "registered       nothing (not blessed)",
         f"predictions      {summary['predictions']['count']} in {short(summary['predictions']['path'])}",
         f"summary          {short(os.path.join(os.path.abspath(output_dir), 'summary.json'))}",

@@ -340,7 +340,10 @@ def key_figures(step: str, outputs: dict | None) -> str:
             return f"{int(meta['count'])} predictions, {int(meta['errors'])} errors"
         if step == "register":
             meta = _metadata(outputs, "registration")
-            return f"{meta['model']} version {meta['version']} ({meta['registry']} registry)"
+            text = f"{meta['model']} version {meta['version']} ({meta['registry']} registry)"
+            if meta.get("new_version") is False:  # the same digest: an identical retrain, or a retried task
+                text += ", already registered (the same model)"
+            return text
     except (KeyError, IndexError, TypeError, ValueError):
         return ""
     return ", ".join(f"{k} {v}" for k, v in values.items() if isinstance(v, (int, float, str)))

@@ -42,6 +42,14 @@ def run(image: np.ndarray, policy: dict, index: int = 0, copy: int = 1) -> np.nd
     ({"seed": 1.5}, "integer"),
     ({"brightness": "0.1"}, "number"),
     ({"elastic_alpha": 10, "elastic_sigma": 0}, "elastic_sigma must be > 0"),
+    ({"preset": "imagenet"}, "Unknown augmentation preset 'imagenet'; presets: photo"),
+    ({"preset": 1}, "preset must be a string"),
+    ({"random_resized_crop": True, "crop_scale_min": 0}, "0 < crop_scale_min <= crop_scale_max <= 1"),
+    ({"crop_scale_min": 0.5, "crop_scale_max": 0.4}, "0 < crop_scale_min <= crop_scale_max <= 1"),
+    ({"crop_scale_max": 1.5}, "crop_scale_max <= 1"),
+    ({"crop_aspect_min": 2, "crop_aspect_max": 1}, "0 < crop_aspect_min <= crop_aspect_max"),
+    ("fotos", "neither a JSON object .* nor a preset name \\(photo\\)"),
+    ("[1, 2]", "must be a JSON object or a preset name"),
 ])
 def test_policy_validation(raw, message):
     with pytest.raises(ValueError, match=message):
@@ -53,6 +61,31 @@ def test_policy_round_trip_and_defaults():
     assert aug.AugmentPolicy.from_json(policy.to_json()) == policy
     assert aug.AugmentPolicy().horizontal_flip is False  # it breaks digits and text
     assert aug.AugmentPolicy.from_json(NONE).is_identity and not policy.is_identity
+    assert aug.AugmentPolicy().random_resized_crop is False  # the reference run is unchanged
+
+
+def test_photo_preset_and_its_spellings():
+    photo = aug.AugmentPolicy.from_json({"preset": "photo"})
+    assert photo.random_resized_crop and photo.horizontal_flip
+    assert (photo.crop_scale_min, photo.crop_scale_max, photo.crop_aspect_min, photo.crop_aspect_max) == \
+        (0.08, 1.0, 3 / 4, 4 / 3)
+    assert (photo.rotation_degrees, photo.shift_fraction, photo.zoom_range) == (0, 0, 0)
+    assert aug.AugmentPolicy.from_json("photo") == aug.AugmentPolicy.from_json(" photo \n") == photo
+    assert aug.AugmentPolicy.from_json('{"preset": "photo"}') == photo
+    # Keys beside the preset override it, and the resolved policy (what the manifest carries) round-trips.
+    milder = aug.AugmentPolicy.from_json({"preset": "photo", "crop_scale_min": 0.25, "seed": 7})
+    assert (milder.crop_scale_min, milder.horizontal_flip, milder.seed) == (0.25, True, 7)
+    assert aug.AugmentPolicy.from_json(milder.to_json()) == milder
+    assert not photo.is_identity
+
+
+def test_the_pipeline_parameter_takes_the_preset():
+    from components import params
+
+    params.validate({"augment_policy": "photo"}, what="parameters")
+    params.validate({"augment_policy": '{"preset": "photo", "seed": 3}'}, what="parameters")
+    with pytest.raises(ValueError, match="Unknown augmentation preset"):
+        params.validate({"augment_policy": '{"preset": "pictures"}'}, what="parameters")
 
 
 # ---------------------------------------------------------------------------------------------- transforms
@@ -92,6 +125,59 @@ def test_rotation_and_zoom_keep_the_shape(images):
     for policy in ({**NONE, "rotation_degrees": 30}, {**NONE, "zoom_range": 0.3}):
         out = run(images[3], policy)
         assert out.shape == images[3].shape and out.dtype == np.uint8 and not np.array_equal(out, images[3])
+
+
+def ramps(size: int = 64) -> np.ndarray:
+    """An RGB image whose red is 4 x column and green 4 x row: where each output pixel came from is readable."""
+    rows, cols = np.indices((size, size))
+    return np.stack([cols * 4, rows * 4, np.full_like(rows, 100)], axis=-1).astype(np.uint8)
+
+
+def test_random_resized_crop_takes_a_box_in_range_and_resizes_it_back():
+    image = ramps()
+    policy = {**NONE, "random_resized_crop": True, "crop_scale_min": 0.25, "seed": 5}
+    areas, aspects, outs = [], [], []
+    for copy in range(1, 13):
+        out = run(image, policy, index=3, copy=copy)
+        assert out.shape == image.shape and out.dtype == np.uint8
+        red, green = out[..., 0].astype(np.float64), out[..., 1].astype(np.float64)
+        # A crop, not a warp: the columns still increase to the right and the rows downwards, and blue is intact.
+        assert (np.diff(red, axis=1) >= 0).all() and (np.diff(green, axis=0) >= 0).all()
+        assert (out[..., 2] == 100).all()
+        width, height = (red.max() - red.min()) / 4 + 1, (green.max() - green.min()) / 4 + 1
+        areas.append(width * height / 64 ** 2)
+        aspects.append(width / height)
+        outs.append(out)
+    assert all(0.25 - 0.05 <= a <= 1.0 for a in areas) and min(areas) < 0.6  # really crops, within the range
+    assert all(3 / 4 - 0.1 <= r <= 4 / 3 + 0.1 for r in aspects)
+    assert len({o.tobytes() for o in outs}) > 8  # a new box per copy
+    np.testing.assert_array_equal(outs[0], run(image, policy, index=3, copy=1))  # and the same box per seed
+    assert not np.array_equal(outs[0], run(image, {**policy, "seed": 6}, index=3, copy=1))
+
+
+@pytest.mark.parametrize("shape", [(28, 28, 1), (64, 64, 3), (96, 96, 3)])
+def test_photo_preset_keeps_shape_and_dtype(shape):
+    image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    outs = [run(image, {"preset": "photo", "seed": 1}, copy=c) for c in range(1, 5)]
+    assert all(o.shape == shape and o.dtype == np.uint8 for o in outs)
+    assert all(not np.array_equal(o, image) for o in outs)
+
+
+def test_photo_preset_flips_some_copies_and_not_others():
+    image = ramps()
+    policy = {"preset": "photo", "seed": 2}
+    directions = set()
+    for copy in range(1, 13):
+        red = run(image, policy, copy=copy)[..., 0].astype(np.int64)
+        steps = np.diff(red, axis=1)
+        assert (steps >= 0).all() or (steps <= 0).all()  # mirrored as a whole, never in parts
+        directions.add("left-to-right" if steps.sum() > 0 else "right-to-left")
+    assert directions == {"left-to-right", "right-to-left"}
+    # The flip alone (crop off) mirrors exactly.
+    flip_only = {"preset": "photo", "random_resized_crop": False, "seed": 2}
+    outs = [run(image, flip_only, copy=c) for c in range(1, 9)]
+    assert all(np.array_equal(o, image) or np.array_equal(o, image[:, ::-1]) for o in outs)
+    assert any(np.array_equal(o, image[:, ::-1]) for o in outs)
 
 
 def test_brightness_contrast_and_noise(images):
@@ -163,13 +249,17 @@ def test_offline_writes_originals_and_copies(dataset, tmp_path):
     assert aug.train_files(dataset, str(tmp_path / "out"))[0] == str(tmp_path / "out")
 
 
-def test_online_epoch_k_equals_offline_copy_k(dataset, tmp_path):
+@pytest.mark.parametrize("raw", [
+    {"rotation_degrees": 10, "shift_fraction": 0.1, "elastic_alpha": 25, "noise_stddev": 0.02, "cutout_fraction": 0.2,
+     "seed": 11},
+    {"preset": "photo", "seed": 11},
+], ids=["geometric+elastic", "photo"])
+def test_online_epoch_k_equals_offline_copy_k(dataset, tmp_path, raw):
     """What training's own input pipeline feeds at epoch k is exactly offline copy k (as a multiset: it shuffles)."""
     from components import train
     from components.train.inputs import TrainInput
 
-    policy = aug.AugmentPolicy.from_json({"rotation_degrees": 10, "shift_fraction": 0.1, "elastic_alpha": 25,
-                                          "noise_stddev": 0.02, "cutout_fraction": 0.2, "seed": 11})
+    policy = aug.AugmentPolicy.from_json(raw)
     aug.augment(dataset, str(tmp_path / "offline"), copies=2, policy=policy)
     aug.augment(dataset, str(tmp_path / "online"), copies=2, mode="online", policy=policy)
     offline = collections.defaultdict(list)

@@ -7,6 +7,7 @@ reach another host (a metadata server, a real Google endpoint).
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -16,6 +17,9 @@ from components.register import register
 from components.registry import CHAMPION, LocalRegistry, model_digest
 from components.registry.vertex import (
     DIGEST_LABEL,
+    NETWORK_LABEL,
+    PRETRAINED_DIGEST_LABEL,
+    PRETRAINED_LABEL,
     SERVING_IMAGES,
     VertexPermissionError,
     VertexQuotaError,
@@ -23,6 +27,7 @@ from components.registry.vertex import (
     VertexRegistry,
     VertexRegistryError,
     digest_label,
+    lineage_labels,
     parse_version_description,
     sanitize_label_key,
     sanitize_label_value,
@@ -329,6 +334,64 @@ def test_label_and_description_helpers():
     assert parse_version_description("made in the console") == {}
     assert serving_image_for("europe-west4", "gpu") == SERVING_IMAGES["gpu"].replace("us-docker", "europe-docker")
     assert all(":" in image and "tf2-" in image for image in SERVING_IMAGES.values())
+
+
+def with_lineage(path: str, lineage: dict | None) -> str:
+    """Adds the training.json the train step writes beside the model, with `model` when given."""
+    info = {"class_names": ["a", "b"], "image_shape": [28, 28, 1], **({"model": lineage} if lineage else {})}
+    with open(os.path.join(path, "training.json"), "w") as f:
+        json.dump(info, f)
+    return path
+
+
+def test_registration_records_the_lineage_in_labels_and_in_full(vertex, registry, gcs):
+    weights_uri = "gs://team-weights/fine-tuned/2024-05/champions/image-classifier/version-17/model.weights.h5"
+    lineage = {"name": "my_models.vision:build", "pretrained": {"source": weights_uri, "sha256": "AB" * 32},
+               "freeze_epochs": 3, "fine_tune_layers": 0}
+    path = with_lineage(saved_model(gcs, "bkt/runs/r1/model", b"one"), lineage)
+    first = register(path, registry, model_name=MODEL, metrics={"accuracy": 0.91}, labels={"pipeline_run": "r1"})
+
+    assert first.version.lineage == lineage  # read back from the version description
+    (call,) = vertex.calls("UploadModel")
+    sent = call.body["model"]["labels"]  # the stand-in refuses labels that break Vertex's rules
+    assert sent[NETWORK_LABEL] == "my_models-vision-build"
+    assert len(sent[PRETRAINED_LABEL]) == 63 and sent[PRETRAINED_LABEL].startswith("gs---team-weights-fine-tuned-")
+    assert sent[PRETRAINED_DIGEST_LABEL] == "sha256-" + ("ab" * 32)[:56]
+    assert sent["pipeline_run"] == "r1" and sent[DIGEST_LABEL] == digest_label(model_digest(path))
+    description = call.body["model"]["versionDescription"]
+    assert description.startswith("accuracy=0.9100; network my_models.vision:build, pretrained " + weights_uri)
+    assert parse_version_description(description)["lineage"] == lineage
+
+    # Found again by digest (a retried task) and listed: the same lineage; a console filter on the label works.
+    again = register(path, registry, model_name=MODEL)
+    assert not again.new_version and again.version.lineage == lineage
+    assert [v.lineage for v in registry.versions(MODEL)] == [lineage]
+    parent = registry._find_model(MODEL)
+    found = list(registry._client.list_model_versions(
+        request={"name": parent.name, "filter": f'labels.{NETWORK_LABEL}="my_models-vision-build"'}))
+    assert [pb.version_id for pb in found] == ["1"]
+
+
+def test_older_training_json_is_the_reference_cnn_and_a_bare_model_has_no_lineage(vertex, registry, gcs):
+    older = register(with_lineage(saved_model(gcs, "bkt/runs/old/model", b"old"), None), registry, model_name=MODEL)
+    assert older.version.lineage == {"name": "reference-cnn", "pretrained": {"source": "none", "sha256": None}}
+    assert (older.version.labels[NETWORK_LABEL], older.version.labels[PRETRAINED_LABEL]) == ("reference-cnn", "none")
+    assert PRETRAINED_DIGEST_LABEL not in older.version.labels
+    bare = register(saved_model(gcs, "bkt/runs/bare/model", b"bare"), registry, model_name=MODEL)
+    assert bare.version.lineage == {} and NETWORK_LABEL not in bare.version.labels
+    assert "network" not in vertex.calls("UploadModel")[-1].body["model"]["versionDescription"]
+
+
+def test_lineage_labels_follow_the_label_rules():
+    import re
+
+    rule = re.compile(r"^[a-z0-9_-]{0,63}$")
+    for name in ("resnet50", "convnext-tiny", "Pkg.Sub_Module:Build_Fn", "x" * 100 + ":f"):
+        for source in ("none", "imagenet", "/gcs/b/w.keras", "gs://b/" + "d/" * 40 + "w.weights.h5"):
+            labels = lineage_labels({"name": name, "pretrained": {"source": source, "sha256": "0" * 64}})
+            assert all(rule.match(v) for v in labels.values()), labels
+    assert lineage_labels({}) == {} and lineage_labels({"name": "resnet50"}) == {
+        NETWORK_LABEL: "resnet50", PRETRAINED_LABEL: "none"}
 
 
 def test_importing_the_module_does_not_import_the_client():

@@ -1,6 +1,8 @@
 """Model registries: versions of a named model, found by content digest, with a `champion` alias.
 
-- base.py: what every registry is (`Registry`, `ModelVersion`, `CHAMPION`) and `model_digest`.
+- base.py: what every registry is (`Registry`, `ModelVersion`, `CHAMPION`).
+- identity.py: `model_digest` (architecture + weights + class names, not timestamps) and `model_lineage`
+  (the network and its pretrained weights, from training.json).
 - local.py: `LocalRegistry`, a directory (local runs and tests).
 - vertex.py: `VertexRegistry`, the Vertex AI Model Registry, with the same behaviour.
 - `open_registry`: the registry a pipeline's parameters name.
@@ -12,7 +14,7 @@ here imports a step.
 
 from __future__ import annotations
 
-from components.registry.base import CHAMPION, ModelVersion, Registry, model_digest
+from components.registry.base import CHAMPION, ModelVersion, Registry, model_digest, model_lineage
 from components.registry.local import LocalRegistry
 
 REGISTRIES = ("local", "vertex")
@@ -41,4 +43,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["CHAMPION", "LocalRegistry", "ModelVersion", "REGISTRIES", "Registry", "main", "model_digest",
-           "open_registry"]
+           "model_lineage", "open_registry"]

@@ -1,11 +1,13 @@
-"""What every model registry is: versions of a named model, found by content digest, with a movable champion."""
+"""What every model registry is: versions of a named model, found by content digest, with a movable champion.
+
+The digest and the lineage a version records are computed in identity.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
 from typing import Protocol
+
+from components.registry.identity import model_digest, model_lineage  # noqa: F401 (re-exported)
 
 CHAMPION = "champion"
 
@@ -24,6 +26,8 @@ class ModelVersion:
     labels: dict = dataclasses.field(default_factory=dict)
     created: str = ""
     resource_name: str = ""
+    # The network and the pretrained weights it started from (identity.model_lineage); {} when unknown.
+    lineage: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -39,25 +43,8 @@ class Registry(Protocol):
     def champion(self, model: str) -> ModelVersion | None: ...
 
     def upload(self, model: str, model_dir: str, *, digest: str, metrics: dict, labels: dict,
-               description: str, artifact_uri: str | None = None) -> ModelVersion: ...
+               description: str, artifact_uri: str | None = None, lineage: dict | None = None) -> ModelVersion: ...
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion: ...
 
     def versions(self, model: str) -> list[ModelVersion]: ...
-
-
-def model_digest(model_dir: str) -> str:
-    """A content digest of a model directory: sha256 over relative paths and file bytes, in sorted order."""
-    if not os.path.isdir(model_dir):
-        raise FileNotFoundError(f"Model directory not found: {model_dir}")
-    sha = hashlib.sha256()
-    for root, dirs, files in os.walk(model_dir):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            sha.update(os.path.relpath(path, model_dir).encode() + b"\0")
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    sha.update(chunk)
-            sha.update(b"\0")
-    return "sha256:" + sha.hexdigest()

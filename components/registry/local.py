@@ -18,7 +18,9 @@ class LocalRegistry:
     """A model registry in a local directory.
 
     Layout: `ROOT/MODEL/index.json` (versions, aliases; replaced atomically) and `ROOT/MODEL/versions/N/`
-    (a copy of the registered model directory). A lock file serialises writers.
+    (a copy of the registered model directory). A lock file serialises writers. Each version's entry in the
+    index holds its digest, metrics, labels and `lineage` (the network and its pretrained weights; versions
+    registered before lineage was recorded have none).
     """
 
     kind = "local"
@@ -73,7 +75,7 @@ class LocalRegistry:
         return next((v for v in self.versions(model) if CHAMPION in v.aliases), None)
 
     def upload(self, model: str, model_dir: str, *, digest: str, metrics: dict, labels: dict,
-               description: str = "", artifact_uri: str | None = None) -> ModelVersion:
+               description: str = "", artifact_uri: str | None = None, lineage: dict | None = None) -> ModelVersion:
         """Copies `model_dir` into the registry (`artifact_uri` is for remote registries and unused here)."""
         with self._locked(model) as index:
             for entry in index["versions"]:
@@ -88,7 +90,7 @@ class LocalRegistry:
             entry = {
                 "version": number, "aliases": [], "uri": target, "digest": digest, "metrics": metrics,
                 "labels": labels, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "resource_name": "",
+                "resource_name": "", "lineage": dict(lineage or {}),
             }
             if not index["versions"]:
                 entry["aliases"].append("default")

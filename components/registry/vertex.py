@@ -18,7 +18,13 @@ Where things are kept on Vertex:
   sorted keys) that `champion()` and `find_by_digest()` read back. The description shows in the console;
   labels cannot hold floats (no '.' allowed);
 - the origin: the caller's labels (pipeline run id, git commit, data fingerprint, ...), sanitised to Vertex
-  label rules (`sanitize_label_key`, `sanitize_label_value`).
+  label rules (`sanitize_label_key`, `sanitize_label_value`);
+- the lineage (the network and the pretrained weights it started from, components/registry/identity.py): in full
+  in the description's JSON line (`"lineage": {"name", "pretrained": {"source", "sha256"}, ...}`), which
+  `ModelVersion.lineage` reads back, and as labels to filter on in the console or `gcloud ai models list`
+  (`lineage_labels`): `network` (e.g. `mobilenet-v3-small`; a `module:function` becomes `module-function`),
+  `pretrained` (`none`, `imagenet`, or the sanitised path/URI, hashed when longer than 63 characters) and
+  `pretrained_sha256` (`sha256-` and the first 56 hex digits of the weights file's digest, when known).
 
 Production: `VertexRegistry(project="my-project", location="us-central1")` uses Application Default
 Credentials and `https://us-central1-aiplatform.googleapis.com`. Tests: pass `api_endpoint="http://127.0.0.1:PORT"`
@@ -53,6 +59,9 @@ SERVING_IMAGES = {
 }
 
 DIGEST_LABEL = "model_digest"
+NETWORK_LABEL = "network"
+PRETRAINED_LABEL = "pretrained"
+PRETRAINED_DIGEST_LABEL = "pretrained_sha256"
 METADATA_MARKER = "kfp-image-classification:"
 ALIAS_RE = re.compile(r"^[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]$")
 
@@ -96,14 +105,30 @@ def digest_label(digest: str) -> str:
     return "sha256-" + hashlib.sha256(digest.encode()).hexdigest()[:56]
 
 
-def version_description(description: str, *, digest: str, metrics: dict) -> str:
+def lineage_labels(lineage: dict | None) -> dict:
+    """Labels for a version's lineage (see the module docstring); {} when the lineage is unknown."""
+    if not lineage or not lineage.get("name"):
+        return {}
+    pretrained = lineage.get("pretrained") or {}
+    labels = {NETWORK_LABEL: sanitize_label_value(lineage["name"]),
+              PRETRAINED_LABEL: sanitize_label_value(pretrained.get("source") or "none")}
+    weights_digest = str(pretrained.get("sha256") or "")
+    if weights_digest:
+        labels[PRETRAINED_DIGEST_LABEL] = digest_label(weights_digest if ":" in weights_digest
+                                                       else "sha256:" + weights_digest.lower())
+    return labels
+
+
+def version_description(description: str, *, digest: str, metrics: dict, lineage: dict | None = None) -> str:
     """The version description: the human-readable text, then the machine-readable line."""
-    payload = json.dumps({"digest": digest, "metrics": metrics}, sort_keys=True, separators=(",", ":"))
+    meta = {"digest": digest, "metrics": metrics, **({"lineage": lineage} if lineage else {})}
+    payload = json.dumps(meta, sort_keys=True, separators=(",", ":"))
     return (description.strip() + "\n\n" if description.strip() else "") + f"{METADATA_MARKER} {payload}"
 
 
 def parse_version_description(text: str) -> dict:
-    """The {"digest", "metrics"} written by `version_description`, or {} for a version registered otherwise."""
+    """The {"digest", "metrics", "lineage"} written by `version_description` ("lineage" only where it was
+    known), or {} for a version registered otherwise."""
     for line in reversed((text or "").splitlines()):
         if line.startswith(METADATA_MARKER):
             try:
@@ -208,7 +233,7 @@ class VertexRegistry(gcp.VertexService):
             registry=self.kind, model=pb.display_name, version=pb.version_id, aliases=list(pb.version_aliases),
             uri=pb.artifact_uri, digest=meta.get("digest") or labels.get(DIGEST_LABEL, ""),
             metrics=dict(meta.get("metrics") or {}), labels=labels, created=gcp.rfc3339(pb.version_create_time, timespec="seconds"),
-            resource_name=f"{pb.name}@{pb.version_id}")
+            resource_name=f"{pb.name}@{pb.version_id}", lineage=dict(meta.get("lineage") or {}))
 
     # -- artifacts -------------------------------------------------------------------------------------
 
@@ -267,8 +292,9 @@ class VertexRegistry(gcp.VertexService):
         return self._version(pb)
 
     def upload(self, model: str, model_dir: str, *, digest: str, metrics: dict, labels: dict,
-               description: str = "", artifact_uri: str | None = None) -> ModelVersion:
-        """Uploads the model at `model_dir` (gs://, or under the GCS mount) as a new version of `model`."""
+               description: str = "", artifact_uri: str | None = None, lineage: dict | None = None) -> ModelVersion:
+        """Uploads the model at `model_dir` (gs://, or under the GCS mount) as a new version of `model`; the
+        lineage goes into labels (sanitised) and, in full, into the version description."""
         from google.api_core import exceptions as gexc
         from google.cloud.aiplatform_v1 import types
 
@@ -278,11 +304,12 @@ class VertexRegistry(gcp.VertexService):
             uri += "/saved_model"
         self._check_bucket_region(uri)
         version_labels = {sanitize_label_key(k): sanitize_label_value(v) for k, v in (labels or {}).items()}
+        version_labels.update(lineage_labels(lineage))  # the registry's own labels win over the caller's
         version_labels[DIGEST_LABEL] = digest_label(digest)
         body = types.Model(
             display_name=model, artifact_uri=uri, labels=version_labels,
             container_spec=types.ModelContainerSpec(image_uri=self.serving_image),
-            version_description=version_description(description, digest=digest, metrics=metrics))
+            version_description=version_description(description, digest=digest, metrics=metrics, lineage=lineage))
         what = f"upload a version of model {model!r}"
 
         def request_for(parent_model) -> Any:
