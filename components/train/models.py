@@ -107,9 +107,17 @@ def build(name: str, image_shape, num_classes: int, precision: str = "float32"):
     problem = name_problem(name)
     if problem:
         raise ModelError(f"model {problem}")
-    builder = import_builder(name)
     with dtype_policy(precision):
+        return call_builder(name, import_builder(name), image_shape, num_classes)
+
+
+def call_builder(name: str, builder, image_shape: tuple, num_classes: int):
+    """The builder's model for (image_shape, num_classes), checked (`check_output`); ModelError when it fails."""
+    try:
         model = builder(image_shape, num_classes)
+    except Exception as e:
+        raise ModelError(f"model {name}({image_shape}, {num_classes}) failed: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from e
     return check_output(name, model, image_shape, num_classes)
 
 
