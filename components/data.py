@@ -495,6 +495,14 @@ def load_classifier(model_dir: str) -> Classifier:
 
         with gfile().GFile(info_path) as f:
             info = json.load(f)
+        builder = (info.get("model") or {}).get("name", "")
+        if ":" in builder:  # a bring-your-own model: its module registers its custom layers, if it has any
+            import importlib
+
+            try:
+                importlib.import_module(builder.partition(":")[0])
+            except ImportError:
+                pass  # a model of built-in layers loads without it; one that needs it says which layer is unknown
         model = keras.models.load_model(keras_path, compile=False)
 
         @tf.function(reduce_retracing=True)

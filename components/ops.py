@@ -78,8 +78,11 @@ def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int, batch_size: int,
              learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
-             model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
-    """Trains the classifier under a tf.distribute strategy; resumes from checkpoints when the task is retried.
+             model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],
+             network: str = "reference-cnn", pretrained: str = "none", freeze_epochs: int = -1,
+             fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0) -> float:
+    """Trains the classifier (`network`: the pipeline's `model` parameter) under a tf.distribute strategy, from
+    `pretrained` weights when given (head first, then fine-tuning); resumes from checkpoints when the task is retried.
 
     Exits 143 when preempted (SIGTERM: a checkpoint is saved, the retry resumes from it); a permanent failure
     (bad input, NaN loss, a bug) is recorded so that retries fail at once. Returns the wall time of fitting,
@@ -91,7 +94,8 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
     stepcli.setup_logging(force=True)
     settings = TrainSettings.from_pipeline(
         dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
-        learning_rate=learning_rate, tensorboard_dir=tensorboard.path,
+        learning_rate=learning_rate, tensorboard_dir=tensorboard.path, model=network, pretrained=pretrained,
+        freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
         # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
         backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
     result = attempt(TrainingLoop(settings).run, settings.backup_dir)
@@ -104,7 +108,9 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
                  learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
                  launcher: str, image: str, workers: int, accelerator: str, gpus: int, spot: bool, node_pool: str,
                  kueue_queue: str, namespace: str, project: str, location: str,
-                 model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact]) -> float:
+                 model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],
+                 network: str = "reference-cnn", pretrained: str = "none", freeze_epochs: int = -1,
+                 fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0) -> float:
     """Trains on a chief and `workers` more machines placed by this task's parameters: creates a Vertex AI CustomJob
     (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image, follows it, and
     cancels it when the run is cancelled. The job reads and writes the pipeline root directly (gs://). Returns the
@@ -123,7 +129,8 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
-        task_name=task_name)
+        task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
+        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 
@@ -138,7 +145,9 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
                          batch_size: int, learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
                          task_name: str, launcher: str, image: str, workers: int, kueue_queue: str, namespace: str,
                          runtime: str, task_config: dsl.TaskConfig, model: Output[Model], metrics: Output[Metrics],
-                         tensorboard: Output[Artifact]) -> float:
+                         tensorboard: Output[Artifact], network: str = "reference-cnn", pretrained: str = "none",
+                         freeze_epochs: int = -1, fine_tune_layers: int = 0,
+                         fine_tune_lr_factor: float = 0.0) -> float:
     """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
     ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) running the
     training image, follows it, and deletes it when the run is cancelled. The nodes get the resources, node selector
@@ -158,7 +167,8 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
-        task_name=task_name)
+        task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
+        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 

@@ -74,6 +74,12 @@ def _augment_policy(value: str) -> str | None:
     return None
 
 
+def _model_name(value: str) -> str | None:
+    from components.train.models import name_problem
+
+    return name_problem(value)
+
+
 def _default_recipe() -> str:
     from components.train.recipes import DEFAULT_RECIPE
 
@@ -131,6 +137,23 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
     Param("model_name", str, "image-classifier", "The registered model's name."),
     Param("project", str, "", "Google Cloud project (registry=vertex)."),
     Param("location", str, "us-central1", "Google Cloud region (registry=vertex)."),
+    # The network and its initial weights (components/train/models.py, pretrained.py).
+    Param("model", str, "reference-cnn",
+          "Network: reference-cnn (the classic small CNN), mobilenet-v3-small, mobilenet-v3-large, efficientnet-v2-b0, "
+          "resnet50, convnext-tiny (these need image_size >= 32), or module:function, your own builder taking "
+          "(image_shape, num_classes) and returning an uncompiled keras.Model producing logits.", _model_name),
+    Param("pretrained", str, "none",
+          "Initial weights: none, imagenet (a backbone's Keras ImageNet weights; needs internet and channels=3), or "
+          "the path or gs:// URI of a .weights.h5 or .keras file or of a registered model's directory."),
+    Param("freeze_epochs", int, -1,
+          "With pretrained weights: first epochs that train only the head, the backbone frozen (-1: the recipe's 2, "
+          "at most half the epochs, when the weights leave the head untrained; else 0).",
+          _at_least(-1, ", -1 for the recipe's")),
+    Param("fine_tune_layers", int, 0,
+          "With pretrained weights: after the frozen epochs, train only the backbone's top N layers (0: all).",
+          _at_least(0)),
+    Param("fine_tune_lr_factor", float, 0.0,
+          "With pretrained weights: they train at learning rate x this (0: the recipe's 0.1).", _between(0, 1)),
 ]}
 
 
@@ -159,6 +182,15 @@ def problems(values: dict) -> list[str]:
     if {"validation_fraction", "test_fraction"} <= values.keys() \
             and values["validation_fraction"] + values["test_fraction"] >= 1:
         found.append("validation_fraction and test_fraction must be in [0, 1) and sum to less than 1")
+    if {"model", "pretrained", "image_size", "channels", "freeze_epochs", "fine_tune_layers"} <= values.keys() \
+            and not any(problem.startswith(("model ", "freeze_epochs ", "fine_tune_layers ")) for problem in found):
+        from components.train.models import problems as model_problems
+
+        found += model_problems(values["model"], values["pretrained"], channels=values["channels"],
+                                image_size=values["image_size"],
+                                freeze_epochs=None if values["freeze_epochs"] < 0 else values["freeze_epochs"],
+                                fine_tune_layers=values["fine_tune_layers"],
+                                epochs=values.get("epochs") or None)
     if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
         from components.gcp.accelerators import ACCELERATORS
         from components.launch.placement import gpu_placement

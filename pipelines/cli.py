@@ -117,8 +117,36 @@ def validate_parameters(params: dict) -> dict:
             params[name] = float(value)
         elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ValueError(f"Parameter {name} must be {expected.__name__}, got {value!r}")
-    parameters.validate({name: p.default for name, p in known.items()} | params, what="pipeline parameters")
+    values = {name: p.default for name, p in known.items()} | params
+    parameters.validate(values, what="pipeline parameters")
+    check_model_builder(values)
     return params
+
+
+def check_model_builder(values: dict) -> None:
+    """A bring-your-own model (module:function) is built here once, as the training step will build it, and refused
+    when its output is not (batch, classes) logits; when its module does not import here, only a warning: the step
+    imports it where it runs (the training image) and refuses it there before training."""
+    from components.train import models
+
+    name = values["model"]
+    if not models.is_builder_path(name):
+        return
+    classes = [c for c in values.get("classes", "").split(",") if c.strip()]
+    image_shape = (values["image_size"], values["image_size"], values["channels"])
+    try:
+        builder = models.import_builder(name)
+    except models.ModelError as e:
+        log.warning("%s; it is checked again in the training step, where it must import", e)
+        return
+    import keras
+
+    # Without `classes` the count is the data's, unknown here: any count shows whether the builder honours it.
+    num_classes = len(classes) or 10
+    try:
+        models.call_builder(name, builder, image_shape, num_classes)
+    finally:
+        keras.backend.clear_session()
 
 
 # ---------------------------------------------------------------------------------------------- local run

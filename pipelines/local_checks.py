@@ -1,6 +1,6 @@
 """What a local run checks before anything runs: that the files it will read are there.
 
-A local `--data` or `--predict-images` path that does not exist, or holds no readable, non-empty file, is refused
+A local `--data`, `--predict-images` or `--pretrained` path that does not exist, or holds no readable, non-empty file, is refused
 at once with the path and what is expected, instead of a step failing minutes later. Remote sources (gs://,
 tfds:) are the steps' to check, with their credentials and downloads.
 """
@@ -15,7 +15,10 @@ GLOB_CHARS = re.compile(r"[*?\[]")  # as batch prediction tells a glob (componen
 
 LOCAL_SOURCES = {"data": ("--data", "an idx directory, a folder with one subfolder per class, a CSV/JSONL manifest "
                                     "or tfds:NAME"),
-                 "predict_images": ("--predict-images", "a folder of images, a glob, a manifest or TFRecord shards")}
+                 "predict_images": ("--predict-images", "a folder of images, a glob, a manifest or TFRecord shards"),
+                 "pretrained": ("--pretrained", "none, imagenet, a .weights.h5 or .keras file or a registered model's "
+                                               "directory")}
+NOT_PATHS = {"pretrained": ("none", "imagenet")}  # values of a source parameter that name no file
 
 
 def _readable(path: str) -> bool:
@@ -62,14 +65,14 @@ def _source_problem(path: str) -> str | None:
 
 
 def check_local_sources(params: dict) -> None:
-    """Refuses, before anything runs, a local --data or --predict-images path that does not exist or holds nothing
+    """Refuses, before anything runs, a local --data, --predict-images or --pretrained path that does not exist or holds nothing
     readable, naming the path and what is expected."""
     from components import params as parameters
 
     problems = []
     for name, (flag, expected) in LOCAL_SOURCES.items():
         path = params.get(name, parameters.default(name))
-        if not path or "://" in path or path.startswith("tfds:"):
+        if not path or "://" in path or path.startswith("tfds:") or path in NOT_PATHS.get(name, ()):
             continue
         problem = _source_problem(path)
         if problem is None:

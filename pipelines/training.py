@@ -114,6 +114,11 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         model_name: str = params.default("model_name"),
         project: str = params.default("project"),
         location: str = params.default("location"),
+        model: str = params.default("model"),
+        pretrained: str = params.default("pretrained"),
+        freeze_epochs: int = params.default("freeze_epochs"),
+        fine_tune_layers: int = params.default("fine_tune_layers"),
+        fine_tune_lr_factor: float = params.default("fine_tune_lr_factor"),
     ):
         prep = ops.preprocess_op(
             source=data, validation_fraction=validation_fraction, test_fraction=test_fraction, image_size=image_size,
@@ -132,7 +137,8 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             dataset=prep.outputs["dataset"], augmented=aug.outputs["augmented"], recipe=recipe, epochs=epochs,
             batch_size=batch_size, learning_rate=learning_rate, checkpoint_root=checkpoint_root,
             pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER)
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER, network=model, pretrained=pretrained,
+            freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor)
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")

@@ -116,3 +116,24 @@ def test_compiling_does_not_import_tensorflow(tmp_path):
             f"compile_pipeline({str(tmp_path / 'p.yaml')!r}); "
             "assert 'tensorflow' not in sys.modules, 'compiling imported TensorFlow'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+MODEL_PARAMETERS = {"model": "network", "pretrained": "pretrained", "freeze_epochs": "freeze_epochs",
+                    "fine_tune_layers": "fine_tune_layers", "fine_tune_lr_factor": "fine_tune_lr_factor"}
+
+
+@pytest.mark.parametrize("launcher", ["pod", "trainjob", "vertex-job"])
+def test_the_model_and_its_pretrained_weights_reach_the_train_task(launcher, tmp_path):
+    """model, pretrained and the transfer-learning parameters are pipeline parameters wired to the train task (the op
+    calls the pipeline's `model` `network`: `model` is its output artifact), with every launcher."""
+    path = tmp_path / "pipeline.yaml"
+    compile_pipeline(str(path), config.PipelineSettings(images=IMAGES, train_launcher=launcher))
+    spec = next(yaml.safe_load_all(path.read_text()))
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["model"]["defaultValue"] == "reference-cnn" and inputs["pretrained"]["defaultValue"] == "none"
+    assert inputs["freeze_epochs"]["defaultValue"] == -1 and inputs["fine_tune_layers"]["defaultValue"] == 0
+    assert "module:function" in inputs["model"]["description"]
+    train = next(task for name, task in tasks(spec).items() if name.startswith("train-"))
+    wired = train["inputs"]["parameters"]
+    for pipeline_name, op_name in MODEL_PARAMETERS.items():
+        assert wired[op_name] == {"componentInputParameter": pipeline_name}, (launcher, op_name)

@@ -109,7 +109,8 @@ def test_reference_recipe_run_steps_the_rate_at_epochs_3_and_7(small_dataset, tm
 FULL_SETTINGS = dict(augmented_dir="gs://b/augmented", recipe="reference", epochs=3, batch_size=32,
                      learning_rate=1e-38, scale_lr=False, steps_per_execution=4, precision="mixed_bfloat16",
                      jit_compile="off", seed=7, backup_dir="gs://b/checkpoints/run-1/train", checkpoint_seconds=30.5,
-                     input_mode="stream", tensorboard_dir="gs://b/tensorboard")
+                     input_mode="stream", tensorboard_dir="gs://b/tensorboard", model="my_models.vision:build",
+                     pretrained="gs://b/champion", freeze_epochs=1, fine_tune_layers=20, fine_tune_lr_factor=0.05)
 
 
 @pytest.mark.parametrize("given", [{}, FULL_SETTINGS, {"scale_lr": True, "learning_rate": 0.002}],
@@ -128,8 +129,9 @@ def test_settings_are_the_training_clis_options():
     assert set(vars(parsed)) == {field.name for field in dataclasses.fields(train.TrainSettings)}
     assert train.TrainSettings.from_args(parsed) == train.TrainSettings("d", "m")
     assert train.TrainSettings("d", "m").to_argv() == ["--dataset-dir", "d", "--model-dir", "m", "--recipe",
-                                                      train.DEFAULT_RECIPE, "--checkpoint-seconds", "120.0",
-                                                      "--input-mode", "auto"]
+                                                      train.DEFAULT_RECIPE, "--model", "reference-cnn",
+                                                      "--pretrained", "none", "--fine-tune-layers", "0",
+                                                      "--checkpoint-seconds", "120.0", "--input-mode", "auto"]
     assert "--no-scale-lr" in train.TrainSettings("d", "m", scale_lr=False).to_argv()
 
 
@@ -142,6 +144,10 @@ def test_settings_from_pipeline_parameters_read_zero_as_the_recipes_value():
     assert recipe.epochs == train.RECIPES["reference"].epochs and recipe.batch_size == 16
     with pytest.raises(ValueError, match="epochs must be >= 1"):
         train.TrainSettings("d", "m", epochs=0).resolve_recipe()  # 0 is unset only for pipeline parameters
+    tuned = train.TrainSettings.from_pipeline("d", "m", freeze_epochs=-1, fine_tune_lr_factor=0.0)
+    assert (tuned.freeze_epochs, tuned.fine_tune_lr_factor) == (None, None)  # the recipe's
+    assert tuned.resolve_recipe().fine_tune_lr_factor == 0.1
+    assert train.TrainSettings.from_pipeline("d", "m", freeze_epochs=0, fine_tune_lr_factor=0.5).freeze_epochs == 0
 
 
 # ---------------------------------------------------------------------------------------------- strategy

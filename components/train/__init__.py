@@ -29,10 +29,11 @@ probabilities, what Vertex AI's TensorFlow serving containers load), `training.j
 image shape, per-epoch history, steps, timings, throughput).
 
 Where things are: `loop` (`TrainingLoop`, the training loop in named phases, and `train`), `settings`
-(`TrainSettings`, everything a run is told), `recipes` (the presets), `learning_rate`, `model` (the CNN,
-precision, XLA, export), `cluster` (TF_CONFIG and the strategy), `inputs` (the seekable training input),
-`faults` (preemption, exit codes, the failure marker, the checkpoint directory), `results` (`TrainResult`,
-training.json, KFP metrics), `cli`.
+(`TrainSettings`, everything a run is told), `recipes` (the presets), `learning_rate`, `models` (the catalogue:
+the reference CNN, backbones, bring-your-own; the transfer-learning phases), `pretrained` (weights: fetch, cache,
+load, digest), `model` (the CNN, precision, XLA, export), `cluster` (TF_CONFIG and the strategy), `inputs` (the
+seekable training input), `faults` (preemption, exit codes, the failure marker, the checkpoint directory), `results`
+(`TrainResult`, training.json, KFP metrics), `cli`.
 """
 
 from components.train.cli import build_parser, main

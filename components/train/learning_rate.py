@@ -30,8 +30,11 @@ def learning_rate_for(epoch: float, recipe: Recipe, replicas: int = 1) -> float:
     return peak * factor
 
 
-def keras_schedule(recipe: Recipe, replicas: int, steps_per_epoch: int):
-    """`learning_rate_for` as a Keras schedule on the optimizer's step (restored with the checkpoint)."""
+def keras_schedule(recipe: Recipe, replicas: int, steps_per_epoch: int, *, first_step: int = 0,
+                   rate_factor: float = 1.0):
+    """`learning_rate_for` as a Keras schedule on the optimizer's step (restored with the checkpoint). An optimizer
+    that starts at global step `first_step` (the fine-tuning phase's) counts its steps from 0: the schedule adds
+    `first_step`, and scales the rate by `rate_factor`."""
     import keras
     import tensorflow as tf
 
@@ -41,7 +44,7 @@ def keras_schedule(recipe: Recipe, replicas: int, steps_per_epoch: int):
 
     class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
         def __call__(self, step):
-            step = tf.cast(step, tf.float32)
+            step = tf.cast(step, tf.float32) + first_step
             warm = recipe.learning_rate + (peak - recipe.learning_rate) * step / max(warmup_steps, 1.0)
             if recipe.lr_schedule == "cosine":
                 progress = tf.clip_by_value((step - warmup_steps) / max(total_steps - warmup_steps, 1.0), 0.0, 1.0)
@@ -52,9 +55,10 @@ def keras_schedule(recipe: Recipe, replicas: int, steps_per_epoch: int):
                 for first_epoch, step_factor in recipe.lr_steps:
                     factor = tf.where(epoch >= first_epoch, tf.constant(step_factor, tf.float32), factor)
                 after = peak * factor
-            return tf.where(step < warmup_steps, warm, after)
+            return tf.where(step < warmup_steps, warm, after) * rate_factor
 
         def get_config(self):
-            return {"recipe": dataclasses.asdict(recipe), "replicas": replicas, "steps_per_epoch": steps_per_epoch}
+            return {"recipe": dataclasses.asdict(recipe), "replicas": replicas, "steps_per_epoch": steps_per_epoch,
+                    "first_step": first_step, "rate_factor": rate_factor}
 
     return RecipeSchedule()

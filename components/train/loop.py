@@ -4,13 +4,21 @@
 
     prepare()     the plan: recipe, this process's role in the cluster, the data, the strategy, precision and
                   XLA, the global batch and the step counts
-    build()       the model and optimizer under the strategy, the losses, the compiled step functions, and the
-                  checkpoint (weights, optimizer state, step, the epoch's running sums, the history)
+    build()       the model (components/train/models.py) and its pretrained weights, the transfer-learning phases,
+                  one optimizer per phase under the strategy, the losses, the compiled step functions, and the
+                  checkpoint (weights, optimizers' state, step, the epoch's running sums, the history)
     restore()     resume from the last checkpoint in backup_dir, mid-epoch and step-exact
     run_epochs()  train up to the planned number of steps; checkpoint at every epoch's end, every
                   checkpoint_seconds within one, and on SIGTERM (then raise Preempted); `evaluate()` scores the
                   validation split at every epoch's end
     export()      the float32 model, training.json, the TrainResult
+
+Transfer learning (pretrained weights): phase 1 trains the head with the backbone frozen for the first
+`freeze_epochs`, phase 2 trains the backbone too (all of it or its top `fine_tune_layers` layers) at
+learning_rate x fine_tune_lr_factor, its BatchNormalization layers kept frozen (inference mode). Each phase has its
+own optimizer (the Keras guide's recompile: fresh moments and bias correction for the newly trainable weights), both
+in the checkpoint; the global step is the sum of their steps, so a resumed attempt is in the same phase at the same
+step. Without pretrained weights there is one phase and one optimizer, as before.
 
 The contracts these phases keep (distribution, fault tolerance, exit codes) are stated in the package's
 docstring, components/train/__init__.py.
@@ -19,6 +27,7 @@ docstring, components/train/__init__.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -33,8 +42,10 @@ from components import data
 from components.train.cluster import ClusterRole, choose_strategy, cluster_role, strategy_name
 from components.train.faults import NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before
 from components.train.inputs import TrainInput, make_eval_dataset
+from components.train import models
+from components.train import pretrained as pretrained_lib
 from components.train.learning_rate import keras_schedule, peak_learning_rate
-from components.train.model import build_model, check_gpus_visible, resolve_jit, resolve_precision, write_model
+from components.train.model import check_gpus_visible, resolve_jit, resolve_precision, write_model
 from components.train.recipes import Recipe
 from components.train.results import TRAINING_INFO, TrainResult
 from components.train.settings import TrainSettings
@@ -63,10 +74,14 @@ class Plan:
     peak_learning_rate: float
 
 
-def setup_json(recipe: Recipe, global_batch: int, steps_per_epoch: int, train_count: int, workers: int) -> str:
-    """What a checkpoint must have been trained with to be resumed (stored in it and compared on restore)."""
+def setup_json(recipe: Recipe, global_batch: int, steps_per_epoch: int, train_count: int, workers: int,
+               model: dict | None = None) -> str:
+    """What a checkpoint must have been trained with to be resumed (stored in it and compared on restore); `model`
+    is the training.json "model" entry (name, weights source, phases), so the phase follows from the step."""
     return json.dumps({"recipe": dataclasses.asdict(recipe), "global_batch": global_batch,
-                       "steps_per_epoch": steps_per_epoch, "train_count": train_count, "workers": workers},
+                       "steps_per_epoch": steps_per_epoch, "train_count": train_count, "workers": workers,
+                       **({"model": {k: v for k, v in model.items() if k != "pretrained"} |
+                                    {"pretrained": model["pretrained"]["source"]}} if model else {})},
                       sort_keys=True)
 
 
@@ -111,6 +126,9 @@ class TrainingLoop:
         role = cluster_role(self.tf_config)
         check_not_failed_before(settings.backup_dir)
         manifest = data.read_manifest(settings.dataset_dir)
+        pretrained_lib.check_settings(settings.model, settings.pretrained, manifest["image_shape"],
+                                      freeze_epochs=settings.freeze_epochs, fine_tune_layers=settings.fine_tune_layers,
+                                      epochs=recipe.epochs)
         train_dir, online_policy = augment_lib.train_files(settings.dataset_dir, settings.augmented_dir)
 
         # The strategy first: MultiWorkerMirroredStrategy must configure the runtime before any other TF op.
@@ -131,8 +149,9 @@ class TrainingLoop:
             total_steps=recipe.epochs * steps_per_epoch, peak_learning_rate=peak_learning_rate(recipe, replicas))
         keras.utils.set_random_seed(recipe.seed)
         log.info("train: %s on %s, %d replica(s) in %d worker(s), global batch %d, peak learning rate %g, %s, "
-                 "XLA %s, recipe %s", strategy_name(strategy), role.task, replicas, role.workers, global_batch,
-                 plan.peak_learning_rate, plan.precision, "on" if plan.use_jit else "off", settings.recipe)
+                 "XLA %s, recipe %s, model %s, pretrained %s", strategy_name(strategy), role.task, replicas,
+                 role.workers, global_batch, plan.peak_learning_rate, plan.precision, "on" if plan.use_jit else "off",
+                 settings.recipe, settings.model, settings.pretrained)
         return plan
 
     def distributed_batches(self, epoch: int, first_step: int):
@@ -161,15 +180,46 @@ class TrainingLoop:
         import keras
         import tensorflow as tf
 
-        plan = self.plan
+        settings, plan = self.settings, self.plan
+        recipe = plan.recipe
         with plan.strategy.scope():
-            self.model = build_model(plan.image_shape, len(plan.class_names), plan.precision)
-            self.rate_at_step = keras_schedule(plan.recipe, plan.replicas, plan.steps_per_epoch)
-            optimizer = keras.optimizers.Adam(self.rate_at_step)
-            if plan.precision == "mixed_float16":
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            optimizer.build(self.model.trainable_variables)
-            self.optimizer = optimizer
+            self.model = models.build(settings.model, plan.image_shape, len(plan.class_names), plan.precision)
+            self.weights = pretrained_lib.load(self.model, settings.model, settings.pretrained,
+                                               backup_dir=settings.backup_dir, write_cache=plan.role.is_chief)
+            self.transfer = self.weights.source != pretrained_lib.NONE
+            freeze_epochs = settings.freeze_epochs
+            if freeze_epochs is None:  # the recipe's when the head starts untrained, at most half of the epochs
+                freeze_epochs = min(recipe.freeze_epochs, recipe.epochs // 2) if self.weights.covers == "backbone" \
+                    else 0
+            self.freeze_epochs = freeze_epochs if self.transfer else 0
+            self.freeze_steps = self.freeze_epochs * plan.steps_per_epoch
+            factor = recipe.fine_tune_lr_factor if self.transfer else 1.0
+
+            def optimizer_for(schedule, variables):
+                optimizer = keras.optimizers.Adam(schedule)
+                if plan.precision == "mixed_float16":
+                    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+                optimizer.build(variables)
+                return optimizer
+
+            # Phase 2 (or the only phase): everything that trains after the frozen epochs.
+            if self.transfer:
+                models.set_phase(self.model, 2, fine_tune_layers=settings.fine_tune_layers)
+            self.phase_variables = {2: list(self.model.trainable_variables)}
+            tuning_rate = keras_schedule(recipe, plan.replicas, plan.steps_per_epoch, first_step=self.freeze_steps,
+                                         rate_factor=factor)
+            self.optimizer = optimizer_for(tuning_rate, self.phase_variables[2])
+            self.head_optimizer = None
+            if self.freeze_steps:
+                models.set_phase(self.model, 1)
+                self.phase_variables[1] = list(self.model.trainable_variables)
+                head_rate = keras_schedule(recipe, plan.replicas, plan.steps_per_epoch)
+                self.head_optimizer = optimizer_for(head_rate, self.phase_variables[1])
+                self.rate_at_step = lambda step: head_rate(step) if step < self.freeze_steps \
+                    else tuning_rate(step - self.freeze_steps)
+            else:
+                self.rate_at_step = tuning_rate
+        self.phase = 0  # set by enter_phase
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
         self.train_loss_fn = self.loss_fn
         if plan.recipe.label_smoothing:
@@ -179,20 +229,44 @@ class TrainingLoop:
 
         # The epoch's running sums (loss, correct, count) and the finished epochs' history travel with the weights.
         self.setup = setup_json(plan.recipe, plan.global_batch, plan.steps_per_epoch, plan.train_count,
-                                plan.role.workers)
+                                plan.role.workers, self.model_lineage())
         with tf.device("/CPU:0"):  # host-side bookkeeping (strings cannot live on a GPU)
             self.epoch_sums = tf.Variable(tf.zeros([3], tf.float64), trainable=False)
             self.history_var = tf.Variable("{}", dtype=tf.string, trainable=False)
             self.setup_var = tf.Variable(self.setup, dtype=tf.string, trainable=False)
+        optimizers = {"head_optimizer": self.head_optimizer} if self.head_optimizer is not None else {}
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch_sums=self.epoch_sums,
-                                              history=self.history_var, setup=self.setup_var)
+                                              history=self.history_var, setup=self.setup_var, **optimizers)
 
-        self._step_fn = tf.function(self._replica_step, jit_compile=True) if plan.use_jit else self._replica_step
-        self._run_steps = tf.function(self._steps)
+        self._run_steps = {}  # by phase, made when the phase is entered (traced with its trainable layers)
         self._agree = tf.function(self._any_worker)
         self.predict_logits = tf.function(self._logits)
 
-    def _replica_step(self, images, labels):
+    def global_step(self) -> int:
+        """Optimizer steps taken in all attempts: the head phase's and the fine-tuning (or only) phase's."""
+        head = int(self.head_optimizer.iterations.numpy()) if self.head_optimizer is not None else 0
+        return head + int(self.optimizer.iterations.numpy())
+
+    def enter_phase(self, phase: int) -> None:
+        """Makes the phase's layers trainable (before its step function is traced) and its step function."""
+        import tensorflow as tf
+
+        if phase == self.phase:
+            return
+        if self.transfer:
+            models.set_phase(self.model, phase, fine_tune_layers=self.settings.fine_tune_layers)
+            log.info("train: phase %d: %s from step %d", phase, "the head trains, the backbone is frozen" if phase == 1
+                     else "fine-tuning the pretrained weights at learning rate x %g" % self.plan.recipe.fine_tune_lr_factor,
+                     self.step)
+        if phase not in self._run_steps:
+            optimizer = self.head_optimizer if phase == 1 else self.optimizer
+            step_fn = functools.partial(self._replica_step, optimizer, self.phase_variables[phase])
+            if self.plan.use_jit:
+                step_fn = tf.function(step_fn, jit_compile=True)
+            self._run_steps[phase] = tf.function(functools.partial(self._steps, step_fn))
+        self.phase = phase
+
+    def _replica_step(self, optimizer, variables, images, labels):
         """One optimizer step on one replica's batch; returns its (loss sum, correct, count)."""
         import tensorflow as tf
 
@@ -200,13 +274,13 @@ class TrainingLoop:
             logits = self.model(images, training=True)
             per_example = self.train_loss_fn(labels, logits)
             loss = tf.reduce_sum(per_example) / self.plan.global_batch
-            scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, self.model.trainable_variables)
-        self.optimizer.apply(grads, self.model.trainable_variables)
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, variables)
+        optimizer.apply(grads, variables)
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
         return tf.stack([tf.reduce_sum(per_example), correct, tf.cast(tf.size(labels), tf.float32)])
 
-    def _steps(self, iterator, count):
+    def _steps(self, step_fn, iterator, count):
         """`count` steps on every replica in one call into the runtime; the per-step sums over all replicas."""
         import tensorflow as tf
 
@@ -214,7 +288,7 @@ class TrainingLoop:
         sums = tf.TensorArray(tf.float32, size=count)
         for i in tf.range(count):
             images, labels = next(iterator)
-            sums = sums.write(i, strategy.reduce("SUM", strategy.run(self._step_fn, args=(images, labels)), axis=None))
+            sums = sums.write(i, strategy.reduce("SUM", strategy.run(step_fn, args=(images, labels)), axis=None))
         return sums.stack()
 
     def _any_worker(self, flags):
@@ -244,19 +318,19 @@ class TrainingLoop:
             if self.setup_var.numpy().decode() != self.setup:
                 raise ValueError(f"{backup_dir} holds checkpoints of a different training setup "
                                  f"({self.setup_var.numpy().decode()}); use a new backup directory for new settings")
-            self.resumed_from = int(self.optimizer.iterations.numpy())
+            self.resumed_from = self.global_step()
             log.info("train: resuming from step %d of %d (epoch %d, step %d) from %s", self.resumed_from,
                      plan.total_steps, self.resumed_from // plan.steps_per_epoch + 1,
                      self.resumed_from % plan.steps_per_epoch, latest)
         self.history = json.loads(self.history_var.numpy().decode())
-        self.step = int(self.optimizer.iterations.numpy())
+        self.step = self.global_step()
 
     def save(self, reason: str) -> None:
         """A checkpoint at the current step (no-op without a backup_dir)."""
         if self.manager is None:
             return
         self.history_var.assign(json.dumps(self.history))
-        path = self.manager.save(checkpoint_number=int(self.optimizer.iterations.numpy()))
+        path = self.manager.save(checkpoint_number=self.global_step())
         if self.plan.role.is_chief:
             log.info("train: checkpoint %s (%s)", path, reason)
 
@@ -293,6 +367,7 @@ class TrainingLoop:
         epoch_start = time.monotonic()
         if in_epoch == 0:
             self.epoch_sums.assign(tf.zeros([3], tf.float64))
+        self.enter_phase(1 if self.step < self.freeze_steps else 2)  # the frozen phase ends at an epoch's end
         iterator = self.distributed_batches(epoch, in_epoch)
         while in_epoch < plan.steps_per_epoch:
             count = min(plan.recipe.steps_per_execution, plan.steps_per_epoch - in_epoch)
@@ -305,7 +380,7 @@ class TrainingLoop:
         """`count` optimizer steps; stops training (NonFiniteLossError) at the first NaN or infinite loss."""
         import tensorflow as tf
 
-        sums = self._run_steps(iterator, tf.constant(count)).numpy()
+        sums = self._run_steps[self.phase](iterator, tf.constant(count)).numpy()
         losses = sums[:, 0] / sums[:, 2]
         bad = [i for i, value in enumerate(losses) if not math.isfinite(value)]
         if bad:
@@ -384,11 +459,12 @@ class TrainingLoop:
                              plan.peak_learning_rate, plan.precision, plan.use_jit, input_mode, self.resumed_from,
                              self.history, self.train_seconds,
                              steps_run * plan.global_batch / max(self.train_seconds, 1e-9))
-        write_model(self.model, plan.image_shape, len(plan.class_names), output_dir)
+        write_model(self.model, plan.image_shape, len(plan.class_names), output_dir, settings.model)
         if plan.role.is_chief:
             data.write_json(data.join(settings.model_dir, TRAINING_INFO), {
                 **result.to_json(), "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
                 "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
+                "model": self.model_lineage(),
             })
             self.writer.flush()
         if self.scratch:
@@ -396,6 +472,11 @@ class TrainingLoop:
         log.info("train: %d steps (%d in this attempt) in %.1fs, %.0f images/s; model in %s", self.step, steps_run,
                  self.train_seconds, result.images_per_second, settings.model_dir)
         return result
+
+    def model_lineage(self) -> dict:
+        """training.json's "model": the network, its initial weights (source and the file's sha256) and phases."""
+        return {"name": self.settings.model, "pretrained": self.weights.lineage(), "freeze_epochs": self.freeze_epochs,
+                "fine_tune_layers": self.settings.fine_tune_layers if self.transfer else 0}
 
 
 def train(dataset_dir: str, model_dir: str, *, validate: bool = True, tf_config: str | None = None,

@@ -1,5 +1,5 @@
 """The model and the hardware choices around it: the reference CNN, precision, XLA, GPU visibility, and the
-float32 export that serving loads."""
+float32 export that serving loads. The other networks (the backbones, bring-your-own) are in `models`."""
 
 from __future__ import annotations
 
@@ -71,12 +71,15 @@ def resolve_jit(requested: str, gpus: list) -> bool:
 
 
 
-def write_model(model, image_shape, num_classes: int, model_dir: str) -> None:
-    """Writes model.keras and saved_model/ in float32, whatever precision training used."""
+def write_model(model, image_shape, num_classes: int, model_dir: str, model_name: str = "reference-cnn") -> None:
+    """Writes model.keras and saved_model/ in float32, whatever precision training used: the same network
+    (`model_name`, see components/train/models.py) built again in float32 with the trained weights."""
     import keras
     import tensorflow as tf
 
-    export = build_model(image_shape, num_classes, "float32")
+    from components.train import models
+
+    export = models.build(model_name, image_shape, num_classes, "float32")
     export.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
     tf.io.gfile.makedirs(model_dir)
     export.save(data.join(model_dir, "model.keras"))

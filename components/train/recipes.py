@@ -7,7 +7,8 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """How to train: the model is always the reference CNN; these are the knobs around it."""
+    """How to train: the knobs around the model (which model, and which pretrained weights, are the run's
+    settings: TrainSettings.model / pretrained)."""
 
     epochs: int = 12
     batch_size: int = 64  # per replica
@@ -23,6 +24,11 @@ class Recipe:
     precision: str = "auto"  # auto (bf16/fp16 on GPUs that have them, else float32), float32, mixed_*
     jit_compile: str = "auto"  # auto (XLA on GPU, not on CPU where it made this model slower), on, off
     seed: int = 0  # initial weights and data order
+    # Transfer learning (with pretrained weights only): the first epochs train the head with the backbone frozen
+    # when the weights leave the head untrained (ImageNet, a backbone's weights), at most half of the epochs; then
+    # the pretrained weights train at learning_rate x fine_tune_lr_factor (the Keras guide's lower rate).
+    freeze_epochs: int = 2
+    fine_tune_lr_factor: float = 0.1
 
     def validate(self) -> "Recipe":
         problems = []
@@ -44,6 +50,10 @@ class Recipe:
             problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.warmup_epochs < 0:
             problems.append(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
+        if self.freeze_epochs < 0:
+            problems.append(f"freeze_epochs must be >= 0, got {self.freeze_epochs}")
+        if not 0 < self.fine_tune_lr_factor <= 1:
+            problems.append(f"fine_tune_lr_factor must be in (0, 1], got {self.fine_tune_lr_factor}")
         if problems:
             raise ValueError("Invalid training recipe: " + "; ".join(problems))
         return self

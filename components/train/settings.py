@@ -5,8 +5,8 @@ The fields below are the only place the options are written down. `add_arguments
 argparse parser (the training CLI), `from_args` reads them back, and `to_argv` writes the CLI's arguments, what
 a launcher puts in every replica's command: `TrainSettings.from_args(parser.parse_args(s.to_argv())) == s`.
 
-The recipe overrides (epochs ... seed) are None for "the recipe's value"; pipeline parameters cannot be None,
-so `from_pipeline` reads their 0 as unset.
+The recipe overrides (epochs ... seed, fine_tune_lr_factor) and freeze_epochs are None for "the recipe's value";
+pipeline parameters cannot be None, so `from_pipeline` reads their 0 (freeze_epochs: -1) as unset.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from components.train.models import BACKBONES, DEFAULT_MODEL
 from components.train.recipes import DEFAULT_RECIPE, PRECISIONS, RECIPES, Recipe, resolve_recipe
 
 MODULE = "components.train"  # what `python -m` runs: the training CLI
@@ -21,7 +22,7 @@ INPUT_MODES = ("auto", "memory", "stream")
 JIT_CHOICES = ("auto", "on", "off")
 # Recipe fields a run may override; the other recipe knobs (schedule shape, warm-up, ...) come from the preset.
 RECIPE_OVERRIDES = ("epochs", "batch_size", "learning_rate", "scale_lr", "steps_per_execution", "precision",
-                    "jit_compile", "seed")
+                    "jit_compile", "seed", "fine_tune_lr_factor")
 # Directories that may be absent: launchers and ops pass "" for "none", which means None here.
 OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir")
 
@@ -51,6 +52,19 @@ class TrainSettings:
     jit_compile: str | None = dataclasses.field(default=None, metadata=_option("XLA (default: the recipe's)",
                                                                                choices=JIT_CHOICES))
     seed: int | None = dataclasses.field(default=None, metadata=_option("initial weights and data order", type=int))
+    model: str = dataclasses.field(default=DEFAULT_MODEL, metadata=_option(
+        f"the network: {DEFAULT_MODEL} (default), {', '.join(BACKBONES)}, or module:function, your own builder "
+        "taking (image_shape, num_classes) and returning an uncompiled keras.Model producing logits"))
+    pretrained: str = dataclasses.field(default="none", metadata=_option(
+        "initial weights: none (default), imagenet, or the path/gs:// URI of a .weights.h5 or .keras file or of a "
+        "registered model's directory"))
+    freeze_epochs: int | None = dataclasses.field(default=None, metadata=_option(
+        "epochs that train the head with the backbone frozen (pretrained weights only; default: the recipe's when "
+        "the weights leave the head untrained, else 0)", type=int))
+    fine_tune_layers: int = dataclasses.field(default=0, metadata=_option(
+        "after the frozen epochs, train the backbone's top N layers only (default: 0, all)", type=int))
+    fine_tune_lr_factor: float | None = dataclasses.field(default=None, metadata=_option(
+        "pretrained weights train at learning_rate x this (default: the recipe's)", type=float))
     backup_dir: str | None = dataclasses.field(default=None, metadata=_option(
         "durable checkpoint directory, one per run and task"))
     checkpoint_seconds: float = dataclasses.field(default=120.0, metadata=_option(
@@ -105,10 +119,13 @@ class TrainSettings:
 
     @classmethod
     def from_pipeline(cls, dataset_dir: str, model_dir: str, *, epochs: int = 0, batch_size: int = 0,
-                      learning_rate: float = 0.0, **settings) -> "TrainSettings":
-        """Settings from pipeline parameters, where 0 stands for "the recipe's value" (they cannot be None)."""
+                      learning_rate: float = 0.0, freeze_epochs: int = -1, fine_tune_lr_factor: float = 0.0,
+                      **settings) -> "TrainSettings":
+        """Settings from pipeline parameters, where 0 (freeze_epochs: -1) stands for "the recipe's value" (they
+        cannot be None)."""
         return cls(dataset_dir, model_dir, epochs=epochs or None, batch_size=batch_size or None,
-                   learning_rate=learning_rate or None, **settings)
+                   learning_rate=learning_rate or None, freeze_epochs=None if freeze_epochs < 0 else freeze_epochs,
+                   fine_tune_lr_factor=fine_tune_lr_factor or None, **settings)
 
 
 def _flag(name: str) -> str:

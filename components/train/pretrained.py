@@ -1,0 +1,212 @@
+"""Pretrained weights: where they come from (`none`, `imagenet`, or the path/gs:// URI of a `.weights.h5` or
+`.keras` file or of a registered model's directory), the local copy kept beside the checkpoints so that a retried
+task does not fetch them again, loading them into the model (the whole classifier, or only its backbone), and
+their digest for lineage."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+import zipfile
+
+from components import data
+from components.train import models
+
+log = logging.getLogger(__name__)
+
+NONE, IMAGENET = "none", "imagenet"
+WEIGHT_SUFFIXES = (".weights.h5", ".keras")
+CACHE_FOLDER = "pretrained"  # under backup_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """What was loaded into the model: the source as given, the local file, its digest, and which part it covered."""
+
+    source: str
+    path: str | None = None
+    sha256: str | None = None
+    covers: str = ""  # "model" (the whole classifier, head included) or "backbone"; "" for none
+
+    def lineage(self) -> dict:
+        return {"source": self.source, "sha256": self.sha256}
+
+
+def check_settings(model: str, pretrained: str, image_shape, *, freeze_epochs: int | None = None,
+                   fine_tune_layers: int = 0, epochs: int | None = None) -> None:
+    """Refuses a model/pretrained setting that cannot work before anything is built (ModelError, exit code 2), and
+    a weights source that does not exist; a bring-your-own builder is imported and its output checked when the
+    model is built, before the first step."""
+    found = models.problems(model, pretrained, channels=image_shape[-1], image_size=min(image_shape[:2]),
+                            freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, epochs=epochs)
+    if found:
+        raise models.ModelError("; ".join(found))
+    if pretrained not in (NONE, IMAGENET):
+        weights_file(pretrained)
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_file(source: str) -> str:
+    """The file a source names: itself, or a registered model directory's model.keras (ModelError otherwise)."""
+    gfile = data.gfile()
+    if gfile.isdir(source):
+        candidate = data.join(source, "model.keras")
+        if gfile.exists(candidate):
+            return candidate
+        raise models.ModelError(f"pretrained {source} is a directory without model.keras: give a registered model's "
+                                "directory, or a .weights.h5 or .keras file")
+    if not source.endswith(WEIGHT_SUFFIXES):
+        raise models.ModelError(f"pretrained {source}: expected a .weights.h5 or .keras file, or a registered model's "
+                                "directory (holding model.keras)")
+    if not gfile.exists(source):
+        raise models.ModelError(f"pretrained {source} does not exist")
+    return source
+
+
+def _cache_dir(backup_dir: str | None) -> str:
+    return data.join(backup_dir, CACHE_FOLDER) if backup_dir else tempfile.mkdtemp(prefix="pretrained-")
+
+
+def _local_copy(remote: str, name: str, cache_dir: str, *, write_cache: bool) -> str:
+    """A local path holding `remote`'s bytes, taken from the cache when it has them, else copied (and cached)."""
+    gfile = data.gfile()
+    cached = data.join(cache_dir, name)
+    local_dir = tempfile.mkdtemp(prefix="pretrained-")
+    local = os.path.join(local_dir, name)
+    if gfile.exists(cached):
+        log.info("train: pretrained weights from the cache %s", cached)
+        gfile.copy(cached, local, overwrite=True)
+        return local
+    gfile.copy(remote, local, overwrite=True)
+    if write_cache:
+        gfile.makedirs(cache_dir)
+        gfile.copy(local, cached + ".partial", overwrite=True)
+        gfile.rename(cached + ".partial", cached, overwrite=True)
+    return local
+
+
+def fetch(source: str, model_name: str, *, backup_dir: str | None, write_cache: bool = True) -> str | None:
+    """A local file with the weights `source` names (None for none). `imagenet` is fetched when loading."""
+    if source in (NONE, IMAGENET):
+        return None
+    remote = weights_file(source)
+    key = hashlib.sha256(remote.encode()).hexdigest()[:12]
+    return _local_copy(remote, f"{key}-{os.path.basename(remote)}", _cache_dir(backup_dir), write_cache=write_cache)
+
+
+def load(model, model_name: str, source: str, *, backup_dir: str | None = None, write_cache: bool = True) -> Weights:
+    """Loads `source`'s weights into `model` (built by models.build(model_name, ...)); ModelError when they do not
+    fit, naming both architectures. `write_cache`: this process writes the cache (the chief)."""
+    if source == NONE:
+        return Weights(NONE)
+    if source == IMAGENET:
+        return _load_imagenet(model, model_name, backup_dir, write_cache)
+    local = fetch(source, model_name, backup_dir=backup_dir, write_cache=write_cache)
+    covers = _load_file(model, model_name, local, source)
+    log.info("train: pretrained weights (%s) loaded into the %s from %s", covers, model_name, source)
+    return Weights(source, local, sha256_of(local), covers)
+
+
+def _try_load(target, path: str) -> str | None:
+    """Loads `path` into `target`; the problem when it does not fit (Keras' first line), else None."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras warns per layer before raising one error
+        try:
+            target.load_weights(path)
+        except Exception as e:  # Keras raises ValueError/KeyError/OSError by the kind of mismatch
+            return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def _load_file(model, model_name: str, local: str, source: str) -> str:
+    problem = _try_load(model, local)
+    if problem is None:
+        return "model"
+    backbone = next((layer for layer in model.layers if layer.name == models.BACKBONE), None)
+    if backbone is not None and _try_load(backbone, local) is None:
+        return "backbone"
+    saved_from = saved_architecture(source, local)
+    raise models.ModelError(
+        f"pretrained {source} holds weights {'for ' + saved_from if saved_from else 'of another architecture'}, "
+        f"which do not fit model {model_name} ({model.outputs[0].shape[-1]} classes, "
+        f"input {tuple(model.inputs[0].shape[1:])}): {problem}. Train with the model the weights were saved from "
+        "(and the same classes and image shape), or give weights saved from " + model_name)
+
+
+def saved_architecture(source: str, local: str) -> str:
+    """What a weights file says it was saved from: training.json beside it (model name, classes, image shape), or
+    a .keras archive's model name; "" when it does not say (a bare .weights.h5)."""
+    gfile = data.gfile()
+    parent = source.rstrip("/") if gfile.isdir(source) else os.path.dirname(source)
+    info_path = data.join(parent, "training.json") if parent else "training.json"
+    try:
+        if gfile.exists(info_path):
+            with gfile.GFile(info_path) as f:
+                info = json.load(f)
+            name = (info.get("model") or {}).get("name", models.DEFAULT_MODEL)
+            return (f"model {name} ({len(info.get('class_names', []))} classes, input "
+                    f"{tuple(info.get('image_shape', ()))})")
+        if local.endswith(".keras"):
+            with zipfile.ZipFile(local) as archive:
+                config = json.loads(archive.read("config.json"))
+            return f"a Keras model named {config.get('config', {}).get('name', '?')!r}"
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        pass
+    return ""
+
+
+def _load_imagenet(model, model_name: str, backup_dir: str | None, write_cache: bool) -> Weights:
+    """Keras' ImageNet weights for the backbone, downloaded once and kept in backup_dir for the retries."""
+    import keras
+
+    spec = models.BACKBONES.get(model_name)
+    backbone = next((layer for layer in model.layers if layer.name == models.BACKBONE), None)
+    if spec is None or backbone is None:
+        raise models.ModelError(f"pretrained imagenet: there are ImageNet weights for {', '.join(models.BACKBONES)}, "
+                                f"not for {model_name}; pass a weights file instead")
+    cache_dir = _cache_dir(backup_dir)
+    cached = data.join(cache_dir, f"imagenet-{model_name}.weights.h5")
+    local = os.path.join(tempfile.mkdtemp(prefix="pretrained-"), os.path.basename(cached))
+    gfile = data.gfile()
+    if gfile.exists(cached):
+        gfile.copy(cached, local, overwrite=True)
+        problem = _try_load(backbone, local)
+        if problem:
+            raise models.ModelError(f"the cached ImageNet weights {cached} do not fit {model_name}: {problem}; "
+                                    "delete the file to download them again")
+        log.info("train: ImageNet weights of %s from the cache %s", model_name, cached)
+        return Weights(IMAGENET, local, sha256_of(local), "backbone")
+    options = {"include_preprocessing": True} if spec.builtin_preprocessing else {}
+    try:
+        with models.dtype_policy("float32"):
+            reference = getattr(keras.applications, spec.application)(
+                include_top=False, weights="imagenet", input_shape=tuple(backbone.inputs[0].shape[1:]), **options)
+    except Exception as e:  # Keras' download raises a bare Exception("URL fetch failure on ...")
+        raise models.ModelError(
+            f"pretrained imagenet: could not download the ImageNet weights of {model_name} "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). This machine seems to have no internet "
+            "access. Pass a file instead: on a machine with internet, save them with "
+            f"`python -c \"import keras; keras.applications.{spec.application}(include_top=False, "
+            f"weights='imagenet').save_weights('{model_name}.weights.h5')\"`, copy the file where the step can "
+            f"read it (a path, or gs://), and give pretrained=PATH_OR_URI") from e
+    reference.save_weights(local)
+    problem = _try_load(backbone, local)
+    if problem:
+        raise models.ModelError(f"the ImageNet weights of {model_name} do not fit its backbone: {problem}")
+    if write_cache:
+        gfile.makedirs(cache_dir)
+        gfile.copy(local, cached + ".partial", overwrite=True)
+        gfile.rename(cached + ".partial", cached, overwrite=True)
+    return Weights(IMAGENET, local, sha256_of(local), "backbone")
