@@ -1,5 +1,5 @@
-"""Decoding image files in parallel (processes for local files, threads for remote ones) with bounded
-memory, and turning already decoded arrays (idx, tfds) into examples of the target size."""
+"""Decoding image files in parallel (processes or threads, chosen by a measurement on this machine) with
+bounded memory. What happens to each image is components/preprocess/per_image.py."""
 
 from __future__ import annotations
 
@@ -14,14 +14,10 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from components import data
-from components.preprocess.inputs import Example, content_key
+from components.preprocess import per_image
+from components.preprocess.inputs import Example, Item
 
 log = logging.getLogger(__name__)
-
-# Image files of formats we do not decode: reported as an unsupported format rather than "not an image".
-OTHER_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".svg", ".psd", ".ico", ".jp2", ".tga", ".ppm", ".pgm",
-                          ".dng", ".cr2", ".nef", ".arw", ".raw")
-
 
 def available_cpus() -> int:
     """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota (a pod's CPU limit),
@@ -37,47 +33,31 @@ def available_cpus() -> int:
     return max(1, cpus)
 
 
-def decode_file(uri: str, label: int, split: str | None, height: int, width: int, channels: int,
-                check_extension: bool) -> Example:
-    """Reads and decodes one image file; failures come back as a rejected Example, never as an exception."""
-    if check_extension and not uri.lower().endswith(data.IMAGE_EXTENSIONS):
-        extension = os.path.splitext(uri)[1].lower() or "no extension"
-        if extension in OTHER_IMAGE_EXTENSIONS:
-            return Example(uri, label, split, reason=data.UNSUPPORTED_FORMAT,
-                           detail=f"{extension} files are not decoded; convert them to PNG or JPEG")
-        return Example(uri, label, split, reason=data.NOT_AN_IMAGE,
-                       detail=f"file extension {extension} (expected {', '.join(data.IMAGE_EXTENSIONS)})")
-    try:
-        raw = data.read_bytes(uri)
-        image = data.decode_image(raw, height, width, channels)
-    except data.ImageError as e:
-        return Example(uri, label, split, reason=e.reason, detail=e.detail)
-    return Example(uri, label, split, content_key(raw), image)
-
-
-def decode_batch(items: list[tuple[str, int, str | None]], height: int, width: int, channels: int,
+def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
-    """Decodes a batch into (uri, label, split, key, reason, detail) rows and one array of the good images:
-    a single array crosses a process boundary far cheaper than one per image."""
-    examples = [decode_file(uri, label, split, height, width, channels, check_extension)
-                for uri, label, split in items]
+    """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding) rows and one array of the
+    good images: a single array crosses a process boundary far cheaper than one per image."""
+    examples = [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
+                if item.problem else
+                per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
+                for item in items]
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
-    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail) for e in examples], images
+    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
 
 
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
-    for uri, label, split, key, reason, detail in rows:
+    for uri, label, split, key, reason, detail, stored, encoding in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
         else:
-            yield Example(uri, label, split, key, images[next_image])
+            yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding)
             next_image += 1
 
 
-def parallel_decode(items: Callable[[], Iterable[tuple[str, int, str | None]]], *, height: int, width: int,
+def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int,
                     channels: int, check_extension: bool, workers: int, use_processes: bool) -> Iterator[Example]:
     """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
     worker in flight (memory stays bounded whatever the number of files).
@@ -131,23 +111,3 @@ def decode_plan(source: str, cpus: int) -> dict:
     if cpus >= 3:
         return {"workers": cpus - 1, "use_processes": True}
     return {"workers": 2 if cpus == 2 else 1, "use_processes": False}
-
-
-def _conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:
-    from PIL import Image
-
-    img = Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image)
-    img = img.convert("L" if channels == 1 else "RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
-    return np.asarray(img, dtype=np.uint8).reshape(image_size, image_size, channels)
-
-
-def array_example(image: np.ndarray, label: int, uri: str, split: str | None, image_size: int,
-                   channels: int) -> Example:
-    """An Example from an already decoded array (idx, tfds): keyed by its raw pixels, then conformed."""
-    if image.ndim == 2:
-        image = image[..., None]
-    image = np.ascontiguousarray(image, dtype=np.uint8)
-    key = content_key(image.tobytes())
-    if image.shape != (image_size, image_size, channels):
-        image = _conform(image, image_size, channels)
-    return Example(uri, label, split, key, image)
