@@ -340,6 +340,20 @@ def read_split(dataset_dir: str, split: str, *, with_uri: bool = False, shuffle_
                   deterministic=True)
 
 
+def read_records(dataset_dir: str, split: str):
+    """A tf.data.Dataset of (serialized record, label int64) of a split, in read_split's order: for copying
+    records as they are (no decode and re-encode, which would compress a JPEG twice)."""
+    import tensorflow as tf
+
+    files = split_files(dataset_dir, split)
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True)
+    spec = {"label": tf.io.FixedLenFeature([], tf.int64)}
+    return ds.map(lambda record: (record, tf.io.parse_single_example(record, spec)["label"]),
+                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def load_split_arrays(dataset_dir: str, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A whole split as numpy arrays (images uint8 NxHxWxC, labels int32). For evaluation-sized splits."""
     ds = read_split(dataset_dir, split)

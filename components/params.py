@@ -21,6 +21,7 @@ DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"  # the reference setup: training o
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"  # ... and batch prediction on an H100 pool
 AUGMENT_MODES = ("offline", "online")
 MIN_IMAGE_SIZE = 8
+MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/data.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,8 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
           "Share of the training images held out for validation (by content hash).", _fraction),
     Param("test_fraction", float, 0.1, "Share held out for test when the source has no test split of its own.",
           _fraction),
-    Param("image_size", int, 28, "Images are resized to image_size x image_size.", _at_least(MIN_IMAGE_SIZE)),
+    Param("image_size", int, 28, "Images are resized to image_size x image_size (8-512; from 64 the shards hold "
+          "PNG/JPEG instead of raw pixels).", _between(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)),
     Param("channels", int, 1, "1 for grayscale, 3 for RGB.",
           lambda value: None if value in (1, 3) else f"must be 1 or 3 (got {value})"),
     Param("limit", int, 0, "At most this many images per source split (0: all); for quick runs.", _at_least(0)),
