@@ -129,9 +129,31 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
     Param("registry", str, "local", "local or vertex.", _one_of(_registries)),
     Param("registry_root", str, "", "Directory of the local registry."),
     Param("model_name", str, "image-classifier", "The registered model's name."),
-    Param("project", str, "", "Google Cloud project (registry=vertex)."),
-    Param("location", str, "us-central1", "Google Cloud region (registry=vertex)."),
+    Param("project", str, "", "Google Cloud project (registry=vertex, preprocess_runner=dataflow)."),
+    Param("location", str, "us-central1", "Google Cloud region (registry=vertex, preprocess_runner=dataflow)."),
+    # Preprocessing on Dataflow (components/preprocess/dataflow.py); checked together in `problems`.
+    Param("preprocess_runner", str, "local",
+          "local (preprocess inside the step) or dataflow (the same preprocessing as an Apache Beam job on Dataflow, "
+          "for sources on gs:// too large for one machine).", _one_of(("local", "dataflow"))),
+    Param("dataflow_temp_location", str, "", "gs:// folder for the Dataflow job's temporary files (required with "
+          "preprocess_runner=dataflow)."),
+    Param("dataflow_staging_location", str, "", "gs:// folder the job's graph is staged to (empty: "
+          "dataflow_temp_location/staging)."),
+    Param("dataflow_service_account", str, "", "Service account email Dataflow's workers run as (empty: the "
+          "project's Compute Engine default)."),
+    Param("dataflow_network", str, "", "VPC network of Dataflow's workers (empty: default)."),
+    Param("dataflow_subnetwork", str, "", "Subnetwork of Dataflow's workers: regions/REGION/subnetworks/NAME "
+          "(empty: default)."),
+    Param("dataflow_max_workers", int, 0, "Most Dataflow workers to autoscale to (0: Dataflow's default).",
+          _at_least(0, ", 0 for Dataflow's default")),
+    Param("dataflow_machine_type", str, "", "Machine type of Dataflow's workers, e.g. n2-standard-4 (empty: "
+          "Dataflow's default)."),
 ]}
+
+
+DATAFLOW_PARAMETERS = ("data", "preprocess_runner", "project", "location", "dataflow_temp_location",
+                       "dataflow_staging_location", "dataflow_service_account", "dataflow_network",
+                       "dataflow_subnetwork", "dataflow_max_workers", "dataflow_machine_type")
 
 
 def default(name: str) -> Any:
@@ -159,6 +181,10 @@ def problems(values: dict) -> list[str]:
     if {"validation_fraction", "test_fraction"} <= values.keys() \
             and values["validation_fraction"] + values["test_fraction"] >= 1:
         found.append("validation_fraction and test_fraction must be in [0, 1) and sum to less than 1")
+    if values.get("preprocess_runner") == "dataflow":
+        from components.preprocess.dataflow import parameter_problems
+
+        found += parameter_problems({name: values.get(name, default(name)) for name in DATAFLOW_PARAMETERS})
     if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
         from components.gcp.accelerators import ACCELERATORS
         from components.launch.placement import gpu_placement

@@ -102,7 +102,7 @@ def build_graph(pipeline, *, inputs_path: str, output_dir: str, work_dir: str, s
     import apache_beam as beam
 
     decoded = (pipeline
-               | "Read inputs" >> beam.io.ReadFromText(inputs_path)
+               | "Read inputs" >> beam.io.ReadFromText(inputs_path, validate=False)  # no listing while building
                | "Spread inputs" >> beam.Reshuffle()
                | "Decode" >> beam.FlatMap(_decode, settings).with_outputs("rejected", main="kept"))
     deduped = (decoded.kept
@@ -156,11 +156,15 @@ def write_inputs(src: Source, path: str) -> int:
 
 
 def run_beam(src: Source, output_dir: str, *, shards: dict[str, int], image_size: int, channels: int,
-             validation_fraction: float, test_fraction: float, options=None, runner=None):
-    """Runs the Beam pipeline for a file source and gathers what step.finish needs (see step._run_local)."""
+             validation_fraction: float, test_fraction: float, options=None, dataflow=None, dataflow_jobs=None):
+    """Runs the Beam pipeline for a file source and gathers what step.finish needs (see step._run_local).
+
+    Runs on Beam's in-process FnApiRunner, or with `options` (PipelineOptions) on the runner they name, or with
+    `dataflow` (a DataflowSettings) as a Dataflow job followed to its end (`dataflow_jobs`: a DataflowJobs client,
+    by default one for the settings' project, region and endpoint)."""
     import apache_beam as beam
 
-    from components.preprocess.step import CARD_MAX_CLASSES, SAMPLES_PER_CLASS, Tally
+    from components.preprocess.step import CARD_MAX_CLASSES, SAMPLES_PER_CLASS
 
     if src.items is None:
         raise data.DataError(f"The Beam runner reads image files (a class-folder tree or a CSV/JSONL manifest); "
@@ -173,17 +177,30 @@ def run_beam(src: Source, output_dir: str, *, shards: dict[str, int], image_size
                          validation_fraction=validation_fraction, test_fraction=test_fraction,
                          class_names=src.class_names, sample_classes=min(len(src.class_names), CARD_MAX_CLASSES),
                          samples_per_class=SAMPLES_PER_CLASS)
-    if runner is None and options is None:
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        runner = FnApiRunner()
     started = time.monotonic()
-    pipeline = beam.Pipeline(runner=runner, options=options or local_pipeline_options())
-    build_graph(pipeline, inputs_path=inputs_path, output_dir=output_dir, work_dir=work_dir, shards=shards,
-                settings=settings)
-    result = pipeline.run()
-    if hasattr(result, "wait_until_finish"):
-        result.wait_until_finish()
+    try:
+        if dataflow is not None:
+            from components.preprocess import dataflow as dataflow_lib
+
+            pipeline = beam.Pipeline(options=dataflow.pipeline_options(dataflow_lib.job_name_for(output_dir)))
+            build_graph(pipeline, inputs_path=inputs_path, output_dir=output_dir, work_dir=work_dir, shards=shards,
+                        settings=settings)
+            jobs = dataflow_jobs or dataflow_lib.DataflowJobs(dataflow.project, dataflow.region,
+                                                              api_endpoint=dataflow.api_endpoint)
+            dataflow_lib.launch(pipeline, dataflow, jobs)
+        else:
+            runner = None
+            if options is None:
+                from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+                runner = FnApiRunner()
+            pipeline = beam.Pipeline(runner=runner, options=options or local_pipeline_options())
+            build_graph(pipeline, inputs_path=inputs_path, output_dir=output_dir, work_dir=work_dir, shards=shards,
+                        settings=settings)
+            pipeline.run().wait_until_finish()
+    except BaseException:
+        data.gfile().rmtree(work_dir)
+        raise
     try:
         splits, tally = gather(output_dir, work_dir, shards, src.class_names, channels, settings)
     finally:

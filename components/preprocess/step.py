@@ -87,7 +87,8 @@ class Tally:
 def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1, test_fraction: float = 0.1,
                image_size: int = 28, channels: int = 1, limit: int | None = None, min_shards: int = 2,
                classes: str | list[str] | None = None, workers: int | None = None,
-               tfds_data_dir: str | None = None, runner: str = "local", beam_options=None) -> PreprocessResult:
+               tfds_data_dir: str | None = None, runner: str = "local", beam_options=None, dataflow=None,
+               dataflow_jobs=None) -> PreprocessResult:
     """Reads `source` and writes the dataset directory `output_dir` (see components/data.py for its layout).
 
     `limit` caps images per source split (per class folder for folders, rows for manifests) for quick runs;
@@ -96,13 +97,18 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
     the number of CPUs to decode with (default: those this process may use; see `decode_plan`).
     `runner`: "local" decodes in this process (and its workers); "beam" runs the same per-image logic as an
     Apache Beam pipeline (components/preprocess/beam.py) with `beam_options` (a
-    `apache_beam.options.pipeline_options.PipelineOptions`; default: Beam's in-process DirectRunner), which is
-    how `preprocess_runner=dataflow` runs on Dataflow.
+    `apache_beam.options.pipeline_options.PipelineOptions`; default: Beam's in-process FnApiRunner); "dataflow"
+    runs that pipeline as a Dataflow job with `dataflow` (a dataflow.DataflowSettings; `dataflow_jobs` replaces
+    its API client), checked before anything is read.
     """
     params.validate({"validation_fraction": validation_fraction, "test_fraction": test_fraction, "channels": channels,
                      "image_size": image_size, "min_shards": min_shards}, what="preprocess settings")
-    if runner not in ("local", "beam"):
-        raise ValueError(f"runner must be local or beam, got {runner!r}")
+    if runner not in ("local", "beam", "dataflow"):
+        raise ValueError(f"runner must be local, beam or dataflow, got {runner!r}")
+    if runner == "dataflow":
+        if dataflow is None:
+            raise ValueError("runner=dataflow needs its settings (dataflow=DataflowSettings(...))")
+        dataflow.check(source=source, output_dir=output_dir)
     start = time.monotonic()
     allowed = parse_classes(classes)
     workers = workers or available_cpus()
@@ -113,13 +119,14 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
     data.gfile().makedirs(output_dir)
     total = sum(src.expected.values())
     log.info("preprocess: %s (%s, %d classes, ~%d inputs) -> %s %s", source, src.kind, len(src.class_names),
-             total, output_dir, f"with {workers} workers" if runner == "local" else "with Apache Beam")
+             total, output_dir, f"with {workers} workers" if runner == "local" else f"with Apache Beam ({runner})")
     fractions = dict(validation_fraction=validation_fraction, test_fraction=test_fraction)
-    if runner == "beam":
+    if runner in ("beam", "dataflow"):
         from components.preprocess.beam import run_beam
 
         splits, tally, seen, started = run_beam(src, output_dir, shards=shards, image_size=image_size,
-                                                channels=channels, options=beam_options, **fractions)
+                                                channels=channels, options=beam_options, dataflow=dataflow,
+                                                dataflow_jobs=dataflow_jobs, **fractions)
     else:
         splits, tally, seen, started = _run_local(src, output_dir, shards=shards, channels=channels, total=total,
                                                   **fractions)
