@@ -150,3 +150,35 @@ def test_sigterm_cancels_the_job(image_folder, tmp_path):
         killer.join()
         assert stopped.value.exit_code == EXIT_RETRY and standin.cancelled == list(standin.jobs)
         assert standin.jobs[standin.cancelled[0]]["requestedState"] == "JOB_STATE_CANCELLED"
+
+
+def test_pipectl_refuses_an_incomplete_dataflow_run_before_anything_runs(tmp_path, capsys):
+    from pipelines import cli
+
+    out = tmp_path / "run"
+    assert cli.main(["run", "--local", "--output-dir", str(out), "--preprocess-runner", "dataflow",
+                     "--project", "my-project"]) == 2
+    err = capsys.readouterr().err
+    assert "dataflow_temp_location must be a gs:// folder" in err and "data must be on gs://" in err
+    assert not (out / "pipeline_root").exists()
+
+
+def test_the_compiled_pipeline_hands_the_runner_its_parameters_and_the_cpu_image(tmp_path):
+    import yaml
+
+    from pipelines import config
+    from pipelines.training import compile_pipeline
+
+    images = config.Images("r/cpu@sha256:" + "c" * 64, "r/gpu@sha256:" + "d" * 64)
+    path = tmp_path / "pipeline.yaml"
+    compile_pipeline(str(path), config.PipelineSettings(images=images))
+    spec, _ = yaml.safe_load_all(path.read_text())
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["preprocess_runner"]["defaultValue"] == "local"
+    assert "Dataflow" in inputs["preprocess_runner"]["description"]
+    task = spec["root"]["dag"]["tasks"]["preprocess-op"]["inputs"]["parameters"]
+    assert task["image"]["runtimeValue"]["constant"] == images.cpu
+    for name in ("project", "location", "dataflow_temp_location", "dataflow_subnetwork", "dataflow_max_workers",
+                 "dataflow_machine_type", "dataflow_service_account", "dataflow_network", "dataflow_staging_location"):
+        assert task[name]["componentInputParameter"] == name
+    assert task["runner"]["componentInputParameter"] == "preprocess_runner"
