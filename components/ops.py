@@ -34,7 +34,7 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
     stepcli.setup_logging(force=True)
     dataflow = None
     if runner == "dataflow":
-        from components.preprocess.dataflow import DataflowSettings
+        from components.preprocess import DataflowSettings
 
         dataflow = DataflowSettings(
             project=project, region=location, temp_location=dataflow_temp_location,
