@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import logging
 import math
 import multiprocessing
 import os
+import time
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -41,9 +43,91 @@ def decode_batch(items: list[Item], height: int, width: int, channels: int,
                 if item.problem else
                 per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
                 for item in items]
+    return _batched(examples, height, width, channels)
+
+
+def _batched(examples: list[Example], height: int, width: int, channels: int) -> tuple[list[tuple], np.ndarray]:
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
     return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
+
+
+class TensorFlowDecoder:
+    """Decodes, in TensorFlow's C++ decoders over a whole batch (in parallel, without the GIL), the files that need
+    no conversion: 8-bit PNGs and JPEGs already of the target size and colour type (JPEG: the exact integer DCT, as
+    Pillow uses), without EXIF orientation. These decode to the same pixels as `data.decode_image`
+    (tests/test_preprocess.py checks); every other file, and a batch that fails, goes through it (PIL), which
+    converts what it can and gives the reason for what it cannot."""
+
+    def __init__(self, height: int, width: int, channels: int):
+        import struct
+
+        import tensorflow as tf
+
+        from components.predict.decode import PNG_MAGIC
+
+        self.shape = (height, width, channels)
+        self.png_head = PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)
+        shape = list(self.shape)
+
+        def batch_decoder(decode_one):
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+            def decode(contents):
+                with tf.device("/CPU:0"):
+                    return tf.map_fn(lambda c: tf.reshape(decode_one(c), shape), contents,
+                                     fn_output_signature=tf.uint8, parallel_iterations=2 * (os.cpu_count() or 1))
+
+            return decode
+
+        self.decoders = {"PNG": batch_decoder(lambda c: tf.io.decode_png(c, channels=channels)),
+                         "JPEG": batch_decoder(lambda c: tf.io.decode_jpeg(c, channels=channels,
+                                                                             dct_method="INTEGER_ACCURATE"))}
+        self.errors = (tf.errors.InvalidArgumentError, tf.errors.UnknownError)
+
+    def route(self, raw: bytes) -> str | None:
+        from components.predict.decode import jpeg_shape
+
+        if raw.startswith(self.png_head) and b"eXIf" not in raw:
+            return "PNG"
+        if raw.startswith(b"\xff\xd8\xff") and b"Exif" not in raw[:65536] and jpeg_shape(raw) == self.shape:
+            return "JPEG"
+        return None
+
+    def decode_batch(self, items: list[Item], check_extension: bool) -> tuple[list[tuple], np.ndarray]:
+        """As the module's `decode_batch`, routing what it can through TensorFlow."""
+        height, width, channels = self.shape
+        examples: list[Example | None] = [None] * len(items)
+        raws: dict[int, bytes] = {}
+        routes: dict[str, list[int]] = {"PNG": [], "JPEG": []}
+        for position, item in enumerate(items):
+            problem = item.problem or (per_image.extension_problem(item.uri) if check_extension else None)
+            if problem:
+                examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
+                continue
+            try:
+                raws[position] = raw = data.read_bytes(item.uri)
+            except data.ImageError as e:
+                examples[position] = Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
+                continue
+            kind = self.route(raw)
+            if kind:
+                routes[kind].append(position)
+        for kind, positions in routes.items():
+            if not positions:
+                continue
+            try:
+                images = self.decoders[kind]([raws[p] for p in positions]).numpy()
+            except self.errors:  # a corrupt file in the batch: PIL finds which, and why
+                continue
+            for position, image in zip(positions, images):
+                item = items[position]
+                stored, encoding = per_image.stored_form(image, width, kind)
+                examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raws[position]),
+                                             image, stored=stored, encoding=encoding)
+        for position, item in enumerate(items):
+            if examples[position] is None:
+                examples[position] = per_image.decode_contents(item, raws[position], height, width, channels)
+        return _batched(examples, height, width, channels)
 
 
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
@@ -57,8 +141,9 @@ def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
             next_image += 1
 
 
-def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int,
-                    channels: int, check_extension: bool, workers: int, use_processes: bool) -> Iterator[Example]:
+def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int, channels: int,
+                    check_extension: bool, workers: int, use_processes: bool,
+                    use_tensorflow: bool = False) -> Iterator[Example]:
     """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
     worker in flight (memory stays bounded whatever the number of files).
 
@@ -66,6 +151,17 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
     calling script without an `if __name__ == "__main__"` guard), decoding falls back to threads with a warning.
     """
     args = (height, width, channels, check_extension)
+    if use_tensorflow:  # threads that hand whole batches to TensorFlow, overlapping the main process's work
+        decoder = TensorFlowDecoder(height, width, channels)
+        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
+            pending: collections.deque = collections.deque()
+            for batch in data.batched(items(), 256):
+                pending.append(executor.submit(decoder.decode_batch, batch, check_extension))
+                if len(pending) >= 2 * max(1, workers):
+                    yield from _unbatch(pending.popleft().result())
+            while pending:
+                yield from _unbatch(pending.popleft().result())
+        return
     if workers <= 1:
         for batch in data.batched(items(), 64):
             yield from _unbatch(decode_batch(batch, *args))
@@ -95,19 +191,95 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
                                    check_extension=check_extension, workers=workers, use_processes=False)
 
 
-def decode_plan(source: str, cpus: int) -> dict:
-    """How to decode the files of `source` with `cpus` CPUs (measured in tests/benchmarks/ingest.py):
+# Below this many inputs decoding is a few seconds and one worker is used: measuring would cost more than it saves.
+MEASURE_MIN_INPUTS = 5000
+MEASURE_SAMPLE = 300  # files decoded by each candidate plan
 
-    - remote files (gs://...): 4 threads per CPU, since their cost is waiting on the network;
-    - local files with 3+ CPUs: worker processes, one per CPU beside the main process (which writes the
-      shards). For small images about 75% of a decode is Python inside PIL holding the GIL (profiled), so
-      threads cannot go beyond ~1.3x whatever the cores;
-    - local files with 1-2 CPUs: decode threads (1 CPU: none) overlapping the main process's work. Processes
-      cost a second or two to start and the pickling of every batch, which 2 CPUs do not win back (on a
-      2-CPU machine they measured slower than a single worker).
-    """
+
+def candidate_plans(source: str, cpus: int) -> list[dict]:
+    """The ways to decode `source` with `cpus` CPUs that `decode_plan` chooses from."""
     if "://" in source:
-        return {"workers": 4 * cpus, "use_processes": False}
-    if cpus >= 3:
-        return {"workers": cpus - 1, "use_processes": True}
-    return {"workers": 2 if cpus == 2 else 1, "use_processes": False}
+        # Remote files: the cost is waiting on the network, which threads overlap; a short sample of a bucket's
+        # latency says little about the rest of the run, so this one stays a rule.
+        return [{"workers": 4 * cpus, "use_processes": False}]
+    one = {"workers": 1, "use_processes": False}
+    if cpus <= 1:
+        return [one]
+    # Processes: one per CPU (the main process's share, building and writing records, is small next to decoding);
+    # threads: they overlap file reads and the GIL-free parts of PIL's decoders (most of a large JPEG's decode,
+    # little of a small PNG's).
+    # TensorFlow: files that need no conversion are decoded by batches in C++, beside the main process.
+    return [one, {"workers": cpus, "use_processes": False}, {"workers": cpus, "use_processes": True},
+            {"workers": 1, "use_processes": False, "use_tensorflow": True}]
+
+
+def _label(plan: dict) -> str:
+    if plan.get("use_tensorflow"):
+        return "TensorFlow batches"
+    if plan["workers"] <= 1:
+        return "one worker"
+    return f"{plan['workers']} {'processes' if plan['use_processes'] else 'threads'}"
+
+
+def decode_plan(source: str, cpus: int, items: Callable[[], Iterable[Item]] | None = None, *, expected: int = 0,
+                height: int = 28, width: int = 28, channels: int = 1, check_extension: bool = True,
+                clock: Callable[[], float] = time.monotonic) -> dict:
+    """How to decode the files of `source` with `cpus` CPUs: measured on this machine and these files.
+
+    Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
+    decoded 18.7k/s, 2 threads 7.4k/s (GIL contention: ~75% of a small decode is Python inside PIL) and 2
+    processes 22.4k/s; for 480x480 JPEGs threads do well (PIL releases the GIL while decoding). So with at least
+    MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`) decodes the same MEASURE_SAMPLE files
+    and the one with the shortest projected time for `expected` inputs (worker start-up included) is used. The
+    decoded samples are thrown away (a second or two); the choice and the measured rates are logged.
+    """
+    plans = candidate_plans(source, cpus)
+    if len(plans) == 1 or items is None or expected < MEASURE_MIN_INPUTS:
+        return plans[0]
+    sample = [item for item in itertools.islice((i for i in items() if not i.problem), MEASURE_SAMPLE)]
+    if len(sample) < MEASURE_SAMPLE // 2:
+        return plans[0]
+    measured = []
+    for plan in plans:
+        rate, startup = _measure(sample, plan, (height, width, channels, check_extension), clock)
+        measured.append((startup + expected / rate, rate, plan))
+    best = min(measured, key=lambda m: m[0])[2]
+    log.info("preprocess: decoding with %s (measured on %d files: %s)", _label(best), len(sample),
+             ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
+    return best
+
+
+def _noop() -> None:
+    return None
+
+
+def _measure(sample: list[Item], plan: dict, args: tuple, clock: Callable[[], float]) -> tuple[float, float]:
+    """(decode rate once started, start-up seconds) of one plan on the sample."""
+    start = clock()
+    if plan.get("use_tensorflow"):
+        decoder = TensorFlowDecoder(*args[:3])
+        decoder.decode_batch(sample[:8], args[3])  # traces the tf.functions: start-up, not rate
+        started = clock()
+        for batch in data.batched(sample, 256):
+            decoder.decode_batch(batch, args[3])
+        return len(sample) / max(clock() - started, 1e-9), started - start
+    if plan["workers"] <= 1:
+        for batch in data.batched(sample, 64):
+            decode_batch(batch, *args)
+        return len(sample) / max(clock() - start, 1e-9), 0.0
+    if plan["use_processes"]:
+        executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
+                                                          mp_context=multiprocessing.get_context("forkserver"))
+    else:
+        executor = concurrent.futures.ThreadPoolExecutor(plan["workers"])
+    try:
+        with executor:
+            for future in [executor.submit(_noop) for _ in range(plan["workers"])]:
+                future.result()
+            started = clock()
+            size = 64 if plan["use_processes"] else 8
+            for future in [executor.submit(decode_batch, batch, *args) for batch in data.batched(sample, size)]:
+                future.result()
+            return len(sample) / max(clock() - started, 1e-9), started - start
+    except concurrent.futures.process.BrokenProcessPool:
+        return 1e-9, 0.0  # processes cannot start here (parallel_decode would fall back to threads)

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from components import data
-from components.preprocess.inputs import CONFLICTING_LABEL, DUPLICATE, Example
+from components.preprocess.inputs import CONFLICTING_LABEL, DUPLICATE, Example, Item
 
 # Image files of formats we do not decode: reported as an unsupported format rather than "not an image".
 OTHER_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".svg", ".psd", ".ico", ".jp2", ".tga", ".ppm", ".pgm",
@@ -53,11 +53,19 @@ def decode_file(uri: str, label: int, split: str | None, height: int, width: int
             return Example(uri, label, split, reason=problem[0], detail=problem[1])
     try:
         raw = data.read_bytes(uri)
-        image, source_format = data.decode_image_file(raw, height, width, channels)
     except data.ImageError as e:
         return Example(uri, label, split, reason=e.reason, detail=e.detail)
+    return decode_contents(Item(uri, label, split), raw, height, width, channels)
+
+
+def decode_contents(item: Item, raw: bytes, height: int, width: int, channels: int) -> Example:
+    """Decodes, conforms and encodes the bytes of one file (see decode_file)."""
+    try:
+        image, source_format = data.decode_image_file(raw, height, width, channels)
+    except data.ImageError as e:
+        return Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
     stored, encoding = stored_form(image, width, source_format)
-    return Example(uri, label, split, content_key(raw), image, stored=stored, encoding=encoding)
+    return Example(item.uri, item.label, item.split, content_key(raw), image, stored=stored, encoding=encoding)
 
 
 def conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:

@@ -109,8 +109,9 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
                 yield Item(uri, label, None)
 
     def examples() -> Iterator[Example]:
-        yield from parallel_decode(items, height=image_size, width=image_size, channels=channels,
-                                   check_extension=True, **decode_plan(root, workers))
+        shape = dict(height=image_size, width=image_size, channels=channels, check_extension=True)
+        yield from parallel_decode(items, **shape, **decode_plan(root, workers, items,
+                                                                 expected=sum(counts.values()), **shape))
 
     locations = {label: data.join(root, folder) for folder, label in labelled}
     return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations, items)
@@ -231,8 +232,9 @@ def manifest_source(path: str, image_size: int, channels: int, limit: int | None
                 yield Item(resolve(row.uri), index[row.label], source_split)
 
     def examples() -> Iterator[Example]:
-        yield from parallel_decode(items, height=image_size, width=image_size, channels=channels,
-                                   check_extension=False, **decode_plan(path, workers))
+        shape = dict(height=image_size, width=image_size, channels=channels, check_extension=False)
+        yield from parallel_decode(items, **shape, **decode_plan(path, workers, items,
+                                                                 expected=test_rows + other_rows, **shape))
 
     expected = {"test": test_rows, "train": other_rows} if has_test else {None: test_rows + other_rows}
     locations = {index[name]: f"label {name!r} in {path}" for name in class_names}
