@@ -68,65 +68,74 @@ class TensorFlowDecoder:
 
         self.shape = (height, width, channels)
         self.png_head = PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)
-        shape = list(self.shape)
+        png_head, shape = self.png_head, [height, width, channels]
+        empty = tf.zeros(shape, tf.uint8)
 
-        def batch_decoder(decode_one):
-            @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-            def decode(contents):
-                with tf.device("/CPU:0"):
-                    return tf.map_fn(lambda c: tf.reshape(decode_one(c), shape), contents,
-                                     fn_output_signature=tf.uint8, parallel_iterations=2 * (os.cpu_count() or 1))
+        def one(path):
+            # Reading, routing and decoding all in C++: the Python left per file is hashing and record building.
+            contents = tf.io.read_file(path)
+            exif_free = tf.logical_not(tf.strings.regex_full_match(tf.strings.substr(contents, 0, 65536),
+                                                                   "(?s).*(eXIf|Exif).*"))
+            png = tf.logical_and(tf.equal(tf.strings.substr(contents, 0, len(png_head)), png_head), exif_free)
+            jpeg = tf.logical_and(tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff"), exif_free)
+            jpeg = tf.cond(jpeg, lambda: tf.reduce_all(tf.equal(tf.io.extract_jpeg_shape(contents), shape)),
+                           lambda: tf.constant(False))
+            image = tf.cond(png, lambda: tf.reshape(tf.io.decode_png(contents, channels=channels), shape),
+                            lambda: tf.cond(jpeg, lambda: tf.reshape(tf.io.decode_jpeg(
+                                contents, channels=channels, dct_method="INTEGER_ACCURATE"), shape), lambda: empty))
+            kind = tf.where(png, 1, tf.where(jpeg, 2, 0))
+            return contents, image, kind
 
-            return decode
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def read_and_decode(paths):
+            with tf.device("/CPU:0"):
+                return tf.map_fn(one, paths, fn_output_signature=(tf.string, tf.uint8, tf.int32),
+                                 parallel_iterations=2 * (os.cpu_count() or 1))
 
-        self.decoders = {"PNG": batch_decoder(lambda c: tf.io.decode_png(c, channels=channels)),
-                         "JPEG": batch_decoder(lambda c: tf.io.decode_jpeg(c, channels=channels,
-                                                                             dct_method="INTEGER_ACCURATE"))}
-        self.errors = (tf.errors.InvalidArgumentError, tf.errors.UnknownError)
+        self.read_and_decode = read_and_decode
+        self.errors = (tf.errors.OpError,)
 
     def route(self, raw: bytes) -> str | None:
+        """What TensorFlow decodes (as `read_and_decode` decides, in Python): "PNG", "JPEG" or None."""
         from components.predict.decode import jpeg_shape
 
-        if raw.startswith(self.png_head) and b"eXIf" not in raw:
+        if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
+            return None
+        if raw.startswith(self.png_head):
             return "PNG"
-        if raw.startswith(b"\xff\xd8\xff") and b"Exif" not in raw[:65536] and jpeg_shape(raw) == self.shape:
+        if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == self.shape:
             return "JPEG"
         return None
 
     def decode_batch(self, items: list[Item], check_extension: bool) -> tuple[list[tuple], np.ndarray]:
-        """As the module's `decode_batch`, routing what it can through TensorFlow."""
+        """As the module's `decode_batch`, with TensorFlow reading and decoding what it can. A batch holding a file
+        TensorFlow cannot read or decode (missing, corrupt) goes through `decode_batch` whole, which says why."""
         height, width, channels = self.shape
         examples: list[Example | None] = [None] * len(items)
-        raws: dict[int, bytes] = {}
-        routes: dict[str, list[int]] = {"PNG": [], "JPEG": []}
+        files = []
         for position, item in enumerate(items):
             problem = item.problem or (per_image.extension_problem(item.uri) if check_extension else None)
             if problem:
                 examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
-                continue
+            elif "://" in item.uri:  # remote files: decode_plan never picks this plan for them
+                return decode_batch(items, height, width, channels, check_extension)
+            else:
+                files.append(position)
+        if files:
             try:
-                raws[position] = raw = data.read_bytes(item.uri)
-            except data.ImageError as e:
-                examples[position] = Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
-                continue
-            kind = self.route(raw)
-            if kind:
-                routes[kind].append(position)
-        for kind, positions in routes.items():
-            if not positions:
-                continue
-            try:
-                images = self.decoders[kind]([raws[p] for p in positions]).numpy()
-            except self.errors:  # a corrupt file in the batch: PIL finds which, and why
-                continue
-            for position, image in zip(positions, images):
-                item = items[position]
-                stored, encoding = per_image.stored_form(image, width, kind)
-                examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raws[position]),
-                                             image, stored=stored, encoding=encoding)
-        for position, item in enumerate(items):
-            if examples[position] is None:
-                examples[position] = per_image.decode_contents(item, raws[position], height, width, channels)
+                contents, images, kinds = self.read_and_decode([items[p].uri for p in files])
+            except self.errors:
+                return decode_batch(items, height, width, channels, check_extension)
+            contents, images, kinds = contents.numpy(), images.numpy(), kinds.numpy()
+            for index, position in enumerate(files):
+                item, raw = items[position], contents[index]
+                if kinds[index]:
+                    image = images[index]
+                    stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG")
+                    examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
+                                                 stored=stored, encoding=encoding)
+                else:
+                    examples[position] = per_image.decode_contents(item, raw, height, width, channels)
         return _batched(examples, height, width, channels)
 
 
