@@ -200,9 +200,11 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
                                    check_extension=check_extension, workers=workers, use_processes=False)
 
 
-# Below this many inputs decoding is a few seconds and one worker is used: measuring would cost more than it saves.
-MEASURE_MIN_INPUTS = 5000
-MEASURE_SAMPLE = 300  # files decoded by each candidate plan
+# Below this many inputs one worker is used: measuring would cost more than it could save.
+MEASURE_MIN_INPUTS = 1000
+MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
+# Worker processes take a second or two to start: they are only tried when the run would take longer than this.
+PROCESSES_WORTH_SECONDS = 10.0
 
 
 def candidate_plans(source: str, cpus: int) -> list[dict]:
@@ -233,29 +235,60 @@ def _label(plan: dict) -> str:
 def decode_plan(source: str, cpus: int, items: Callable[[], Iterable[Item]] | None = None, *, expected: int = 0,
                 height: int = 28, width: int = 28, channels: int = 1, check_extension: bool = True,
                 clock: Callable[[], float] = time.monotonic) -> dict:
-    """How to decode the files of `source` with `cpus` CPUs: measured on this machine and these files.
-
-    Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
-    decoded 18.7k/s, 2 threads 7.4k/s (GIL contention: ~75% of a small decode is Python inside PIL) and 2
-    processes 22.4k/s; for 480x480 JPEGs threads do well (PIL releases the GIL while decoding). So with at least
-    MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`) decodes the same MEASURE_SAMPLE files
-    and the one with the shortest projected time for `expected` inputs (worker start-up included) is used. The
-    decoded samples are thrown away (a second or two); the choice and the measured rates are logged.
-    """
+    """How to decode the files of `source` with `cpus` CPUs: measured on this machine and these files (see
+    `planned_decode`, which also reuses what the measurement decoded)."""
     plans = candidate_plans(source, cpus)
     if len(plans) == 1 or items is None or expected < MEASURE_MIN_INPUTS:
         return plans[0]
-    sample = [item for item in itertools.islice((i for i in items() if not i.problem), MEASURE_SAMPLE)]
-    if len(sample) < MEASURE_SAMPLE // 2:
-        return plans[0]
-    measured = []
-    for plan in plans:
-        rate, startup = _measure(sample, plan, (height, width, channels, check_extension), clock)
+    prefix = list(itertools.islice(items(), _sample_size(expected)))
+    return _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)[0]
+
+
+def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: int, expected: int, height: int,
+                   width: int, channels: int, check_extension: bool,
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[Example]:
+    """Decodes the inputs of `items()` in order with the plan that measures fastest here.
+
+    Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
+    decoded 14.6k/s, 2 threads 6.8k/s (GIL contention: most of a small decode is Python inside PIL), 2
+    processes 18.6k/s and TensorFlow batches 18.6k/s; for 480x480 JPEGs threads do well (PIL releases the GIL
+    while decoding). So with at least MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`)
+    decodes the same first few hundred inputs and the shortest projected time for `expected` inputs (worker
+    start-up included) wins; the one-worker measurement's examples are the first ones yielded, so only the other
+    candidates' work is spent on measuring. The choice and the measured rates are logged.
+    """
+    plans = candidate_plans(source, cpus)
+    shape = dict(height=height, width=width, channels=channels, check_extension=check_extension)
+    if len(plans) == 1 or expected < MEASURE_MIN_INPUTS:
+        yield from parallel_decode(items, **shape, **plans[0])
+        return
+    prefix = list(itertools.islice(items(), _sample_size(expected)))
+    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)
+    yield from decoded
+    yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
+
+
+def _sample_size(expected: int) -> int:
+    return max(50, min(MEASURE_SAMPLE, expected // 20))
+
+
+def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: tuple,
+                   clock: Callable[[], float]) -> tuple[dict, list[Example]]:
+    """(the best plan, the prefix's examples as one worker decoded them)."""
+    files = sum(1 for item in prefix if not item.problem)
+    start = clock()
+    decoded = [ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args))]
+    one_rate = files / max(clock() - start, 1e-9)
+    measured = [(expected / one_rate, one_rate, plans[0])]
+    for plan in plans[1:]:
+        if plan["use_processes"] and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
+            continue
+        rate, startup = _measure(prefix, plan, args, clock)
         measured.append((startup + expected / rate, rate, plan))
     best = min(measured, key=lambda m: m[0])[2]
-    log.info("preprocess: decoding with %s (measured on %d files: %s)", _label(best), len(sample),
+    log.info("preprocess: decoding with %s (measured on %d files: %s)", _label(best), files,
              ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
-    return best
+    return best, decoded
 
 
 def _noop() -> None:
@@ -263,7 +296,8 @@ def _noop() -> None:
 
 
 def _measure(sample: list[Item], plan: dict, args: tuple, clock: Callable[[], float]) -> tuple[float, float]:
-    """(decode rate once started, start-up seconds) of one plan on the sample."""
+    """(files decoded per second once started, start-up seconds) of one plan on the sample."""
+    count = sum(1 for item in sample if not item.problem) or len(sample)
     start = clock()
     if plan.get("use_tensorflow"):
         decoder = TensorFlowDecoder(*args[:3])
@@ -271,11 +305,11 @@ def _measure(sample: list[Item], plan: dict, args: tuple, clock: Callable[[], fl
         started = clock()
         for batch in data.batched(sample, 256):
             decoder.decode_batch(batch, args[3])
-        return len(sample) / max(clock() - started, 1e-9), started - start
+        return count / max(clock() - started, 1e-9), started - start
     if plan["workers"] <= 1:
         for batch in data.batched(sample, 64):
             decode_batch(batch, *args)
-        return len(sample) / max(clock() - start, 1e-9), 0.0
+        return count / max(clock() - start, 1e-9), 0.0
     if plan["use_processes"]:
         executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
                                                           mp_context=multiprocessing.get_context("forkserver"))
@@ -289,6 +323,6 @@ def _measure(sample: list[Item], plan: dict, args: tuple, clock: Callable[[], fl
             size = 64 if plan["use_processes"] else 8
             for future in [executor.submit(decode_batch, batch, *args) for batch in data.batched(sample, size)]:
                 future.result()
-            return len(sample) / max(clock() - started, 1e-9), started - start
+            return count / max(clock() - started, 1e-9), started - start
     except concurrent.futures.process.BrokenProcessPool:
         return 1e-9, 0.0  # processes cannot start here (parallel_decode would fall back to threads)

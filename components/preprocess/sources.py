@@ -15,7 +15,7 @@ from typing import Iterator
 
 from components import data
 from components.preprocess.classes import apply_allow_list, check_class_count
-from components.preprocess.decoding import decode_plan, parallel_decode
+from components.preprocess.decoding import planned_decode
 from components.preprocess.inputs import BAD_ROW, OUTSIDE_CLASSES, Example, Item, Source
 from components.preprocess.per_image import array_example
 
@@ -109,9 +109,8 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
                 yield Item(uri, label, None)
 
     def examples() -> Iterator[Example]:
-        shape = dict(height=image_size, width=image_size, channels=channels, check_extension=True)
-        yield from parallel_decode(items, **shape, **decode_plan(root, workers, items,
-                                                                 expected=sum(counts.values()), **shape))
+        yield from planned_decode(items, source=root, cpus=workers, expected=sum(counts.values()), height=image_size,
+                                  width=image_size, channels=channels, check_extension=True)
 
     locations = {label: data.join(root, folder) for folder, label in labelled}
     return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations, items)
@@ -232,9 +231,8 @@ def manifest_source(path: str, image_size: int, channels: int, limit: int | None
                 yield Item(resolve(row.uri), index[row.label], source_split)
 
     def examples() -> Iterator[Example]:
-        shape = dict(height=image_size, width=image_size, channels=channels, check_extension=False)
-        yield from parallel_decode(items, **shape, **decode_plan(path, workers, items,
-                                                                 expected=test_rows + other_rows, **shape))
+        yield from planned_decode(items, source=path, cpus=workers, expected=test_rows + other_rows,
+                                  height=image_size, width=image_size, channels=channels, check_extension=False)
 
     expected = {"test": test_rows, "train": other_rows} if has_test else {None: test_rows + other_rows}
     locations = {index[name]: f"label {name!r} in {path}" for name in class_names}
