@@ -52,6 +52,34 @@ def _batched(examples: list[Example], height: int, width: int, channels: int) ->
     return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
 
 
+def tensorflow_route(raw: bytes, height: int, width: int, channels: int) -> str | None:
+    """"PNG" or "JPEG" for file bytes that TensorFlowDecoder decodes itself, else None (PIL's)."""
+    import struct
+
+    from components.predict.decode import PNG_MAGIC, jpeg_shape
+
+    if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
+        return None
+    if raw.startswith(PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)):
+        return "PNG"
+    if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == (height, width, channels):
+        return "JPEG"
+    return None
+
+
+def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
+    """The share of the sample's files that TensorFlowDecoder would decode itself (their first 64 KB read)."""
+    files = [item.uri for item in sample if not item.problem and "://" not in item.uri]
+    routed = 0
+    for uri in files:
+        try:
+            with open(uri, "rb") as f:
+                routed += tensorflow_route(f.read(65536), height, width, channels) is not None
+        except OSError:
+            pass
+    return routed / max(len(files), 1)
+
+
 class TensorFlowDecoder:
     """Decodes, in TensorFlow's C++ decoders over a whole batch (in parallel, without the GIL), the files that need
     no conversion: 8-bit PNGs and JPEGs already of the target size and colour type (JPEG: the exact integer DCT, as
@@ -97,15 +125,7 @@ class TensorFlowDecoder:
 
     def route(self, raw: bytes) -> str | None:
         """What TensorFlow decodes (as `read_and_decode` decides, in Python): "PNG", "JPEG" or None."""
-        from components.predict.decode import jpeg_shape
-
-        if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
-            return None
-        if raw.startswith(self.png_head):
-            return "PNG"
-        if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == self.shape:
-            return "JPEG"
-        return None
+        return tensorflow_route(raw, *self.shape)
 
     def decode_batch(self, items: list[Item], check_extension: bool) -> tuple[list[tuple], np.ndarray]:
         """As the module's `decode_batch`, with TensorFlow reading and decoding what it can. A batch holding a file
@@ -283,6 +303,8 @@ def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: t
     for plan in plans[1:]:
         if plan["use_processes"] and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
             continue
+        if plan.get("use_tensorflow") and _share_for_tensorflow(prefix, *args[:3]) < 0.5:
+            continue  # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
         rate, startup = _measure(prefix, plan, args, clock)
         measured.append((startup + expected / rate, rate, plan))
     best = min(measured, key=lambda m: m[0])[2]
