@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import math
@@ -80,6 +81,12 @@ def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels:
     return routed / max(len(files), 1)
 
 
+@functools.lru_cache(maxsize=4)
+def tensorflow_decoder(height: int, width: int, channels: int) -> "TensorFlowDecoder":
+    """One decoder per shape and process: its tf.function is traced once (measuring, then decoding)."""
+    return TensorFlowDecoder(height, width, channels)
+
+
 class TensorFlowDecoder:
     """Decodes, in TensorFlow's C++ decoders over a whole batch (in parallel, without the GIL), the files that need
     no conversion: 8-bit PNGs and JPEGs already of the target size and colour type (JPEG: the exact integer DCT, as
@@ -127,9 +134,10 @@ class TensorFlowDecoder:
         """What TensorFlow decodes (as `read_and_decode` decides, in Python): "PNG", "JPEG" or None."""
         return tensorflow_route(raw, *self.shape)
 
-    def decode_batch(self, items: list[Item], check_extension: bool) -> tuple[list[tuple], np.ndarray]:
-        """As the module's `decode_batch`, with TensorFlow reading and decoding what it can. A batch holding a file
-        TensorFlow cannot read or decode (missing, corrupt) goes through `decode_batch` whole, which says why."""
+    def decode_examples(self, items: list[Item], check_extension: bool) -> list[Example]:
+        """The examples of a batch, TensorFlow reading and decoding what it can. A batch holding a file TensorFlow
+        cannot read or decode (missing, corrupt) goes through `decode_batch` whole, which says why. (Threads only:
+        examples stay in this process, with no round trip through decode_batch's arrays.)"""
         height, width, channels = self.shape
         examples: list[Example | None] = [None] * len(items)
         files = []
@@ -138,14 +146,14 @@ class TensorFlowDecoder:
             if problem:
                 examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
             elif "://" in item.uri:  # remote files: decode_plan never picks this plan for them
-                return decode_batch(items, height, width, channels, check_extension)
+                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
             else:
                 files.append(position)
         if files:
             try:
                 contents, images, kinds = self.read_and_decode([items[p].uri for p in files])
             except self.errors:
-                return decode_batch(items, height, width, channels, check_extension)
+                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
             contents, images, kinds = contents.numpy(), images.numpy(), kinds.numpy()
             for index, position in enumerate(files):
                 item, raw = items[position], contents[index]
@@ -156,7 +164,7 @@ class TensorFlowDecoder:
                                                  stored=stored, encoding=encoding)
                 else:
                     examples[position] = per_image.decode_contents(item, raw, height, width, channels)
-        return _batched(examples, height, width, channels)
+        return examples
 
 
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
@@ -181,15 +189,15 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
     """
     args = (height, width, channels, check_extension)
     if use_tensorflow:  # threads that hand whole batches to TensorFlow, overlapping the main process's work
-        decoder = TensorFlowDecoder(height, width, channels)
+        decoder = tensorflow_decoder(height, width, channels)
         with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
             pending: collections.deque = collections.deque()
             for batch in data.batched(items(), 256):
-                pending.append(executor.submit(decoder.decode_batch, batch, check_extension))
+                pending.append(executor.submit(decoder.decode_examples, batch, check_extension))
                 if len(pending) >= 2 * max(1, workers):
-                    yield from _unbatch(pending.popleft().result())
+                    yield from pending.popleft().result()
             while pending:
-                yield from _unbatch(pending.popleft().result())
+                yield from pending.popleft().result()
         return
     if workers <= 1:
         for batch in data.batched(items(), 64):
@@ -292,12 +300,23 @@ def _sample_size(expected: int) -> int:
     return max(50, min(MEASURE_SAMPLE, expected // 20))
 
 
+def _consume(examples: Iterable[Example]) -> list[Example]:
+    """What the step does with each decoded example, in the consuming thread, so that a plan's measured rate
+    includes the main process's share (building records) and how well the plan overlaps it."""
+    kept = []
+    for ex in examples:
+        if ex.image is not None:
+            per_image.record(ex)
+        kept.append(ex)
+    return kept
+
+
 def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: tuple,
                    clock: Callable[[], float]) -> tuple[dict, list[Example]]:
     """(the best plan, the prefix's examples as one worker decoded them)."""
-    files = sum(1 for item in prefix if not item.problem)
+    files = sum(1 for item in prefix if not item.problem) or len(prefix)
     start = clock()
-    decoded = [ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args))]
+    decoded = _consume(ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args)))
     one_rate = files / max(clock() - start, 1e-9)
     measured = [(expected / one_rate, one_rate, plans[0])]
     for plan in plans[1:]:
@@ -305,10 +324,10 @@ def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: t
             continue
         if plan.get("use_tensorflow") and _share_for_tensorflow(prefix, *args[:3]) < 0.5:
             continue  # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
-        rate, startup = _measure(prefix, plan, args, clock)
+        rate, startup = _measure(prefix, files, plan, args, clock)
         measured.append((startup + expected / rate, rate, plan))
     best = min(measured, key=lambda m: m[0])[2]
-    log.info("preprocess: decoding with %s (measured on %d files: %s)", _label(best), files,
+    log.info("preprocess: decoding with %s (measured on %d files, records built: %s)", _label(best), files,
              ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
     return best, decoded
 
@@ -317,34 +336,28 @@ def _noop() -> None:
     return None
 
 
-def _measure(sample: list[Item], plan: dict, args: tuple, clock: Callable[[], float]) -> tuple[float, float]:
-    """(files decoded per second once started, start-up seconds) of one plan on the sample."""
-    count = sum(1 for item in sample if not item.problem) or len(sample)
+def _measure(sample: list[Item], count: int, plan: dict, args: tuple,
+             clock: Callable[[], float]) -> tuple[float, float]:
+    """(files per second once started, start-up seconds) of one plan on the sample, records built as they come."""
+    shape = dict(zip(("height", "width", "channels", "check_extension"), args))
     start = clock()
     if plan.get("use_tensorflow"):
-        decoder = TensorFlowDecoder(*args[:3])
-        decoder.decode_batch(sample[:8], args[3])  # traces the tf.functions: start-up, not rate
+        tensorflow_decoder(*args[:3]).decode_examples(sample[:8], args[3])  # traces: start-up, not rate
         started = clock()
-        for batch in data.batched(sample, 256):
-            decoder.decode_batch(batch, args[3])
+        _consume(parallel_decode(lambda: sample, **shape, **plan))
         return count / max(clock() - started, 1e-9), started - start
-    if plan["workers"] <= 1:
-        for batch in data.batched(sample, 64):
-            decode_batch(batch, *args)
+    if not plan["use_processes"]:
+        _consume(parallel_decode(lambda: sample, **shape, **plan))
         return count / max(clock() - start, 1e-9), 0.0
-    if plan["use_processes"]:
-        executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
-                                                          mp_context=multiprocessing.get_context("forkserver"))
-    else:
-        executor = concurrent.futures.ThreadPoolExecutor(plan["workers"])
+    executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
+                                                      mp_context=multiprocessing.get_context("forkserver"))
     try:
         with executor:
             for future in [executor.submit(_noop) for _ in range(plan["workers"])]:
                 future.result()
             started = clock()
-            size = 64 if plan["use_processes"] else 8
-            for future in [executor.submit(decode_batch, batch, *args) for batch in data.batched(sample, size)]:
-                future.result()
+            futures = [executor.submit(decode_batch, batch, *args) for batch in data.batched(sample, 64)]
+            _consume(ex for future in futures for ex in _unbatch(future.result()))
             return count / max(clock() - started, 1e-9), started - start
     except concurrent.futures.process.BrokenProcessPool:
         return 1e-9, 0.0  # processes cannot start here (parallel_decode would fall back to threads)
