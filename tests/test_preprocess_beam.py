@@ -1,11 +1,9 @@
 """The Apache Beam runner of preprocess gives the same dataset as the in-process one: same records per split, same
 rejects, same manifest figures and card. Beam runs in process (FnApiRunner): no binaries, no network."""
 
-import json
 import os
 import shutil
 
-import numpy as np
 import pytest
 
 pytest.importorskip("apache_beam")
