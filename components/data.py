@@ -16,7 +16,8 @@ How `image` holds the pixels is the manifest's `image_encoding`:
               few hundred bytes that readers take as they are, with nothing to decode
     png       PNG (lossless): sources whose pixels are exact (PNG/BMP/GIF/TIFF files, idx, tfds arrays)
     jpeg      JPEG at quality JPEG_QUALITY (95): lossy sources (JPEG, WebP files), where a lossless copy would
-              store the source's compression noise at 3-6x the size for no accuracy
+              store the source's compression noise at ~5x the size (224x224 photo-like images: 15.6 KB as
+              JPEG, 87 KB as PNG) for no accuracy
     encoded   a mix of the two (a folder of PNGs and JPEGs); readers use tf.io.decode_image
 
 A 224x224 RGB photo is 150,528 bytes raw and a tenth of that as JPEG, so for photos the encoded form cuts the
@@ -190,7 +191,8 @@ def encode_image(image: np.ndarray, encoding: str) -> bytes:
     pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
     buffer = io.BytesIO()
     if encoding == PNG:
-        # Level 1: within a few percent of level 6's size on photos, at a third of the time.
+        # Level 1: on 224x224 photo-like images 14% larger than the default level 6 (98 vs 87 KB) in 64% of the
+        # time (6.8 vs 10.7 ms); encoding runs once per image in the decode workers, where it is the cost.
         pil.save(buffer, "PNG", compress_level=1)
     elif encoding == JPEG:
         pil.save(buffer, "JPEG", quality=JPEG_QUALITY)
