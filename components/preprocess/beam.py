@@ -45,7 +45,7 @@ def _histogram(image: np.ndarray, channels: int) -> np.ndarray:
     return np.bincount(values.ravel(), minlength=256 * channels)
 
 
-class _Settings:
+class BeamSettings:
     """What every worker needs: picklable and small."""
 
     def __init__(self, *, image_size: int, channels: int, check_extension: bool, validation_fraction: float,
@@ -55,7 +55,7 @@ class _Settings:
         self.class_names, self.sample_classes, self.samples_per_class = class_names, sample_classes, samples_per_class
 
 
-def _decode(line: str, settings: _Settings):
+def _decode(line: str, settings: BeamSettings):
     """One numbered input -> ("kept", (key, element)) or ("rejected", row)."""
     import apache_beam as beam
 
@@ -73,7 +73,7 @@ def _decode(line: str, settings: _Settings):
     yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, _histogram(ex.image, settings.channels))
 
 
-def _dedup(keyed, settings: _Settings):
+def _dedup(keyed, settings: BeamSettings):
     """All inputs with one content key -> the kept one ("kept") and the duplicates ("rejected")."""
     import apache_beam as beam
 
@@ -97,7 +97,7 @@ def _write_json_lines(pcoll, path: str, label: str):
 
 
 def build_graph(pipeline, *, inputs_path: str, output_dir: str, work_dir: str, shards: dict[str, int],
-                settings: _Settings) -> None:
+                settings: BeamSettings) -> None:
     """Adds preprocessing to a Beam pipeline (see the module docstring); outputs land under output_dir."""
     import apache_beam as beam
 
@@ -173,7 +173,7 @@ def run_beam(src: Source, output_dir: str, *, shards: dict[str, int], image_size
     data.gfile().makedirs(work_dir)
     inputs_path = data.join(work_dir, "inputs.jsonl")
     seen = write_inputs(src, inputs_path)
-    settings = _Settings(image_size=image_size, channels=channels, check_extension=src.kind == "folder",
+    settings = BeamSettings(image_size=image_size, channels=channels, check_extension=src.kind == "folder",
                          validation_fraction=validation_fraction, test_fraction=test_fraction,
                          class_names=src.class_names, sample_classes=min(len(src.class_names), CARD_MAX_CLASSES),
                          samples_per_class=SAMPLES_PER_CLASS)
@@ -213,7 +213,7 @@ def _read_lines(path: str) -> list[dict]:
 
 
 def gather(output_dir: str, work_dir: str, shards: dict[str, int], class_names: list[str], channels: int,
-           settings: _Settings):
+           settings: BeamSettings):
     """The pipeline's side outputs -> (split summaries, Tally); writes rejected.jsonl in input order and drops the
     empty shards of splits that got fewer records than shards (as ShardWriter.close does)."""
     from components.preprocess.step import Tally
