@@ -41,9 +41,9 @@ def job_graph(image_folder, tmp_path, settings):
     beam_lib.build_graph(pipeline, inputs_path=inputs, output_dir="gs://my-bucket/run/dataset",
                          work_dir="gs://my-bucket/run/dataset/_beam", shards={"train": 2, "validation": 2, "test": 2},
                          settings=beam_lib.BeamSettings(image_size=28, channels=1, check_extension=True,
-                                                     validation_fraction=0.1, test_fraction=0.1,
-                                                     class_names=src.class_names, sample_classes=3,
-                                                     samples_per_class=8))
+                                                        validation_fraction=0.1, test_fraction=0.1,
+                                                        class_names=src.class_names, sample_classes=3,
+                                                        samples_per_class=8))
     return pipeline
 
 

@@ -174,9 +174,9 @@ def run_beam(src: Source, output_dir: str, *, shards: dict[str, int], image_size
     inputs_path = data.join(work_dir, "inputs.jsonl")
     seen = write_inputs(src, inputs_path)
     settings = BeamSettings(image_size=image_size, channels=channels, check_extension=src.kind == "folder",
-                         validation_fraction=validation_fraction, test_fraction=test_fraction,
-                         class_names=src.class_names, sample_classes=min(len(src.class_names), CARD_MAX_CLASSES),
-                         samples_per_class=SAMPLES_PER_CLASS)
+                            validation_fraction=validation_fraction, test_fraction=test_fraction,
+                            class_names=src.class_names, sample_classes=min(len(src.class_names), CARD_MAX_CLASSES),
+                            samples_per_class=SAMPLES_PER_CLASS)
     started = time.monotonic()
     try:
         if dataflow is not None:
