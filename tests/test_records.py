@@ -60,7 +60,8 @@ def test_224_photos_from_jpegs_are_stored_as_jpeg_at_a_quarter_of_raw_or_less(tm
     stored_bytes = sum(info["bytes"] for info in manifest["splits"].values())
     on_disk = sum(os.path.getsize(f) for s in data.SPLITS for f in data.split_files(out, s))
     assert count == len(made) and on_disk >= stored_bytes
-    print(f"{on_disk / count:.0f} bytes per 224x224 RGB record ({RAW_224_RGB / (on_disk / count):.1f}x smaller than raw)")
+    per_record = on_disk / count
+    print(f"{per_record:.0f} bytes per 224x224 RGB record ({RAW_224_RGB / per_record:.1f}x smaller than raw)")
     assert on_disk / count <= RAW_224_RGB / 4, f"{on_disk / count:.0f} bytes per record"
     for uri, image in stored_images(out).items():  # lossy, but close: quality 95 of the decoded source
         difference = np.abs(image.astype(int) - made[uri].astype(int))

@@ -33,7 +33,8 @@ IMPORTANCE = ["JOB_MESSAGE_IMPORTANCE_UNKNOWN", "JOB_MESSAGE_DEBUG", "JOB_MESSAG
               "JOB_MESSAGE_WARNING", "JOB_MESSAGE_ERROR"]
 # JobState in number order (clients may send numbers: `$alt=json;enum-encoding=int`).
 JOB_STATES = ["JOB_STATE_UNKNOWN", "JOB_STATE_STOPPED", "JOB_STATE_RUNNING", "JOB_STATE_DONE", "JOB_STATE_FAILED",
-              "JOB_STATE_CANCELLED", "JOB_STATE_UPDATED", "JOB_STATE_DRAINING", "JOB_STATE_DRAINED", "JOB_STATE_PENDING",
+              "JOB_STATE_CANCELLED", "JOB_STATE_UPDATED", "JOB_STATE_DRAINING", "JOB_STATE_DRAINED",
+              "JOB_STATE_PENDING",
               "JOB_STATE_CANCELLING", "JOB_STATE_QUEUED", "JOB_STATE_RESOURCE_CLEANING_UP", "JOB_STATE_PAUSING",
               "JOB_STATE_PAUSED"]
 JOB_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,1022}[a-z0-9])?$")
@@ -66,7 +67,8 @@ class DataflowStandIn(StandIn):
 
     def _job(self, request: Request) -> dict:
         job = self.jobs.get(request.params["id"])
-        if job is None or job["projectId"] != request.params["project"] or job["location"] != request.params["location"]:
+        where = (request.params["project"], request.params["location"])
+        if job is None or (job["projectId"], job["location"]) != where:
             raise ApiError("NOT_FOUND", f"(job {request.params['id']}) not found in project "
                                         f"{request.params['project']}, location {request.params['location']}")
         return job
