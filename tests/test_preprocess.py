@@ -133,7 +133,7 @@ def test_every_decode_plan_gives_the_same_examples(mixed_corpus, size, channels)
     src = sources.folder_source(root, size, channels, None, 1, None)
     shape = dict(height=size, width=size, channels=channels, check_extension=True)
     plans = decoding.candidate_plans(root, 2)
-    assert {"workers": 1, "use_processes": False, "use_tensorflow": True} in plans and len(plans) == 4
+    assert {"workers": 2, "use_processes": False, "use_tensorflow": True} in plans and len(plans) == 4
     decoder = decoding.TensorFlowDecoder(size, size, channels)
     routed = [i for i in src.items() if not i.problem and decoder.route(open(i.uri, "rb").read() if os.path.isfile(
         i.uri) else b"")]
@@ -497,7 +497,7 @@ def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch)
     plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000)
     assert plan in decoding.candidate_plans(root, 2)
     line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
-    for label in ("one worker", "2 threads", "2 processes", "TensorFlow batches"):
+    for label in ("one worker", "2 threads", "2 processes", "TensorFlow batches x2"):
         assert re.search(label + r" [\d,]+/s", line), line
 
 

@@ -248,13 +248,15 @@ def candidate_plans(source: str, cpus: int) -> list[dict]:
     # threads: they overlap file reads and the GIL-free parts of PIL's decoders (most of a large JPEG's decode,
     # little of a small PNG's).
     # TensorFlow: files that need no conversion are decoded by batches in C++, beside the main process.
+    # One thread per CPU hands batches to TensorFlow: while one waits on C++ the other does its batch's Python
+    # (measured on 28x28 PNGs: 1 thread 14-19k/s, 2 threads 27-29k/s, records built).
     return [one, {"workers": cpus, "use_processes": False}, {"workers": cpus, "use_processes": True},
-            {"workers": 1, "use_processes": False, "use_tensorflow": True}]
+            {"workers": cpus, "use_processes": False, "use_tensorflow": True}]
 
 
 def _label(plan: dict) -> str:
     if plan.get("use_tensorflow"):
-        return "TensorFlow batches"
+        return f"TensorFlow batches x{plan['workers']}"
     if plan["workers"] <= 1:
         return "one worker"
     return f"{plan['workers']} {'processes' if plan['use_processes'] else 'threads'}"

@@ -170,14 +170,14 @@ def main(argv: list[str] | None = None) -> dict:
         root = trees[args.images]
         # Interleaved repeats, best of each: other load on a shared machine comes and goes within a run.
         runs = {"baseline": [], "ours": [], "1 worker": [], f"{cpus} threads": [], f"{cpus} processes": [],
-                "TensorFlow batches": []}
+                f"TensorFlow batches x{cpus}": []}
         for _ in range(args.repeats):
             runs["baseline"].append(baseline_rate(root))
             runs["ours"].append(preprocess_rate(root, os.path.join(workdir, "out"), workers=cpus))
             runs["1 worker"].append((decode_rate(root, 1, False), 0))
             runs[f"{cpus} threads"].append((decode_rate(root, cpus, False), 0))
             runs[f"{cpus} processes"].append((decode_rate(root, cpus, True), 0))
-            runs["TensorFlow batches"].append((decode_rate(root, 1, False, True), 0))
+            runs[f"TensorFlow batches x{cpus}"].append((decode_rate(root, cpus, False, True), 0))
         (baseline, baseline_count), (ours, ours_count) = max(runs["baseline"]), max(runs["ours"])
         decode = {name: max(rate for rate, _ in runs[name]) for name in list(runs)[2:]}
         beam_rate, _ = preprocess_rate(root, os.path.join(workdir, "out-beam"), workers=cpus, runner="beam")
