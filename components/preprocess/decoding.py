@@ -280,9 +280,9 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
     """Decodes the inputs of `items()` in order with the plan that measures fastest here.
 
     Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
-    decoded 14.6k/s, 2 threads 6.8k/s (GIL contention: most of a small decode is Python inside PIL), 2
-    processes 18.6k/s and TensorFlow batches 18.6k/s; for 480x480 JPEGs threads do well (PIL releases the GIL
-    while decoding). So with at least MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`)
+    decoded 14.8k/s, 2 threads 6.9k/s (GIL contention: most of a small decode is Python inside PIL), 2
+    processes 18.2k/s and TensorFlow batches from 2 threads 30.1k/s; for 480x480 JPEGs, which need resizing (PIL's
+    job), 2 threads win (PIL releases the GIL while decoding). So with at least MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`)
     decodes the same first few hundred inputs and the shortest projected time for `expected` inputs (worker
     start-up included) wins; the one-worker measurement's examples are the first ones yielded, so only the other
     candidates' work is spent on measuring. The choice and the measured rates are logged.
