@@ -32,8 +32,8 @@ def photo(rng: np.random.Generator, size: int = 224) -> np.ndarray:
     return image.clip(0, 255).astype(np.uint8)
 
 
-def photo_tree(root, rng, fmt: str, per_class: int = 6, size: int = 224) -> dict[str, np.ndarray]:
-    """Two class folders of photos saved as `fmt`; returns path -> the pixels as saved (PNG) or as decoded."""
+def photo_tree(root, rng, fmt: str, per_class: int = 6, size: int = 224, target: int | None = None) -> dict:
+    """Two class folders of photos saved as `fmt`; returns path -> the pixels preprocess decodes at `target` px."""
     made = {}
     for cls in ("cat", "dog"):
         os.makedirs(root / cls, exist_ok=True)
@@ -41,7 +41,7 @@ def photo_tree(root, rng, fmt: str, per_class: int = 6, size: int = 224) -> dict
             path = str(root / cls / f"{i}.{'jpg' if fmt == 'JPEG' else 'png'}")
             Image.fromarray(photo(rng, size)).save(path, fmt, **({"quality": 92} if fmt == "JPEG" else {}))
             with open(path, "rb") as f:
-                made[path] = data.decode_image(f.read(), size, size, 3)
+                made[path] = data.decode_image(f.read(), target or size, target or size, 3)
     return made
 
 
@@ -51,7 +51,7 @@ def stored_images(dataset_dir: str) -> dict[str, np.ndarray]:
 
 
 def test_224_photos_from_jpegs_are_stored_as_jpeg_at_a_quarter_of_raw_or_less(tmp_path):
-    made = photo_tree(tmp_path / "photos", np.random.default_rng(1), "JPEG")
+    made = photo_tree(tmp_path / "photos", np.random.default_rng(1), "JPEG", size=320, target=224)  # resized
     out = str(tmp_path / "out")
     result = pp.preprocess(str(tmp_path / "photos"), out, image_size=224, channels=3, workers=1, min_shards=1)
     manifest = data.read_manifest(out)
@@ -78,6 +78,26 @@ def test_png_sources_are_stored_losslessly(tmp_path):
     for uri, image in stored.items():
         np.testing.assert_array_equal(image, made[uri])
     assert "stored as PNG" in pp.dataset_card(out)
+
+
+def test_sources_already_of_the_target_size_are_stored_as_they_are(tmp_path):
+    """No second JPEG generation and no encoding time: the record holds the file, which reads back to exactly the
+    pixels preprocess decoded."""
+    made = photo_tree(tmp_path / "photos", np.random.default_rng(4), "JPEG", per_class=3, size=96)
+    made.update(photo_tree(tmp_path / "photos", np.random.default_rng(5), "PNG", per_class=1, size=96))
+    out = str(tmp_path / "out")
+    pp.preprocess(str(tmp_path / "photos"), out, image_size=96, channels=3, workers=1, min_shards=1)
+    assert data.read_manifest(out)["image_encoding"] == data.ENCODED
+    import tensorflow as tf
+
+    for split in data.SPLITS:
+        for record, _ in data.read_records(out, split).as_numpy_iterator():
+            features = tf.train.Example.FromString(record).features.feature
+            uri = features["uri"].bytes_list.value[0].decode()
+            with open(uri, "rb") as f:
+                assert features["image"].bytes_list.value[0] == f.read()
+    for uri, image in stored_images(out).items():
+        np.testing.assert_array_equal(image, made[uri])
 
 
 def test_a_mix_of_jpeg_and_png_sources_is_encoded_and_read_back(tmp_path):

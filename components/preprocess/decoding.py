@@ -53,21 +53,6 @@ def _batched(examples: list[Example], height: int, width: int, channels: int) ->
     return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
 
 
-def tensorflow_route(raw: bytes, height: int, width: int, channels: int) -> str | None:
-    """"PNG" or "JPEG" for file bytes that TensorFlowDecoder decodes itself, else None (PIL's)."""
-    import struct
-
-    from components.predict.decode import PNG_MAGIC, jpeg_shape
-
-    if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
-        return None
-    if raw.startswith(PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)):
-        return "PNG"
-    if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == (height, width, channels):
-        return "JPEG"
-    return None
-
-
 def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
     """The share of the sample's files that TensorFlowDecoder would decode itself (their first 64 KB read)."""
     files = [item.uri for item in sample if not item.problem and "://" not in item.uri]
@@ -75,7 +60,7 @@ def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels:
     for uri in files:
         try:
             with open(uri, "rb") as f:
-                routed += tensorflow_route(f.read(65536), height, width, channels) is not None
+                routed += per_image.exact_format(f.read(65536), height, width, channels) is not None
         except OSError:
             pass
     return routed / max(len(files), 1)
@@ -132,7 +117,7 @@ class TensorFlowDecoder:
 
     def route(self, raw: bytes) -> str | None:
         """What TensorFlow decodes (as `read_and_decode` decides, in Python): "PNG", "JPEG" or None."""
-        return tensorflow_route(raw, *self.shape)
+        return per_image.exact_format(raw, *self.shape)
 
     def decode_examples(self, items: list[Item], check_extension: bool) -> list[Example]:
         """The examples of a batch, TensorFlow reading and decoding what it can. A batch holding a file TensorFlow
@@ -159,7 +144,8 @@ class TensorFlowDecoder:
                 item, raw = items[position], contents[index]
                 if kinds[index]:
                     image = images[index]
-                    stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG")
+                    stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG",
+                                                             raw)
                     examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
                                                  stored=stored, encoding=encoding)
                 else:

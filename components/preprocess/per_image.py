@@ -36,11 +36,35 @@ def extension_problem(uri: str) -> tuple[str, str] | None:
     return data.NOT_AN_IMAGE, f"file extension {extension} (expected {', '.join(data.IMAGE_EXTENSIONS)})"
 
 
-def stored_form(image: np.ndarray, image_size: int, source_format: str | None) -> tuple[bytes | None, str]:
+def exact_format(raw: bytes, height: int, width: int, channels: int) -> str | None:
+    """"PNG" or "JPEG" when file bytes decode, as they are, to the target's size and colour type (8-bit PNG; JPEG of
+    that many components), with no EXIF orientation to apply, else None. Such files decode to the same pixels in
+    TensorFlow as in PIL (the exact integer DCT for JPEG), so TensorFlow may decode them, and an encoded record may
+    hold them unchanged."""
+    import struct
+
+    from components.predict.decode import PNG_MAGIC, jpeg_shape
+
+    if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
+        return None
+    if raw.startswith(PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)):
+        return "PNG"
+    if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == (height, width, channels):
+        return "JPEG"
+    return None
+
+
+def stored_form(image: np.ndarray, image_size: int, source_format: str | None,
+                raw: bytes | None = None) -> tuple[bytes | None, str]:
     """(bytes a record stores, encoding): for raw datasets None (the pixels are the bytes, taken when the
-    record is built), else the PNG/JPEG bytes (see data.record_encoding)."""
+    record is built), else PNG/JPEG bytes (see data.record_encoding): the source file itself when it already is
+    exactly that (`exact_format`: no second JPEG generation, no encoding time), else the pixels encoded."""
     encoding = data.record_encoding(image_size, source_format)
-    return (None if encoding == data.RAW else data.encode_image(image, encoding)), encoding
+    if encoding == data.RAW:
+        return None, encoding
+    if raw is not None and exact_format(raw, *image.shape) == encoding.upper():
+        return raw, encoding
+    return data.encode_image(image, encoding), encoding
 
 
 def decode_file(uri: str, label: int, split: str | None, height: int, width: int, channels: int,
@@ -64,7 +88,7 @@ def decode_contents(item: Item, raw: bytes, height: int, width: int, channels: i
         image, source_format = data.decode_image_file(raw, height, width, channels)
     except data.ImageError as e:
         return Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
-    stored, encoding = stored_form(image, width, source_format)
+    stored, encoding = stored_form(image, width, source_format, raw)
     return Example(item.uri, item.label, item.split, content_key(raw), image, stored=stored, encoding=encoding)
 
 
