@@ -16,7 +16,7 @@ help: ## list the targets
 $(BIN)/pipectl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/pip install --quiet -e '.[cpu,dev,beam]'
 	@touch $@
 
 install: $(BIN)/pipectl data ## create .venv with the project (editable) and the embedded dataset

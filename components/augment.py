@@ -277,11 +277,15 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
 
     height, width, channels = manifest["image_shape"]
     total = train_count * (copies + 1)
-    writer = data.ShardWriter(output_dir, "train", data.num_shards_for(total, height * width * channels,
-                                                                       min_shards=min_shards))
+    # Copies are stored as the originals are: raw stays raw, JPEG datasets stay JPEG, PNG or mixed ones get PNG.
+    encoding = data.manifest_encoding(manifest)
+    copy_encoding = data.PNG if encoding == data.ENCODED else encoding
+    image_bytes = height * width * channels // (1 if encoding == data.RAW else 4)
+    writer = data.ShardWriter(output_dir, "train", data.num_shards_for(total, image_bytes, min_shards=min_shards),
+                              encoding=copy_encoding)
     source = data.read_split(dataset_dir, "train", with_uri=True).enumerate()
-    for image, label, uri in data.read_split(dataset_dir, "train", with_uri=True).as_numpy_iterator():
-        writer.write(image, int(label), uri.decode())
+    for record, label in data.read_records(dataset_dir, "train").as_numpy_iterator():  # the originals, as stored
+        writer.write_record(record, int(label), encoding)
     last_report = time.monotonic()
     for copy in range(1, copies + 1):
         augmented = source.map(lambda i, ex, c=copy: (augment_image(ex[0], i, c, policy), ex[1], ex[2]),
@@ -293,6 +297,7 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
                 log.info("augment: %d/%d images written", writer.count, total)
     writer.close()
     out["splits"] = {"train": writer.summary()}
+    out["image_encoding"] = data.dataset_encoding(writer.encodings)
     data.write_json(data.join(output_dir, data.MANIFEST), out)
     seconds = time.monotonic() - start
     log.info("augment: wrote %d training images (%d copies) to %s in %.1fs", writer.count, copies, output_dir, seconds)

@@ -9,8 +9,21 @@ A dataset directory (the `Dataset` artifact of preprocess and augment) holds:
     rejected.jsonl               inputs that could not be used: {"uri", "reason", "detail"} per line
     samples.png                  the first training images of each class, one row per class (dataset card)
 
-Each record is a `tf.train.Example` with `image` (raw uint8 bytes, HxWxC), `label` (int64) and `uri`
-(where the image came from). Raw bytes are stored rather than PNG so readers never pay for decoding.
+Each record is a `tf.train.Example` with `image`, `label` (int64) and `uri` (where the image came from).
+How `image` holds the pixels is the manifest's `image_encoding`:
+
+    raw       uint8 bytes, HxWxC: images below ENCODED_MIN_SIZE (64) px, e.g. the 28x28 reference workload; a
+              few hundred bytes that readers take as they are, with nothing to decode
+    png       PNG (lossless): sources whose pixels are exact (PNG/BMP/GIF/TIFF files, idx, tfds arrays)
+    jpeg      JPEG at quality JPEG_QUALITY (95): lossy sources (JPEG, WebP files), where a lossless copy would
+              store the source's compression noise at ~5x the size (224x224 photo-like images: 15.6 KB as
+              JPEG, 87 KB as PNG) for no accuracy
+    encoded   a mix of the two (a folder of PNGs and JPEGs), told apart by their first bytes
+
+A 224x224 RGB photo is 150,528 bytes raw and a tenth of that as JPEG, so for photos the encoded form cuts the
+shards (and the read I/O) several times; tf.data decodes them in parallel on the way to the model. Every reader
+goes through `record_parser` (or `decode_record_image`), so the encoding is decided here only. A manifest
+without the key (older datasets) holds raw records.
 Paths may be local or `gs://` (everything goes through `tf.io.gfile`).
 """
 
@@ -36,6 +49,13 @@ MANIFEST = "dataset.json"
 REJECTED = "rejected.jsonl"
 SPLITS = ("train", "validation", "test")
 TARGET_SHARD_BYTES = 128 << 20  # within the 100-200 MB that object stores and tf.data readers like
+
+# Record image encodings (see the module docstring) and when each is used.
+RAW, PNG, JPEG, ENCODED = "raw", "png", "jpeg", "encoded"
+IMAGE_ENCODINGS = (RAW, PNG, JPEG, ENCODED)
+ENCODED_MIN_SIZE = 64
+JPEG_QUALITY = 95
+LOSSY_FORMATS = ("JPEG", "MPO", "WEBP")  # PIL format names whose pixels already went through lossy compression
 
 
 def gfile():
@@ -133,39 +153,76 @@ def num_shards_for(num_images: int, image_bytes: int, *, min_shards: int = 1, ur
 # ---------------------------------------------------------------------------------------------- TFRecord
 
 
-@functools.lru_cache(maxsize=65536)  # lengths and labels repeat: a cache hit is 5x cheaper than encoding
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # int64 two's complement, as protobuf writes negative numbers
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def record_encoding(image_size: int, source_format: str | None = None) -> str:
+    """How one record's image is stored: raw below ENCODED_MIN_SIZE px, else JPEG for a lossy source format
+    (PIL's name, e.g. "JPEG") and PNG for anything exact (other files, idx and tfds arrays: None)."""
+    if image_size < ENCODED_MIN_SIZE:
+        return RAW
+    return JPEG if source_format in LOSSY_FORMATS else PNG
 
 
-def _field(tag: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field: tag byte, length, payload."""
-    return bytes((tag,)) + _varint(len(payload)) + payload
+def dataset_encoding(used: Iterable[str]) -> str:
+    """The manifest's `image_encoding` from the encodings its records use."""
+    kinds = set(used) or {RAW}
+    if len(kinds) == 1:
+        return kinds.pop()
+    if RAW in kinds:
+        raise ValueError(f"raw and encoded records cannot share a dataset ({sorted(kinds)})")
+    return ENCODED
 
 
-def _feature_entry(key: bytes, feature: bytes) -> bytes:
-    return _field(0x0A, _field(0x0A, key) + _field(0x12, feature))  # map<string, Feature> entry
+def manifest_encoding(manifest: dict) -> str:
+    """A manifest's `image_encoding`; datasets written before the key existed hold raw records."""
+    encoding = manifest.get("image_encoding", RAW)
+    if encoding not in IMAGE_ENCODINGS:
+        raise DataError(f"Unknown image_encoding {encoding!r} in {MANIFEST} (known: {', '.join(IMAGE_ENCODINGS)}); "
+                        "was the dataset written by a newer version?")
+    return encoding
 
 
-def encode_example(image: np.ndarray, label: int, uri: str) -> bytes:
-    """A serialized `tf.train.Example` {image: bytes, label: int64, uri: bytes}.
+def encode_image(image: np.ndarray, encoding: str) -> bytes:
+    """The bytes a record stores for a uint8 HxWxC image (see the module docstring for the encodings)."""
+    if encoding == RAW:
+        return np.ascontiguousarray(image).tobytes()
+    import io
 
-    Written by hand (the wire format of this fixed message is a few length-prefixed fields) so that decode
-    workers can serialize without importing TensorFlow, and 5x faster than building the proto in Python.
-    tests/test_data.py checks it parses to the same message as `tf.train.Example`.
-    """
-    image_feature = _field(0x0A, _field(0x0A, np.ascontiguousarray(image).tobytes()))  # Feature.bytes_list
-    label_feature = _field(0x1A, _field(0x0A, _varint(int(label))))  # Feature.int64_list (packed)
-    uri_feature = _field(0x0A, _field(0x0A, uri.encode()))
-    features = (_feature_entry(b"image", image_feature) + _feature_entry(b"label", label_feature)
-                + _feature_entry(b"uri", uri_feature))
-    return _field(0x0A, features)
+    from PIL import Image
+
+    pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+    buffer = io.BytesIO()
+    if encoding == PNG:
+        # Level 1: on 224x224 photo-like images 14% larger than the default level 6 (98 vs 87 KB) in 64% of the
+        # time (6.8 vs 10.7 ms); encoding runs once per image in the decode workers, where it is the cost.
+        pil.save(buffer, "PNG", compress_level=1)
+    elif encoding == JPEG:
+        pil.save(buffer, "JPEG", quality=JPEG_QUALITY)
+    else:
+        raise ValueError(f"Cannot encode a record as {encoding!r} (use raw, png or jpeg)")
+    return buffer.getvalue()
+
+
+# Records are built with tf.train.Example, the library's own proto (protobuf's upb backend), not a hand-written
+# wire encoder: serializing a 28x28 record measured 3.5 us (290k records/s) on the benchmark machine, against
+# ~50 us to read and decode the PNG, and the preprocess main loop as a whole runs at 47k records/s without decoding
+# (tests/benchmarks/ingest.py quotes the whole). Its one catch is that it needs TensorFlow's proto module: decode
+# workers hand back image bytes and the main process (or the Beam worker) builds the records.
+@functools.cache
+def _example_class():
+    from tensorflow.core.example import example_pb2
+
+    return example_pb2.Example
+
+
+def encode_example(image: np.ndarray | bytes, label: int, uri: str) -> bytes:
+    """A serialized `tf.train.Example` {image: bytes, label: int64, uri: bytes}. `image` is the stored form
+    (`encode_image`), or an array stored raw."""
+    example = _example_class()()
+    feature = example.features.feature
+    feature["image"].bytes_list.value.append(image if isinstance(image, bytes) else
+                                             np.ascontiguousarray(image).tobytes())
+    feature["label"].int64_list.value.append(int(label))
+    feature["uri"].bytes_list.value.append(uri.encode())
+    return example.SerializeToString()
 
 
 class ShardWriter:
@@ -173,13 +230,16 @@ class ShardWriter:
 
     The shard count is fixed up front from the expected number of records; when fewer arrive (inputs rejected),
     the empty shards are removed on close and the rest renamed to the real count, so readers never see an
-    empty shard and `-of-N` stays true.
+    empty shard and `-of-N` stays true. `encoding` is how `write` stores the arrays it is given; `encodings`
+    collects what was written (`dataset_encoding` makes the manifest's key of it).
     """
 
-    def __init__(self, dataset_dir: str, split: str, num_shards: int):
+    def __init__(self, dataset_dir: str, split: str, num_shards: int, *, encoding: str = RAW):
         import tensorflow as tf
 
         self.split = split
+        self.encoding = encoding
+        self.encodings: set[str] = set()
         self.directory = join(dataset_dir, split)
         tf.io.gfile.makedirs(self.directory)
         self.paths = [self._name(i, num_shards) for i in range(num_shards)]
@@ -192,11 +252,12 @@ class ShardWriter:
         return join(self.directory, f"{self.split}-{index:05d}-of-{total:05d}.tfrecord")
 
     def write(self, image: np.ndarray, label: int, uri: str) -> None:
-        self.write_record(encode_example(image, label, uri), label)
+        self.write_record(encode_example(encode_image(image, self.encoding), label, uri), label, self.encoding)
 
-    def write_record(self, record: bytes, label: int) -> None:
-        """Writes an already serialized example (see `encode_example`)."""
+    def write_record(self, record: bytes, label: int, encoding: str = RAW) -> None:
+        """Writes an already serialized example (see `encode_example`) whose image is stored as `encoding`."""
         self._writers[self.count % len(self._writers)].write(record)
+        self.encodings.add(encoding)
         self.count += 1
         self.bytes += len(record)
         self.class_counts[int(label)] = self.class_counts.get(int(label), 0) + 1
@@ -230,28 +291,72 @@ def split_files(dataset_dir: str, split: str) -> list[str]:
     return files
 
 
+def decode_record_image(image_bytes, image_shape, encoding: str):
+    """The uint8 HxWxC tensor of a record's stored image (a scalar string tensor), for tf.data maps: the one
+    place that knows how each `image_encoding` is decoded. The shape is checked (reshape) against the manifest's."""
+    import tensorflow as tf
+
+    height, width, channels = image_shape
+    if encoding == RAW:
+        image = tf.io.decode_raw(image_bytes, tf.uint8)
+    elif encoding == PNG:
+        image = tf.io.decode_png(image_bytes, channels=channels)
+    elif encoding == JPEG:  # the exact integer DCT, as PIL decoded the sources preprocess took as they were
+        image = tf.io.decode_jpeg(image_bytes, channels=channels, dct_method="INTEGER_ACCURATE")
+    elif encoding == ENCODED:
+        image = tf.cond(tf.equal(tf.strings.substr(image_bytes, 0, 3), b"\xff\xd8\xff"),
+                        lambda: tf.io.decode_jpeg(image_bytes, channels=channels, dct_method="INTEGER_ACCURATE"),
+                        lambda: tf.io.decode_png(image_bytes, channels=channels))
+    else:
+        raise DataError(f"Unknown image_encoding {encoding!r} (known: {', '.join(IMAGE_ENCODINGS)})")
+    return tf.reshape(image, [height, width, channels])
+
+
+def record_parser(manifest: dict, *, with_uri: bool = False):
+    """A tf.data map function: serialized record -> (image uint8 HxWxC, label int32[, uri]) for the dataset
+    whose manifest this is (its image_shape and image_encoding). Every reader of the shards uses it."""
+    import tensorflow as tf
+
+    shape, encoding = list(manifest["image_shape"]), manifest_encoding(manifest)
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64),
+            "uri": tf.io.FixedLenFeature([], tf.string, default_value="")}
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        image = decode_record_image(ex["image"], shape, encoding)
+        label = tf.cast(ex["label"], tf.int32)
+        return (image, label, ex["uri"]) if with_uri else (image, label)
+
+    return parse
+
+
 def read_split(dataset_dir: str, split: str, *, with_uri: bool = False, shuffle_files_seed: int | None = None):
     """A tf.data.Dataset of (image uint8 HxWxC, label int32[, uri]) from a split's shards."""
     import tensorflow as tf
 
     manifest = read_manifest(dataset_dir)
-    height, width, channels = manifest["image_shape"]
     files = split_files(dataset_dir, split)
     ds = tf.data.Dataset.from_tensor_slices(files)
     if shuffle_files_seed is not None:
         ds = ds.shuffle(len(files), seed=shuffle_files_seed)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64),
-            "uri": tf.io.FixedLenFeature([], tf.string, default_value="")}
+    return ds.map(record_parser(manifest, with_uri=with_uri), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=True)
 
-    def parse(record):
-        ex = tf.io.parse_single_example(record, spec)
-        image = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), [height, width, channels])
-        label = tf.cast(ex["label"], tf.int32)
-        return (image, label, ex["uri"]) if with_uri else (image, label)
 
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+def read_records(dataset_dir: str, split: str):
+    """A tf.data.Dataset of (serialized record, label int64) of a split, in read_split's order: for copying
+    records as they are (no decode and re-encode, which would compress a JPEG twice)."""
+    import tensorflow as tf
+
+    files = split_files(dataset_dir, split)
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True)
+    spec = {"label": tf.io.FixedLenFeature([], tf.int64)}
+    return ds.map(lambda record: (record, tf.io.parse_single_example(record, spec)["label"]),
+                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def load_split_arrays(dataset_dir: str, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -306,169 +411,11 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 
 # ---------------------------------------------------------------------------------------------- images
 
-# Formats decoded (first frame of animated GIF/WebP and multi-page TIFF); others are rejected with the reason.
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-IMAGE_FORMATS = ("PNG", "JPEG", "MPO", "BMP", "GIF", "WEBP", "TIFF")
-# Bigger images are refused before their pixels are decoded, which bounds each decode worker's memory
-# (64 Mpx is 192 MB as RGB); far above any camera photo meant for classification.
-MAX_IMAGE_PIXELS = 64_000_000
-
-# Why an input was rejected: the `reason` of rejected.jsonl rows and the key of the per-reason counts.
-EMPTY_FILE = "empty file"
-NOT_AN_IMAGE = "not an image"
-CORRUPT = "corrupt or truncated image"
-UNSUPPORTED_FORMAT = "unsupported image format"
-UNSUPPORTED_MODE = "unsupported image mode"
-TOO_LARGE = "image too large"
-UNREADABLE = "unreadable"
-
-
-class ImageError(ValueError):
-    """An input file that is not a usable image. `reason` is one of the constants above (what reports count),
-    `detail` says what exactly was wrong with this file."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-
-
-_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
-_CONVERTIBLE_MODES = ("1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr")
-_ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
-
-
-@functools.cache
-def _silence_pil_size_warning() -> None:
-    """PIL warns about images above 89 Mpx; they are rejected (and reported) by our stricter limit instead.
-    Installed once, on first use: a per-call warnings.catch_warnings would cost more than the PNG decode."""
-    import warnings
-
-    from PIL import Image
-
-    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-
-def decode_image(data: bytes, height: int, width: int, channels: int, *,
-                 max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
-    """Decodes image file bytes of any size and colour mode into uint8 HxWxC (C = 1 grayscale, 3 RGB).
-
-    Colour: palette, CMYK and YCbCr images are converted; transparent pixels are composited onto white;
-    16-bit images are scaled to 8 bits (65535 -> 255); the EXIF orientation of photos is applied.
-    Resizing is bilinear with antialiasing; large JPEGs are decoded at a reduced scale first (DCT scaling),
-    which is several times faster for photos that end up as small thumbnails.
-    Raises ImageError (with a reason from the constants above) for anything that is not a usable image.
-    """
-    import io
-
-    from PIL import Image, ImageOps, UnidentifiedImageError
-
-    _silence_pil_size_warning()
-    if not data:
-        raise ImageError(EMPTY_FILE, "0 bytes")
-    try:
-        img = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        raise ImageError(NOT_AN_IMAGE, f"unrecognised content ({len(data)} bytes, starts {data[:8]!r})") from None
-    except Image.DecompressionBombError as e:
-        raise ImageError(TOO_LARGE, str(e)) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ImageError(CORRUPT, str(e) or type(e).__name__) from None
-    if img.format not in IMAGE_FORMATS:
-        raise ImageError(UNSUPPORTED_FORMAT, f"{img.format} (supported: {', '.join(IMAGE_FORMATS)})")
-    if img.width * img.height > max_pixels:
-        raise ImageError(TOO_LARGE, f"{img.width}x{img.height} pixels (limit {max_pixels})")
-    if img.mode == "F":
-        raise ImageError(UNSUPPORTED_MODE, "F (floating-point pixels have no standard 0-255 range)")
-    if img.mode not in _SIXTEEN_BIT_MODES + _CONVERTIBLE_MODES + _ALPHA_MODES + ("I",):
-        raise ImageError(UNSUPPORTED_MODE, f"{img.mode} (no conversion to grayscale/RGB)")
-    if img.format in ("JPEG", "MPO") and img.mode in ("L", "RGB", "YCbCr"):
-        img.draft("L" if channels == 1 else "RGB", (width, height))  # a scale >= the target size
-    try:
-        img.load()  # decodes fully now, so truncated files fail here rather than later
-    except Image.DecompressionBombError as e:
-        raise ImageError(TOO_LARGE, str(e)) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ImageError(CORRUPT, str(e) or type(e).__name__) from None
-    orientation = 1
-    if "exif" in img.info or img.format == "TIFF":
-        try:
-            orientation = img.getexif().get(0x0112, 1)
-        except Exception:  # a malformed EXIF block does not make the pixels unusable
-            pass
-    if orientation != 1:
-        img = ImageOps.exif_transpose(img)
-    if img.mode in _SIXTEEN_BIT_MODES or img.mode == "I":
-        wide = np.asarray(img).astype(np.int64)
-        if wide.size and (wide.min() < 0 or wide.max() > 65535):
-            raise ImageError(UNSUPPORTED_MODE, f"{img.mode} with values outside 0-65535")
-        img = Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8))
-    elif img.mode in _ALPHA_MODES or (img.mode == "P" and "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        img = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-    target_mode = "L" if channels == 1 else "RGB"
-    if img.mode != target_mode:
-        try:
-            img = img.convert(target_mode)
-        except ValueError as e:
-            raise ImageError(UNSUPPORTED_MODE, f"{img.mode}: {e}") from None
-    if img.size != (width, height):
-        img = img.resize((width, height), Image.Resampling.BILINEAR)
-    return np.frombuffer(img.tobytes(), dtype=np.uint8).reshape(height, width, channels)
-
-
-def read_bytes(uri: str) -> bytes:
-    """Reads a local or remote (gs://...) file; any failure becomes ImageError(UNREADABLE, why)."""
-    try:
-        if "://" not in uri:
-            with open(uri, "rb") as f:  # plain open: 5x cheaper per file than tf.io.gfile for local trees
-                return f.read()
-        with gfile().GFile(uri, "rb") as f:
-            return f.read()
-    except IsADirectoryError:
-        raise ImageError(UNREADABLE, "is a directory") from None
-    except FileNotFoundError:
-        raise ImageError(UNREADABLE, "not found (missing file or dangling link)") from None
-    except Exception as e:  # tf.errors.OpError subclasses are not OSError
-        message = str(e).splitlines()[0] if str(e) else ""
-        raise ImageError(UNREADABLE, f"{type(e).__name__}: {message}") from None
-
-
-def list_files(root: str) -> Iterator[str]:
-    """Every file below root (local or gs://), in a stable order, streamed directory by directory."""
-    if "://" not in root:
-        if not os.path.isdir(root):
-            raise DataError(f"Not a directory: {root}")
-        walk = os.walk(root)
-    else:
-        if not gfile().isdir(root):
-            raise DataError(f"Not a directory: {root}")
-        walk = gfile().walk(root)
-    for directory, subdirs, files in walk:
-        subdirs.sort()
-        for name in sorted(files):
-            yield join(directory, name)
-
-
-def encode_png(image: np.ndarray) -> bytes:
-    """PNG bytes of a uint8 HxW, HxWx1 or HxWx3 array (for cards and previews)."""
-    import io
-
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def tile(images: list[np.ndarray], columns: int, *, gap: int = 1, background: int = 128) -> np.ndarray:
-    """Lays out equally sized HxWxC images in a grid, `columns` per row, with `gap` pixels between them."""
-    height, width, channels = images[0].shape
-    rows = max(1, math.ceil(len(images) / columns))
-    grid = np.full((rows * (height + gap) - gap, columns * (width + gap) - gap, channels), background, np.uint8)
-    for i, image in enumerate(images):
-        r, c = divmod(i, columns)
-        grid[r * (height + gap):r * (height + gap) + height, c * (width + gap):c * (width + gap) + width] = image
-    return grid
+# Image files (decoding, reading, listing, PNG/grid helpers) live in components/images.py; readers use them from here.
+from components.images import (  # noqa: E402,F401
+    CORRUPT, EMPTY_FILE, IMAGE_EXTENSIONS, IMAGE_FORMATS, MAX_IMAGE_PIXELS, NOT_AN_IMAGE, TOO_LARGE, UNREADABLE,
+    UNSUPPORTED_FORMAT, UNSUPPORTED_MODE, ImageError, decode_image, decode_image_file, encode_png, list_files,
+    read_bytes, tile)
 
 
 # ---------------------------------------------------------------------------------------------- models

@@ -17,19 +17,34 @@ UNSET_IMAGE = "python:3.11-slim"
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def preprocess_op(source: str, validation_fraction: float, test_fraction: float, image_size: int, channels: int,
                   limit: int, min_shards: int, dataset: Output[Dataset], stats: Output[Metrics],
-                  card: Output[HTML], classes: str = "") -> NamedTuple("Counts", train=int, validation=int, test=int,
-                                                                        rejected=int):
+                  card: Output[HTML], classes: str = "", runner: str = "local", image: str = "", project: str = "",
+                  location: str = "", dataflow_temp_location: str = "", dataflow_staging_location: str = "",
+                  dataflow_service_account: str = "", dataflow_network: str = "", dataflow_subnetwork: str = "",
+                  dataflow_max_workers: int = 0, dataflow_machine_type: str = "") -> NamedTuple(
+        "Counts", train=int, validation=int, test=int, rejected=int):
     """Reads the source (idx files, an image folder, a CSV/JSONL manifest or tfds:NAME) into sharded TFRecords for
-    train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason."""
+    train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason. With
+    runner=dataflow the same preprocessing runs as an Apache Beam job on Dataflow (workers on `image`), followed
+    and cancelled with the run, writing to the same dataset."""
     import collections
 
     from components import stepcli
-    from components.preprocess import preprocess, dataset_card
+    from components.preprocess import dataset_card, preprocess
 
     stepcli.setup_logging(force=True)
-    result = preprocess(source, dataset.path, validation_fraction=validation_fraction, test_fraction=test_fraction,
-                        image_size=image_size, channels=channels, limit=limit or None, min_shards=min_shards,
-                        classes=classes or None)
+    dataflow = None
+    if runner == "dataflow":
+        from components.preprocess import DataflowSettings
+
+        dataflow = DataflowSettings(
+            project=project, region=location, temp_location=dataflow_temp_location,
+            staging_location=dataflow_staging_location, service_account=dataflow_service_account,
+            network=dataflow_network, subnetwork=dataflow_subnetwork, max_workers=dataflow_max_workers,
+            machine_type=dataflow_machine_type, sdk_container_image=image)
+    # Dataflow's workers write the dataset themselves: its gs:// URI, not this pod's mount of it.
+    result = preprocess(source, dataset.uri if dataflow else dataset.path, validation_fraction=validation_fraction,
+                        test_fraction=test_fraction, image_size=image_size, channels=channels, limit=limit or None,
+                        min_shards=min_shards, classes=classes or None, runner=runner, dataflow=dataflow)
     for split, count in result.counts.items():
         stats.log_metric(f"images_{split}", count)
     stats.log_metric("rejected", result.rejected)

@@ -21,6 +21,7 @@ DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"  # the reference setup: training o
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"  # ... and batch prediction on an H100 pool
 AUGMENT_MODES = ("offline", "online")
 MIN_IMAGE_SIZE = 8
+MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/data.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,8 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
           "Share of the training images held out for validation (by content hash).", _fraction),
     Param("test_fraction", float, 0.1, "Share held out for test when the source has no test split of its own.",
           _fraction),
-    Param("image_size", int, 28, "Images are resized to image_size x image_size.", _at_least(MIN_IMAGE_SIZE)),
+    Param("image_size", int, 28, "Images are resized to image_size x image_size (8-512; from 64 the shards hold "
+          "PNG/JPEG instead of raw pixels).", _between(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)),
     Param("channels", int, 1, "1 for grayscale, 3 for RGB.",
           lambda value: None if value in (1, 3) else f"must be 1 or 3 (got {value})"),
     Param("limit", int, 0, "At most this many images per source split (0: all); for quick runs.", _at_least(0)),
@@ -135,8 +137,8 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
     Param("registry", str, "local", "local or vertex.", _one_of(_registries)),
     Param("registry_root", str, "", "Directory of the local registry."),
     Param("model_name", str, "image-classifier", "The registered model's name."),
-    Param("project", str, "", "Google Cloud project (registry=vertex)."),
-    Param("location", str, "us-central1", "Google Cloud region (registry=vertex)."),
+    Param("project", str, "", "Google Cloud project (registry=vertex, preprocess_runner=dataflow)."),
+    Param("location", str, "us-central1", "Google Cloud region (registry=vertex, preprocess_runner=dataflow)."),
     # The network and its initial weights (components/train/models.py, pretrained.py).
     Param("model", str, "reference-cnn",
           "Network: reference-cnn (the classic small CNN), mobilenet-v3-small, mobilenet-v3-large, efficientnet-v2-b0, "
@@ -154,7 +156,29 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
           _at_least(0)),
     Param("fine_tune_lr_factor", float, 0.0,
           "With pretrained weights: they train at learning rate x this (0: the recipe's 0.1).", _between(0, 1)),
+    # Preprocessing on Dataflow (components/preprocess/dataflow.py); checked together in `problems`.
+    Param("preprocess_runner", str, "local",
+          "local (preprocess inside the step) or dataflow (the same preprocessing as an Apache Beam job on Dataflow, "
+          "for sources on gs:// too large for one machine).", _one_of(("local", "dataflow"))),
+    Param("dataflow_temp_location", str, "", "gs:// folder for the Dataflow job's temporary files (required with "
+          "preprocess_runner=dataflow)."),
+    Param("dataflow_staging_location", str, "", "gs:// folder the job's graph is staged to (empty: "
+          "dataflow_temp_location/staging)."),
+    Param("dataflow_service_account", str, "", "Service account email Dataflow's workers run as (empty: the "
+          "project's Compute Engine default)."),
+    Param("dataflow_network", str, "", "VPC network of Dataflow's workers (empty: default)."),
+    Param("dataflow_subnetwork", str, "", "Subnetwork of Dataflow's workers: regions/REGION/subnetworks/NAME "
+          "(empty: default)."),
+    Param("dataflow_max_workers", int, 0, "Most Dataflow workers to autoscale to (0: Dataflow's default).",
+          _at_least(0, ", 0 for Dataflow's default")),
+    Param("dataflow_machine_type", str, "", "Machine type of Dataflow's workers, e.g. n2-standard-4 (empty: "
+          "Dataflow's default)."),
 ]}
+
+
+DATAFLOW_PARAMETERS = ("data", "preprocess_runner", "project", "location", "dataflow_temp_location",
+                       "dataflow_staging_location", "dataflow_service_account", "dataflow_network",
+                       "dataflow_subnetwork", "dataflow_max_workers", "dataflow_machine_type")
 
 
 def default(name: str) -> Any:
@@ -191,6 +215,10 @@ def problems(values: dict) -> list[str]:
                                 freeze_epochs=None if values["freeze_epochs"] < 0 else values["freeze_epochs"],
                                 fine_tune_layers=values["fine_tune_layers"],
                                 epochs=values.get("epochs") or None)
+    if values.get("preprocess_runner") == "dataflow":
+        from components.preprocess.dataflow import parameter_problems
+
+        found += parameter_problems({name: values.get(name, default(name)) for name in DATAFLOW_PARAMETERS})
     if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
         from components.gcp.accelerators import ACCELERATORS
         from components.launch.placement import gpu_placement

@@ -119,10 +119,24 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         freeze_epochs: int = params.default("freeze_epochs"),
         fine_tune_layers: int = params.default("fine_tune_layers"),
         fine_tune_lr_factor: float = params.default("fine_tune_lr_factor"),
+        preprocess_runner: str = params.default("preprocess_runner"),
+        dataflow_temp_location: str = params.default("dataflow_temp_location"),
+        dataflow_staging_location: str = params.default("dataflow_staging_location"),
+        dataflow_service_account: str = params.default("dataflow_service_account"),
+        dataflow_network: str = params.default("dataflow_network"),
+        dataflow_subnetwork: str = params.default("dataflow_subnetwork"),
+        dataflow_max_workers: int = params.default("dataflow_max_workers"),
+        dataflow_machine_type: str = params.default("dataflow_machine_type"),
     ):
+        # With preprocess_runner=dataflow the step submits and follows a Dataflow job whose workers run the CPU image.
         prep = ops.preprocess_op(
             source=data, validation_fraction=validation_fraction, test_fraction=test_fraction, image_size=image_size,
-            channels=channels, limit=limit, min_shards=min_shards, classes=classes)
+            channels=channels, limit=limit, min_shards=min_shards, classes=classes, runner=preprocess_runner,
+            image=settings.images.cpu, project=project, location=location,
+            dataflow_temp_location=dataflow_temp_location, dataflow_staging_location=dataflow_staging_location,
+            dataflow_service_account=dataflow_service_account, dataflow_network=dataflow_network,
+            dataflow_subnetwork=dataflow_subnetwork, dataflow_max_workers=dataflow_max_workers,
+            dataflow_machine_type=dataflow_machine_type)
         on_cpu(prep.set_display_name("Preprocess"), settings, "2", "4G")
 
         aug = ops.augment_op(dataset=prep.outputs["dataset"], copies=augment_copies, mode=augment_mode,

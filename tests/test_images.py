@@ -169,7 +169,16 @@ def test_runs_as_a_numeric_non_root_user_with_a_writable_home(kind):
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
 def test_entrypoint_is_left_to_kfp_and_cmd_is_the_console_script(kind):
     steps = stage(DOCKERFILES[kind])
-    assert not [a for k, a in steps if k == "ENTRYPOINT"], "KFP sets each step's command; an ENTRYPOINT would wrap it"
+    entrypoints = [a for k, a in steps if k == "ENTRYPOINT"]
+    if kind == "cpu":  # Dataflow's SDK container contract; KFP's command replaces it, CMD runs through it
+        assert entrypoints == ['["/usr/local/bin/entrypoint.sh"]']
+        script = os.path.join(ROOT, "images", "cpu", "entrypoint.sh")
+        boot = subprocess.run(["sh", "-n", script], capture_output=True, text=True)
+        assert boot.returncode == 0, boot.stderr
+        ran = subprocess.run(["sh", script, "echo", "a command"], capture_output=True, text=True)
+        assert ran.stdout == "a command\n"
+    else:
+        assert not entrypoints, "KFP sets each step's command; an ENTRYPOINT would wrap it"
     cmd = json.loads(next(a for k, a in steps if k == "CMD"))
     assert cmd[0] in pyproject()["project"]["scripts"], f"CMD runs {cmd[0]!r}, which the project does not install"
 

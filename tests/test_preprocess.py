@@ -5,6 +5,7 @@ import collections
 import io
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -102,7 +103,7 @@ def mixed_corpus(image_folder, fashion_arrays):
 def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_path):
     root, good, bad = mixed_corpus
     out = str(tmp_path / "out")
-    assert decoding.decode_plan(root, 2) == {"workers": 2, "use_processes": False}  # threads
+    assert decoding.decode_plan(root, 2) == {"workers": 1, "use_processes": False}  # a small run: one worker
     result = pp.preprocess(root, out, workers=2, min_shards=1)
     stored = read_back(out)
     arrived = {uri: label for split in stored.values() for uri, label, _ in split}
@@ -120,9 +121,35 @@ def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_p
         assert len(image) == 28 * 28  # every stored image is the target size and channels
 
 
-def test_processes_and_one_worker_give_the_same_dataset(mixed_corpus, tmp_path):
+@pytest.mark.parametrize("size, channels", [(28, 1), (64, 3)])
+def test_every_decode_plan_gives_the_same_examples(mixed_corpus, size, channels):
+    """One worker, threads, processes and TensorFlow batches (PNGs and JPEGs of the target size decoded by
+    TensorFlow, the rest by PIL) give the same pixels, keys, records and rejections, in the same order."""
     root, _, _ = mixed_corpus
-    assert decoding.decode_plan(root, 3) == {"workers": 2, "use_processes": True}
+    exact = os.path.join(root, "Bag")  # PNGs and a JPEG that need no conversion: TensorFlow's share
+    image = np.random.default_rng(5).integers(0, 255, (size, size, channels), dtype=np.uint8)
+    write(os.path.join(exact, "exact.png"), encoded(image[..., 0] if channels == 1 else image, "PNG"))
+    write(os.path.join(exact, "exact.jpg"), encoded(image[..., 0] if channels == 1 else image, "JPEG"))
+    src = sources.folder_source(root, size, channels, None, 1, None)
+    shape = dict(height=size, width=size, channels=channels, check_extension=True)
+    plans = decoding.candidate_plans(root, 2)
+    assert {"workers": 2, "use_processes": False, "use_tensorflow": True} in plans and len(plans) == 4
+    decoder = decoding.TensorFlowDecoder(size, size, channels)
+    routed = [i for i in src.items() if not i.problem and decoder.route(open(i.uri, "rb").read() if os.path.isfile(
+        i.uri) else b"")]
+    assert len(routed) >= (2 if channels == 3 else 60)  # TensorFlow really decodes some of them
+    results = []
+    for plan in plans:
+        examples = list(decoding.parallel_decode(src.items, **shape, **plan))
+        results.append([(e.uri, e.key, e.reason, e.detail, e.encoding, e.stored,
+                         None if e.image is None else e.image.tobytes()) for e in examples])
+    for other in results[1:]:
+        assert other == results[0]
+
+
+def test_processes_and_one_worker_give_the_same_dataset(mixed_corpus, tmp_path, monkeypatch):
+    root, _, _ = mixed_corpus
+    monkeypatch.setattr(decoding, "MEASURE_MIN_INPUTS", 10)  # measure even this small tree
     one = pp.preprocess(root, str(tmp_path / "one"), workers=1, min_shards=1)
     many = pp.preprocess(root, str(tmp_path / "many"), workers=3, min_shards=1)
     assert one.counts == many.counts and one.rejected_by_reason == many.rejected_by_reason
@@ -458,7 +485,20 @@ def test_available_cpus_and_decode_plan():
     assert 1 <= decoding.available_cpus() <= (os.cpu_count() or 1)
     assert decoding.decode_plan("gs://bucket/images", 2) == {"workers": 8, "use_processes": False}
     assert decoding.decode_plan("/data/images", 1) == {"workers": 1, "use_processes": False}
-    assert decoding.decode_plan("/data/images", 16) == {"workers": 15, "use_processes": True}
+    assert decoding.decode_plan("/data/images", 16) == {"workers": 1, "use_processes": False}  # nothing measured
+
+
+def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch):
+    root = image_folder(per_class=120)
+    src = sources.folder_source(root, 28, 1, None, 2, None)
+    monkeypatch.setattr(decoding, "MEASURE_MIN_INPUTS", 100)
+    monkeypatch.setattr(decoding, "MEASURE_SAMPLE", 200)
+    caplog.set_level("INFO")
+    plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000)
+    assert plan in decoding.candidate_plans(root, 2)
+    line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
+    for label in ("one worker", "2 threads", "2 processes", "TensorFlow batches x2"):
+        assert re.search(label + r" [\d,]+/s", line), line
 
 
 # ---------------------------------------------------------------------------------------------- remote paths

@@ -1,6 +1,7 @@
 """Vertex AI clients, built in one place.
 
-Every `google.cloud.aiplatform_v1` client in the project comes from `vertex_client` (or `job_client`):
+Every `google.cloud.aiplatform_v1` client in the project comes from `vertex_client` (or `job_client`), and the
+Dataflow clients (components/preprocess/dataflow.py) from `google_client`, with the same rules:
 
 - the regional endpoint `{location}-aiplatform.googleapis.com` unless `api_endpoint` names another; a regional
   endpoint of another region than `location` is refused before any call (`RegionMismatch`);
@@ -48,23 +49,29 @@ def credentials_for(api_endpoint: str, credentials: Any = None) -> Any:
     return credentials
 
 
-def vertex_client(client_class: type, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
-                  transport: str = "rest") -> Any:
-    """An `aiplatform_v1` client (`client_class`, e.g. `ModelServiceClient`) for one region."""
+def google_client(client_class: type, api_endpoint: str, *, credentials: Any = None, transport: str = "rest") -> Any:
+    """A generated Google Cloud client (`client_class`, e.g. aiplatform_v1's `ModelServiceClient` or dataflow_v1beta3's
+    `JobsV1Beta3Client`) for one endpoint, with the credentials rules above."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be 'rest' or 'grpc', got {transport!r}")
     from google.api_core.client_options import ClientOptions
     from google.auth import exceptions as auth_exceptions
 
-    endpoint = api_endpoint_for(location, api_endpoint)
     try:
-        return client_class(transport=transport, credentials=credentials_for(endpoint, credentials),
-                            client_options=ClientOptions(api_endpoint=endpoint))
+        return client_class(transport=transport, credentials=credentials_for(api_endpoint, credentials),
+                            client_options=ClientOptions(api_endpoint=api_endpoint))
     except auth_exceptions.DefaultCredentialsError as e:
         raise PermissionDenied(
             f"No Google Cloud credentials found ({e}). Locally run `gcloud auth application-default login`; on GKE "
             f"use Workload Identity (a Kubernetes service account bound to a Google service account); on Vertex AI "
             f"the job's service account is used.") from e
+
+
+def vertex_client(client_class: type, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
+                  transport: str = "rest") -> Any:
+    """An `aiplatform_v1` client (`client_class`, e.g. `ModelServiceClient`) for one region."""
+    return google_client(client_class, api_endpoint_for(location, api_endpoint), credentials=credentials,
+                         transport=transport)
 
 
 def job_client(location: str, *, api_endpoint: str | None = None, credentials: Any = None) -> Any:

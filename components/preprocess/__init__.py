@@ -28,6 +28,9 @@ dropped silently and none of them stops the run. The run fails, with a message s
 nothing usable is left, a class ends up with no images, there are fewer than 2 classes, a class is not in an
 explicit `classes` list, or a manifest label is not a known class.
 
+Two runners share the per-image logic (`per_image`): in process (`step`, the default) or as an Apache Beam
+pipeline (`beam`; on Dataflow with preprocess_runner=dataflow: `dataflow`); they give the same dataset.
+
 Where things are: `sources` (the readers and `open_source`), `decoding` (parallel decoding, CPU planning),
 `classes` (the allow-list), `inputs` (`Example`, `Source`, rejection reasons, content keys), `bookkeeping`
 (duplicates index, progress, pixel statistics), `step` (`preprocess`), `card` (`dataset_card`), `cli`.
@@ -35,8 +38,10 @@ Where things are: `sources` (the readers and `open_source`), `decoding` (paralle
 
 from components.preprocess.card import dataset_card
 from components.preprocess.cli import main
+from components.preprocess.dataflow import DataflowSettings
 from components.preprocess.inputs import BAD_ROW, CONFLICTING_LABEL, DUPLICATE, OUTSIDE_CLASSES
 from components.preprocess.step import SAMPLES_FILE, PreprocessResult, preprocess
 
-__all__ = ["BAD_ROW", "CONFLICTING_LABEL", "DUPLICATE", "OUTSIDE_CLASSES", "SAMPLES_FILE", "PreprocessResult",
+__all__ = ["BAD_ROW", "CONFLICTING_LABEL", "DUPLICATE", "OUTSIDE_CLASSES", "SAMPLES_FILE", "DataflowSettings",
+           "PreprocessResult",
            "dataset_card", "main", "preprocess"]

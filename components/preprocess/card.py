@@ -12,6 +12,10 @@ from components import data
 from components.preprocess.step import SAMPLES_FILE
 
 
+_STORED = {data.RAW: "as raw pixels", data.PNG: "as PNG", data.JPEG: f"as JPEG (quality {data.JPEG_QUALITY})",
+           data.ENCODED: "as PNG or JPEG (after the source files)"}
+
+
 def _png_data_uri(image: np.ndarray) -> str:
     import base64
 
@@ -33,7 +37,8 @@ def dataset_card(dataset_dir: str, *, rejected_examples: int = 20) -> str:
         "img{image-rendering:pixelated;vertical-align:middle}code{font-size:90%}</style></head><body>",
         "<h1>Dataset card</h1>",
         f"<p>Source <code>{esc(manifest['source'])}</code> ({esc(manifest['source_kind'])}); "
-        f"images {height}x{width}x{channels} uint8; {len(names)} classes.</p>",
+        f"images {height}x{width}x{channels} uint8, stored {_STORED[data.manifest_encoding(manifest)]}; "
+        f"{len(names)} classes.</p>",
         "<h2>Images per split and class</h2><table><tr><th>class</th>"
         + "".join(f"<th>{esc(s)}</th>" for s in splits) + "</tr>",
     ]

@@ -24,13 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-shards", type=int, default=2, help="training workers that will read each split")
     parser.add_argument("--classes", help="comma-separated allowed classes, in label order (default: any)")
     parser.add_argument("--workers", type=int, help="CPUs to decode with (default: the CPUs this process may use)")
+    parser.add_argument("--runner", choices=("local", "beam"), default="local",
+                        help="local: decode in this process and its workers; beam: the same as an Apache Beam "
+                             "pipeline on Beam's in-process runner (the pipeline's preprocess_runner=dataflow runs it "
+                             "on Dataflow)")
     parser.add_argument("--card", help="also write the HTML dataset card to this file")
     args = parser.parse_args(argv)
 
     def step():
         result = preprocess(args.source, args.output_dir, validation_fraction=args.validation_fraction,
                             test_fraction=args.test_fraction, image_size=args.image_size, channels=args.channels,
-                            limit=args.limit, min_shards=args.min_shards, classes=args.classes, workers=args.workers)
+                            limit=args.limit, min_shards=args.min_shards, classes=args.classes, workers=args.workers,
+                            runner=args.runner)
         if args.card:
             with data.gfile().GFile(args.card, "w") as f:
                 f.write(dataset_card(args.output_dir))

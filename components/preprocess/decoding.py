@@ -1,27 +1,26 @@
-"""Decoding image files in parallel (processes for local files, threads for remote ones) with bounded
-memory, and turning already decoded arrays (idx, tfds) into examples of the target size."""
+"""Decoding image files in parallel (processes or threads, chosen by a measurement on this machine) with
+bounded memory. What happens to each image is components/preprocess/per_image.py."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
+import itertools
 import logging
 import math
 import multiprocessing
 import os
+import time
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from components import data
-from components.preprocess.inputs import Example, content_key
+from components.preprocess import per_image
+from components.preprocess.inputs import Example, Item
 
 log = logging.getLogger(__name__)
-
-# Image files of formats we do not decode: reported as an unsupported format rather than "not an image".
-OTHER_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".svg", ".psd", ".ico", ".jp2", ".tga", ".ppm", ".pgm",
-                          ".dng", ".cr2", ".nef", ".arw", ".raw")
-
 
 def available_cpus() -> int:
     """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota (a pod's CPU limit),
@@ -37,48 +36,137 @@ def available_cpus() -> int:
     return max(1, cpus)
 
 
-def decode_file(uri: str, label: int, split: str | None, height: int, width: int, channels: int,
-                check_extension: bool) -> Example:
-    """Reads and decodes one image file; failures come back as a rejected Example, never as an exception."""
-    if check_extension and not uri.lower().endswith(data.IMAGE_EXTENSIONS):
-        extension = os.path.splitext(uri)[1].lower() or "no extension"
-        if extension in OTHER_IMAGE_EXTENSIONS:
-            return Example(uri, label, split, reason=data.UNSUPPORTED_FORMAT,
-                           detail=f"{extension} files are not decoded; convert them to PNG or JPEG")
-        return Example(uri, label, split, reason=data.NOT_AN_IMAGE,
-                       detail=f"file extension {extension} (expected {', '.join(data.IMAGE_EXTENSIONS)})")
-    try:
-        raw = data.read_bytes(uri)
-        image = data.decode_image(raw, height, width, channels)
-    except data.ImageError as e:
-        return Example(uri, label, split, reason=e.reason, detail=e.detail)
-    return Example(uri, label, split, content_key(raw), image)
-
-
-def decode_batch(items: list[tuple[str, int, str | None]], height: int, width: int, channels: int,
+def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
-    """Decodes a batch into (uri, label, split, key, reason, detail) rows and one array of the good images:
-    a single array crosses a process boundary far cheaper than one per image."""
-    examples = [decode_file(uri, label, split, height, width, channels, check_extension)
-                for uri, label, split in items]
+    """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding) rows and one array of the
+    good images: a single array crosses a process boundary far cheaper than one per image."""
+    examples = [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
+                if item.problem else
+                per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
+                for item in items]
+    return _batched(examples, height, width, channels)
+
+
+def _batched(examples: list[Example], height: int, width: int, channels: int) -> tuple[list[tuple], np.ndarray]:
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
-    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail) for e in examples], images
+    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
+
+
+def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
+    """The share of the sample's files that TensorFlowDecoder would decode itself (their first 64 KB read)."""
+    files = [item.uri for item in sample if not item.problem and "://" not in item.uri]
+    routed = 0
+    for uri in files:
+        try:
+            with open(uri, "rb") as f:
+                routed += per_image.exact_format(f.read(65536), height, width, channels) is not None
+        except OSError:
+            pass
+    return routed / max(len(files), 1)
+
+
+@functools.lru_cache(maxsize=4)
+def tensorflow_decoder(height: int, width: int, channels: int) -> "TensorFlowDecoder":
+    """One decoder per shape and process: its tf.function is traced once (measuring, then decoding)."""
+    return TensorFlowDecoder(height, width, channels)
+
+
+class TensorFlowDecoder:
+    """Decodes, in TensorFlow's C++ decoders over a whole batch (in parallel, without the GIL), the files that need
+    no conversion: 8-bit PNGs and JPEGs already of the target size and colour type (JPEG: the exact integer DCT, as
+    Pillow uses), without EXIF orientation. These decode to the same pixels as `data.decode_image`
+    (tests/test_preprocess.py checks); every other file, and a batch that fails, goes through it (PIL), which
+    converts what it can and gives the reason for what it cannot."""
+
+    def __init__(self, height: int, width: int, channels: int):
+        import struct
+
+        import tensorflow as tf
+
+        from components.predict.decode import PNG_MAGIC
+
+        self.shape = (height, width, channels)
+        self.png_head = PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)
+        png_head, shape = self.png_head, [height, width, channels]
+        empty = tf.zeros(shape, tf.uint8)
+
+        def one(path):
+            # Reading, routing and decoding all in C++: the Python left per file is hashing and record building.
+            contents = tf.io.read_file(path)
+            exif_free = tf.logical_not(tf.strings.regex_full_match(tf.strings.substr(contents, 0, 65536),
+                                                                   "(?s).*(eXIf|Exif).*"))
+            png = tf.logical_and(tf.equal(tf.strings.substr(contents, 0, len(png_head)), png_head), exif_free)
+            jpeg = tf.logical_and(tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff"), exif_free)
+            jpeg = tf.cond(jpeg, lambda: tf.reduce_all(tf.equal(tf.io.extract_jpeg_shape(contents), shape)),
+                           lambda: tf.constant(False))
+            image = tf.cond(png, lambda: tf.reshape(tf.io.decode_png(contents, channels=channels), shape),
+                            lambda: tf.cond(jpeg, lambda: tf.reshape(tf.io.decode_jpeg(
+                                contents, channels=channels, dct_method="INTEGER_ACCURATE"), shape), lambda: empty))
+            kind = tf.where(png, 1, tf.where(jpeg, 2, 0))
+            return contents, image, kind
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def read_and_decode(paths):
+            with tf.device("/CPU:0"):
+                return tf.map_fn(one, paths, fn_output_signature=(tf.string, tf.uint8, tf.int32),
+                                 parallel_iterations=2 * (os.cpu_count() or 1))
+
+        self.read_and_decode = read_and_decode
+        self.errors = (tf.errors.OpError,)
+
+    def route(self, raw: bytes) -> str | None:
+        """What TensorFlow decodes (as `read_and_decode` decides, in Python): "PNG", "JPEG" or None."""
+        return per_image.exact_format(raw, *self.shape)
+
+    def decode_examples(self, items: list[Item], check_extension: bool) -> list[Example]:
+        """The examples of a batch, TensorFlow reading and decoding what it can. A batch holding a file TensorFlow
+        cannot read or decode (missing, corrupt) goes through `decode_batch` whole, which says why. (Threads only:
+        examples stay in this process, with no round trip through decode_batch's arrays.)"""
+        height, width, channels = self.shape
+        examples: list[Example | None] = [None] * len(items)
+        files = []
+        for position, item in enumerate(items):
+            problem = item.problem or (per_image.extension_problem(item.uri) if check_extension else None)
+            if problem:
+                examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
+            elif "://" in item.uri:  # remote files: decode_plan never picks this plan for them
+                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
+            else:
+                files.append(position)
+        if files:
+            try:
+                contents, images, kinds = self.read_and_decode([items[p].uri for p in files])
+            except self.errors:
+                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
+            contents, images, kinds = contents.numpy(), images.numpy(), kinds.numpy()
+            for index, position in enumerate(files):
+                item, raw = items[position], contents[index]
+                if kinds[index]:
+                    image = images[index]
+                    stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG",
+                                                             raw)
+                    examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
+                                                 stored=stored, encoding=encoding)
+                else:
+                    examples[position] = per_image.decode_contents(item, raw, height, width, channels)
+        return examples
 
 
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
-    for uri, label, split, key, reason, detail in rows:
+    for uri, label, split, key, reason, detail, stored, encoding in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
         else:
-            yield Example(uri, label, split, key, images[next_image])
+            yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding)
             next_image += 1
 
 
-def parallel_decode(items: Callable[[], Iterable[tuple[str, int, str | None]]], *, height: int, width: int,
-                    channels: int, check_extension: bool, workers: int, use_processes: bool) -> Iterator[Example]:
+def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int, channels: int,
+                    check_extension: bool, workers: int, use_processes: bool,
+                    use_tensorflow: bool = False) -> Iterator[Example]:
     """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
     worker in flight (memory stays bounded whatever the number of files).
 
@@ -86,6 +174,17 @@ def parallel_decode(items: Callable[[], Iterable[tuple[str, int, str | None]]], 
     calling script without an `if __name__ == "__main__"` guard), decoding falls back to threads with a warning.
     """
     args = (height, width, channels, check_extension)
+    if use_tensorflow:  # threads that hand whole batches to TensorFlow, overlapping the main process's work
+        decoder = tensorflow_decoder(height, width, channels)
+        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
+            pending: collections.deque = collections.deque()
+            for batch in data.batched(items(), 256):
+                pending.append(executor.submit(decoder.decode_examples, batch, check_extension))
+                if len(pending) >= 2 * max(1, workers):
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        return
     if workers <= 1:
         for batch in data.batched(items(), 64):
             yield from _unbatch(decode_batch(batch, *args))
@@ -115,39 +214,138 @@ def parallel_decode(items: Callable[[], Iterable[tuple[str, int, str | None]]], 
                                    check_extension=check_extension, workers=workers, use_processes=False)
 
 
-def decode_plan(source: str, cpus: int) -> dict:
-    """How to decode the files of `source` with `cpus` CPUs (measured in tests/benchmarks/ingest.py):
+# Below this many inputs one worker is used: measuring would cost more than it could save.
+MEASURE_MIN_INPUTS = 1000
+MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
+# Worker processes take a second or two to start: they are only tried when the run would take longer than this.
+PROCESSES_WORTH_SECONDS = 10.0
 
-    - remote files (gs://...): 4 threads per CPU, since their cost is waiting on the network;
-    - local files with 3+ CPUs: worker processes, one per CPU beside the main process (which writes the
-      shards). For small images about 75% of a decode is Python inside PIL holding the GIL (profiled), so
-      threads cannot go beyond ~1.3x whatever the cores;
-    - local files with 1-2 CPUs: decode threads (1 CPU: none) overlapping the main process's work. Processes
-      cost a second or two to start and the pickling of every batch, which 2 CPUs do not win back (on a
-      2-CPU machine they measured slower than a single worker).
-    """
+
+def candidate_plans(source: str, cpus: int) -> list[dict]:
+    """The ways to decode `source` with `cpus` CPUs that `decode_plan` chooses from."""
     if "://" in source:
-        return {"workers": 4 * cpus, "use_processes": False}
-    if cpus >= 3:
-        return {"workers": cpus - 1, "use_processes": True}
-    return {"workers": 2 if cpus == 2 else 1, "use_processes": False}
+        # Remote files: the cost is waiting on the network, which threads overlap; a short sample of a bucket's
+        # latency says little about the rest of the run, so this one stays a rule.
+        return [{"workers": 4 * cpus, "use_processes": False}]
+    one = {"workers": 1, "use_processes": False}
+    if cpus <= 1:
+        return [one]
+    # Processes: one per CPU (the main process's share, building and writing records, is small next to decoding);
+    # threads: they overlap file reads and the GIL-free parts of PIL's decoders (most of a large JPEG's decode,
+    # little of a small PNG's).
+    # TensorFlow: files that need no conversion are decoded by batches in C++, beside the main process.
+    # One thread per CPU hands batches to TensorFlow: while one waits on C++ the other does its batch's Python
+    # (measured on 28x28 PNGs: 1 thread 14-19k/s, 2 threads 27-29k/s, records built).
+    return [one, {"workers": cpus, "use_processes": False}, {"workers": cpus, "use_processes": True},
+            {"workers": cpus, "use_processes": False, "use_tensorflow": True}]
 
 
-def _conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:
-    from PIL import Image
+def _label(plan: dict) -> str:
+    if plan.get("use_tensorflow"):
+        return f"TensorFlow batches x{plan['workers']}"
+    if plan["workers"] <= 1:
+        return "one worker"
+    return f"{plan['workers']} {'processes' if plan['use_processes'] else 'threads'}"
 
-    img = Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image)
-    img = img.convert("L" if channels == 1 else "RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
-    return np.asarray(img, dtype=np.uint8).reshape(image_size, image_size, channels)
+
+def decode_plan(source: str, cpus: int, items: Callable[[], Iterable[Item]] | None = None, *, expected: int = 0,
+                height: int = 28, width: int = 28, channels: int = 1, check_extension: bool = True,
+                clock: Callable[[], float] = time.monotonic) -> dict:
+    """How to decode the files of `source` with `cpus` CPUs: measured on this machine and these files (see
+    `planned_decode`, which also reuses what the measurement decoded)."""
+    plans = candidate_plans(source, cpus)
+    if len(plans) == 1 or items is None or expected < MEASURE_MIN_INPUTS:
+        return plans[0]
+    prefix = list(itertools.islice(items(), _sample_size(expected)))
+    return _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)[0]
 
 
-def array_example(image: np.ndarray, label: int, uri: str, split: str | None, image_size: int,
-                   channels: int) -> Example:
-    """An Example from an already decoded array (idx, tfds): keyed by its raw pixels, then conformed."""
-    if image.ndim == 2:
-        image = image[..., None]
-    image = np.ascontiguousarray(image, dtype=np.uint8)
-    key = content_key(image.tobytes())
-    if image.shape != (image_size, image_size, channels):
-        image = _conform(image, image_size, channels)
-    return Example(uri, label, split, key, image)
+def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: int, expected: int, height: int,
+                   width: int, channels: int, check_extension: bool,
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[Example]:
+    """Decodes the inputs of `items()` in order with the plan that measures fastest here.
+
+    Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
+    decoded 14.8k/s, 2 threads 6.9k/s (GIL contention: most of a small decode is Python inside PIL), 2
+    processes 18.2k/s and TensorFlow batches from 2 threads 30.1k/s; for 480x480 JPEGs, which need resizing (PIL's
+    job), 2 threads win (PIL releases the GIL while decoding). So with at least MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`)
+    decodes the same first few hundred inputs and the shortest projected time for `expected` inputs (worker
+    start-up included) wins; the one-worker measurement's examples are the first ones yielded, so only the other
+    candidates' work is spent on measuring. The choice and the measured rates are logged.
+    """
+    plans = candidate_plans(source, cpus)
+    shape = dict(height=height, width=width, channels=channels, check_extension=check_extension)
+    if len(plans) == 1 or expected < MEASURE_MIN_INPUTS:
+        yield from parallel_decode(items, **shape, **plans[0])
+        return
+    prefix = list(itertools.islice(items(), _sample_size(expected)))
+    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)
+    yield from decoded
+    yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
+
+
+def _sample_size(expected: int) -> int:
+    return max(50, min(MEASURE_SAMPLE, expected // 20))
+
+
+def _consume(examples: Iterable[Example]) -> list[Example]:
+    """What the step does with each decoded example, in the consuming thread, so that a plan's measured rate
+    includes the main process's share (building records) and how well the plan overlaps it."""
+    kept = []
+    for ex in examples:
+        if ex.image is not None:
+            per_image.record(ex)
+        kept.append(ex)
+    return kept
+
+
+def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: tuple,
+                   clock: Callable[[], float]) -> tuple[dict, list[Example]]:
+    """(the best plan, the prefix's examples as one worker decoded them)."""
+    files = sum(1 for item in prefix if not item.problem) or len(prefix)
+    start = clock()
+    decoded = _consume(ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args)))
+    one_rate = files / max(clock() - start, 1e-9)
+    measured = [(expected / one_rate, one_rate, plans[0])]
+    for plan in plans[1:]:
+        if plan["use_processes"] and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
+            continue
+        if plan.get("use_tensorflow") and _share_for_tensorflow(prefix, *args[:3]) < 0.5:
+            continue  # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
+        rate, startup = _measure(prefix, files, plan, args, clock)
+        measured.append((startup + expected / rate, rate, plan))
+    best = min(measured, key=lambda m: m[0])[2]
+    log.info("preprocess: decoding with %s (measured on %d files, records built: %s)", _label(best), files,
+             ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
+    return best, decoded
+
+
+def _noop() -> None:
+    return None
+
+
+def _measure(sample: list[Item], count: int, plan: dict, args: tuple,
+             clock: Callable[[], float]) -> tuple[float, float]:
+    """(files per second once started, start-up seconds) of one plan on the sample, records built as they come."""
+    shape = dict(zip(("height", "width", "channels", "check_extension"), args))
+    start = clock()
+    if plan.get("use_tensorflow"):
+        tensorflow_decoder(*args[:3]).decode_examples(sample[:8], args[3])  # traces: start-up, not rate
+        started = clock()
+        _consume(parallel_decode(lambda: sample, **shape, **plan))
+        return count / max(clock() - started, 1e-9), started - start
+    if not plan["use_processes"]:
+        _consume(parallel_decode(lambda: sample, **shape, **plan))
+        return count / max(clock() - start, 1e-9), 0.0
+    executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
+                                                      mp_context=multiprocessing.get_context("forkserver"))
+    try:
+        with executor:
+            for future in [executor.submit(_noop) for _ in range(plan["workers"])]:
+                future.result()
+            started = clock()
+            futures = [executor.submit(decode_batch, batch, *args) for batch in data.batched(sample, 64)]
+            _consume(ex for future in futures for ex in _unbatch(future.result()))
+            return count / max(clock() - started, 1e-9), started - start
+    except concurrent.futures.process.BrokenProcessPool:
+        return 1e-9, 0.0  # processes cannot start here (parallel_decode would fall back to threads)

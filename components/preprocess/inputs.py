@@ -1,12 +1,10 @@
 """What the readers hand the step: one `Example` per input (decoded, or rejected with a reason) and a
-`Source` (class names, expected counts, the stream of examples); and the content key that fixes an image's
-split and finds its duplicates."""
+`Source` (class names, expected counts, the stream of examples and, for file sources, of inputs)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -26,6 +24,8 @@ class Example:
     image: np.ndarray | None = None  # None when rejected
     reason: str = ""
     detail: str = ""
+    stored: bytes | None = None  # the record's image bytes when encoded (PNG/JPEG); None: the raw pixels
+    encoding: str = "raw"  # data.RAW / PNG / JPEG
 
 
 @dataclasses.dataclass
@@ -37,8 +37,15 @@ class Source:
     expected: dict[str | None, int]
     examples: Iterator[Example]
     class_locations: dict[int, str] = dataclasses.field(default_factory=dict)  # label -> folder, for messages
+    # File sources: every input in stream order as an `Item` (what the Beam runner distributes); None for
+    # array sources (idx, tfds), which only run in process.
+    items: Callable[[], Iterator["Item"]] | None = None
 
 
+class Item(NamedTuple):
+    """One input of a file source: a file to decode, or one rejected before decoding (`problem`)."""
 
-def content_key(raw: bytes) -> int:
-    return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
+    uri: str
+    label: int
+    split: str | None
+    problem: tuple[str, str] | None = None  # (reason, detail)

@@ -15,8 +15,9 @@ from typing import Iterator
 
 from components import data
 from components.preprocess.classes import apply_allow_list, check_class_count
-from components.preprocess.decoding import array_example, decode_plan, parallel_decode
-from components.preprocess.inputs import BAD_ROW, OUTSIDE_CLASSES, Example, Source
+from components.preprocess.decoding import planned_decode
+from components.preprocess.inputs import BAD_ROW, OUTSIDE_CLASSES, Example, Item, Source
+from components.preprocess.per_image import array_example
 
 MANIFEST_EXTENSIONS = (".csv", ".jsonl")
 URI_COLUMNS = ("uri", "path", "image", "image_uri", "image_path", "file", "filename", "file_path",
@@ -99,20 +100,20 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
         raise data.DataError(f"Class folder(s) with no files under {root}: {', '.join(empty)}. "
                              "Add images or remove the folder(s).")
 
-    def items() -> Iterator[tuple[str, int, str | None]]:
-        for folder, label in labelled:
-            for uri in listing(folder):
-                yield uri, label, None
-
-    def examples() -> Iterator[Example]:
+    def items() -> Iterator[Item]:
         for uri in stray:
             detail = "hidden folder, not a class" if _isdir(uri) else f"directly under {root}, not in a class folder"
-            yield Example(uri, -1, None, reason=OUTSIDE_CLASSES, detail=detail)
-        yield from parallel_decode(items, height=image_size, width=image_size, channels=channels,
-                                   check_extension=True, **decode_plan(root, workers))
+            yield Item(uri, -1, None, (OUTSIDE_CLASSES, detail))
+        for folder, label in labelled:
+            for uri in listing(folder):
+                yield Item(uri, label, None)
+
+    def examples() -> Iterator[Example]:
+        yield from planned_decode(items, source=root, cpus=workers, expected=sum(counts.values()), height=image_size,
+                                  width=image_size, channels=channels, check_extension=True)
 
     locations = {label: data.join(root, folder) for folder, label in labelled}
-    return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations)
+    return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations, items)
 
 
 @dataclasses.dataclass
@@ -217,26 +218,25 @@ def manifest_source(path: str, image_size: int, channels: int, limit: int | None
     index = {name: i for i, name in enumerate(class_names)}
     has_test = test_rows > 0
 
-    def items(test: bool | None) -> Iterator[tuple[str, int, str | None]]:
-        for row in itertools.islice(read_manifest_rows(path), limit):
-            if row.problem or (test is not None and (row.ml_use == "test") != test):
-                continue
-            source_split = ("test" if row.ml_use == "test" else "train") if has_test else None
-            yield resolve(row.uri), index[row.label], source_split
-
-    def examples() -> Iterator[Example]:
+    def items() -> Iterator[Item]:
         for row in itertools.islice(read_manifest_rows(path), limit):
             if row.problem:
-                yield Example(f"{path}:{row.line}", -1, None, reason=BAD_ROW, detail=row.problem)
-        kwargs = dict(height=image_size, width=image_size, channels=channels, check_extension=False,
-                      **decode_plan(path, workers))
+                yield Item(f"{path}:{row.line}", -1, None, (BAD_ROW, row.problem))
         # Test rows first, so that training copies of test images are recognised as duplicates.
-        for part in ((True, False) if has_test else (None,)):
-            yield from parallel_decode(lambda part=part: items(part), **kwargs)
+        for test in ((True, False) if has_test else (None,)):
+            for row in itertools.islice(read_manifest_rows(path), limit):
+                if row.problem or (test is not None and (row.ml_use == "test") != test):
+                    continue
+                source_split = ("test" if row.ml_use == "test" else "train") if has_test else None
+                yield Item(resolve(row.uri), index[row.label], source_split)
+
+    def examples() -> Iterator[Example]:
+        yield from planned_decode(items, source=path, cpus=workers, expected=test_rows + other_rows,
+                                  height=image_size, width=image_size, channels=channels, check_extension=False)
 
     expected = {"test": test_rows, "train": other_rows} if has_test else {None: test_rows + other_rows}
     locations = {index[name]: f"label {name!r} in {path}" for name in class_names}
-    return Source("manifest", class_names, expected, examples(), locations)
+    return Source("manifest", class_names, expected, examples(), locations, items)
 
 
 def tfds_source(spec: str, image_size: int, channels: int, limit: int | None, data_dir: str | None,

@@ -16,7 +16,8 @@ from components import data, params
 from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
-from components.preprocess.inputs import CONFLICTING_LABEL, DUPLICATE, Example
+from components.preprocess import per_image
+from components.preprocess.inputs import Example
 from components.preprocess.sources import open_source
 
 log = logging.getLogger(__name__)
@@ -41,108 +42,179 @@ class PreprocessResult:
 
 
 
+def shard_plan(expected: dict[str | None, int], *, validation_fraction: float, test_fraction: float, image_size: int,
+               channels: int, min_shards: int) -> dict[str, int]:
+    """Shards per split, fixed before any image is decoded (both runners): from the expected counts, sized near
+    data.TARGET_SHARD_BYTES, at least `min_shards`."""
+    total = sum(expected.values())
+    if "test" in expected:
+        train_total = total - expected["test"]
+        counts = {"train": train_total * (1 - validation_fraction),
+                  "validation": train_total * validation_fraction, "test": expected["test"]}
+    else:
+        counts = {"train": total * (1 - validation_fraction - test_fraction),
+                  "validation": total * validation_fraction, "test": total * test_fraction}
+    image_bytes = image_size * image_size * channels
+    if data.record_encoding(image_size) != data.RAW:
+        image_bytes //= 4  # PNG/JPEG: a guess; more shards than needed only means smaller ones
+    return {s: data.num_shards_for(math.ceil(counts[s]), image_bytes, min_shards=min_shards) for s in data.SPLITS}
+
+
+@dataclasses.dataclass
+class Tally:
+    """What either runner gathers about the kept and rejected inputs; `finish` turns it into the manifest."""
+
+    num_classes: int
+    channels: int
+    rejected_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rejected_by_class: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    samples: list = dataclasses.field(default_factory=list)  # per class (up to CARD_MAX_CLASSES): pixel arrays
+    pixel_stats: PixelStats | None = None
+
+    def __post_init__(self):
+        self.pixel_stats = self.pixel_stats or PixelStats(self.channels)
+        self.samples = self.samples or [[] for _ in range(min(self.num_classes, CARD_MAX_CLASSES))]
+
+    def reject(self, label: int, reason: str) -> None:
+        self.rejected_by_reason[reason] += 1
+        if label >= 0:
+            self.rejected_by_class[label][reason] += 1
+
+    def wants_sample(self, label: int) -> bool:
+        return label < len(self.samples) and len(self.samples[label]) < SAMPLES_PER_CLASS
+
+
 def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1, test_fraction: float = 0.1,
                image_size: int = 28, channels: int = 1, limit: int | None = None, min_shards: int = 2,
                classes: str | list[str] | None = None, workers: int | None = None,
-               tfds_data_dir: str | None = None) -> PreprocessResult:
+               tfds_data_dir: str | None = None, runner: str = "local", beam_options=None, dataflow=None,
+               dataflow_jobs=None) -> PreprocessResult:
     """Reads `source` and writes the dataset directory `output_dir` (see components/data.py for its layout).
 
     `limit` caps images per source split (per class folder for folders, rows for manifests) for quick runs;
     `min_shards` is the number of readers that will share a split (training workers), so each gets at least
     one shard; `classes` (comma-separated or a list) is the allowed class list, in label order; `workers` is
     the number of CPUs to decode with (default: those this process may use; see `decode_plan`).
+    `runner`: "local" decodes in this process (and its workers); "beam" runs the same per-image logic as an
+    Apache Beam pipeline (components/preprocess/beam.py) with `beam_options` (a
+    `apache_beam.options.pipeline_options.PipelineOptions`; default: Beam's in-process FnApiRunner); "dataflow"
+    runs that pipeline as a Dataflow job with `dataflow` (a dataflow.DataflowSettings; `dataflow_jobs` replaces
+    its API client), checked before anything is read.
     """
     params.validate({"validation_fraction": validation_fraction, "test_fraction": test_fraction, "channels": channels,
                      "image_size": image_size, "min_shards": min_shards}, what="preprocess settings")
+    if runner not in ("local", "beam", "dataflow"):
+        raise ValueError(f"runner must be local, beam or dataflow, got {runner!r}")
+    if runner == "dataflow":
+        if dataflow is None:
+            raise ValueError("runner=dataflow needs its settings (dataflow=DataflowSettings(...))")
+        dataflow.check(source=source, output_dir=output_dir)
     start = time.monotonic()
     allowed = parse_classes(classes)
     workers = workers or available_cpus()
     src = open_source(source, image_size=image_size, channels=channels, limit=limit, workers=workers,
                       classes=allowed, tfds_data_dir=tfds_data_dir)
-    has_test = "test" in src.expected
-    total = sum(src.expected.values())
-    if has_test:
-        train_total = total - src.expected["test"]
-        expected = {"train": train_total * (1 - validation_fraction),
-                    "validation": train_total * validation_fraction, "test": src.expected["test"]}
-    else:
-        expected = {"train": total * (1 - validation_fraction - test_fraction),
-                    "validation": total * validation_fraction, "test": total * test_fraction}
-    image_bytes = image_size * image_size * channels
+    shards = shard_plan(src.expected, validation_fraction=validation_fraction, test_fraction=test_fraction,
+                        image_size=image_size, channels=channels, min_shards=min_shards)
     data.gfile().makedirs(output_dir)
-    writers = {s: data.ShardWriter(output_dir, s, data.num_shards_for(math.ceil(expected[s]), image_bytes,
-                                                                      min_shards=min_shards))
-               for s in data.SPLITS}
+    total = sum(src.expected.values())
+    log.info("preprocess: %s (%s, %d classes, ~%d inputs) -> %s %s", source, src.kind, len(src.class_names),
+             total, output_dir, f"with {workers} workers" if runner == "local" else f"with Apache Beam ({runner})")
+    fractions = dict(validation_fraction=validation_fraction, test_fraction=test_fraction)
+    if runner in ("beam", "dataflow"):
+        from components.preprocess.beam import run_beam
+
+        splits, tally, seen, started = run_beam(src, output_dir, shards=shards, image_size=image_size,
+                                                channels=channels, options=beam_options, dataflow=dataflow,
+                                                dataflow_jobs=dataflow_jobs, **fractions)
+    else:
+        splits, tally, seen, started = _run_local(src, output_dir, shards=shards, channels=channels, total=total,
+                                                  **fractions)
+    counts = {s: splits[s]["count"] for s in data.SPLITS}
+    finish(source, src, output_dir, [image_size, image_size, channels], splits, tally)
+    seconds = time.monotonic() - start
+    rejected = sum(tally.rejected_by_reason.values())
+    log.info("preprocess: wrote %s (train %d, validation %d, test %d, rejected %d) in %.1fs (%.0f inputs/s "
+             "after opening the source)", output_dir, counts["train"], counts["validation"], counts["test"], rejected,
+             seconds, seen / max(time.monotonic() - started, 1e-9))
+    return PreprocessResult(output_dir, src.class_names, [image_size, image_size, channels], counts, rejected,
+                            dict(tally.rejected_by_reason), seconds)
+
+
+def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, total: int,
+               validation_fraction: float, test_fraction: float) -> tuple[dict, Tally, int, float]:
+    """The in-process runner: streams the source's examples into the shard writers."""
+    writers = {s: data.ShardWriter(output_dir, s, shards[s]) for s in data.SPLITS}
     split_ids = {s: i for i, s in enumerate(data.SPLITS)}
-    num_classes = len(src.class_names)
-    rejected_by_reason: collections.Counter = collections.Counter()
-    rejected_by_class: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    kept_by_class = np.zeros(num_classes, np.int64)
+    tally = Tally(len(src.class_names), channels)
     seen_content = ContentIndex()
-    pixel_stats = PixelStats(channels)
-    sample_rows = min(num_classes, CARD_MAX_CLASSES)
-    samples: list[list[np.ndarray]] = [[] for _ in range(sample_rows)]
+    train_images: list[np.ndarray] = []  # pixel statistics are taken a batch at a time (one bincount)
     progress = Progress(total, "preprocess")
     seen = 0
-    rejected_path = data.join(output_dir, data.REJECTED)
-    log.info("preprocess: %s (%s, %d classes, ~%d inputs) -> %s with %d workers", source, src.kind, num_classes,
-             total, output_dir, workers)
-    with data.gfile().GFile(rejected_path, "w") as rejected_file:
+    with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as rejected_file:
         rejected_file.write("")  # GFile creates the file on the first write: an empty list is a file too
+
         def reject(ex: Example, reason: str, detail: str) -> None:
-            rejected_file.write(json.dumps({"uri": ex.uri, "reason": reason, "detail": detail}) + "\n")
-            rejected_by_reason[reason] += 1
-            if ex.label >= 0:
-                rejected_by_class[ex.label][reason] += 1
+            rejected_file.write(json.dumps(per_image.rejected_row(ex.uri, reason, detail)) + "\n")
+            tally.reject(ex.label, reason)
 
         for ex in src.examples:
             seen += 1
-            progress.update(seen)
+            if not seen & 1023:
+                progress.update(seen)
             if ex.image is None:
                 reject(ex, ex.reason, ex.detail)
                 continue
             prior = seen_content.get(ex.key)
             if prior is not None:
-                prior_label, prior_split = prior >> 2, data.SPLITS[prior & 3]
-                if prior_label != ex.label:
-                    kept_as = src.class_names[prior_label]
-                    reject(ex, CONFLICTING_LABEL, f"identical bytes to an image kept as {kept_as!r} in the "
-                                                  f"{prior_split} split")
-                else:
-                    reject(ex, DUPLICATE, f"identical bytes to an image kept in the {prior_split} split")
+                reject(ex, *per_image.duplicate_rejection(ex.label, prior >> 2, data.SPLITS[prior & 3],
+                                                          src.class_names))
                 continue
-            u = ex.key / 2.0**64
-            if ex.split == "test":
-                split = "test"
-            elif ex.split == "train":
-                split = "validation" if u < validation_fraction else "train"
-            else:
-                split = ("validation" if u < validation_fraction else
-                         "test" if u < validation_fraction + test_fraction else "train")
+            split = per_image.assign_split(ex.key, ex.split, validation_fraction, test_fraction)
             seen_content.add(ex.key, ex.label << 2 | split_ids[split])
-            writers[split].write(ex.image, ex.label, ex.uri)
-            kept_by_class[ex.label] += 1
+            writers[split].write_record(per_image.record(ex), ex.label, ex.encoding)
             if split == "train":
-                pixel_stats.add(ex.image)
-                if ex.label < sample_rows and len(samples[ex.label]) < SAMPLES_PER_CLASS:
-                    samples[ex.label].append(ex.image)
+                train_images.append(ex.image)
+                if len(train_images) >= 512:
+                    tally.pixel_stats.add(np.stack(train_images))
+                    train_images = []
+                if tally.wants_sample(ex.label):
+                    tally.samples[ex.label].append(ex.image if ex.stored is None else
+                                                   per_image.stored_pixels(ex.stored, ex.encoding,
+                                                                           list(ex.image.shape)))
+    if train_images:
+        tally.pixel_stats.add(np.stack(train_images))
     for w in writers.values():
         w.close()
-    counts = {s: w.count for s, w in writers.items()}
-    rejected = sum(rejected_by_reason.values())
+    encoding = data.dataset_encoding(set().union(*(w.encodings for w in writers.values())))
+    splits = {s: {**w.summary(), "encoding": encoding} for s, w in writers.items()}
+    return splits, tally, seen, progress.start
+
+
+def finish(source: str, src, output_dir: str, image_shape: list[int], splits: dict[str, dict], tally: Tally) -> dict:
+    """What both runners end with: the checks on what was kept, samples.png and dataset.json. `splits` holds each
+    split's shard summary (ShardWriter.summary) with the records' `encoding`."""
+    num_classes = len(src.class_names)
+    counts = {s: splits[s]["count"] for s in data.SPLITS}
+    rejected = sum(tally.rejected_by_reason.values())
+    rejected_path = data.join(output_dir, data.REJECTED)
+    kept_by_class = np.zeros(num_classes, np.int64)
+    for info in splits.values():
+        for label, n in info["class_counts"].items():
+            kept_by_class[int(label)] += n
 
     def reasons(counter: collections.Counter) -> str:
         return ", ".join(f"{n} {r}" for r, n in counter.most_common())
 
     if not sum(counts.values()):
         raise data.DataError(f"No usable images in {source}: all {rejected} inputs were rejected "
-                             f"({reasons(rejected_by_reason)}); see {rejected_path}")
+                             f"({reasons(tally.rejected_by_reason)}); see {rejected_path}")
     empty = [label for label in range(num_classes) if kept_by_class[label] == 0]
     if empty and src.kind in ("folder", "manifest"):
         described = "; ".join(
             f"{src.class_names[c]!r} ({src.class_locations.get(c, '')}): "
-            + (f"all {sum(rejected_by_class[c].values())} inputs rejected ({reasons(rejected_by_class[c])})"
-               if rejected_by_class[c] else "no inputs")
+            + (f"all {sum(tally.rejected_by_class[c].values())} inputs rejected "
+               f"({reasons(tally.rejected_by_class[c])})" if tally.rejected_by_class[c] else "no inputs")
             for c in empty)
         raise data.DataError(f"{len(empty)} class(es) left with no usable images after rejection: {described}. "
                              f"Fix or remove them (details in {rejected_path}).")
@@ -152,28 +224,26 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
     if counts["train"] == 0:
         raise data.DataError(f"No usable training images in {source} ({rejected} inputs rejected; "
                              f"see {rejected_path})")
+    samples = tally.samples
     if any(samples):
-        shape = next(s[0] for s in samples if s).shape
-        blank = np.full(shape, 128, np.uint8)
+        blank = np.full(image_shape, 128, np.uint8)
         cells = [row[i] if i < len(row) else blank for row in samples for i in range(SAMPLES_PER_CLASS)]
         with data.gfile().GFile(data.join(output_dir, SAMPLES_FILE), "wb") as f:
             f.write(data.encode_png(data.tile(cells, SAMPLES_PER_CLASS)))
+    used = [info.pop("encoding") for info in splits.values()]
+    encoding = data.dataset_encoding(e for e, info in zip(used, splits.values()) if info["count"])
     manifest = {
         "source": source,
         "source_kind": src.kind,
         "class_names": src.class_names,
-        "image_shape": [image_size, image_size, channels],
-        "splits": {s: w.summary() for s, w in writers.items()},
+        "image_shape": image_shape,
+        "image_encoding": encoding,
+        "splits": splits,
         "rejected": rejected,
-        "rejected_by_reason": dict(rejected_by_reason),
-        "pixel_stats": {"split": "train", **pixel_stats.to_json()},
-        "samples": {"file": SAMPLES_FILE, "per_class": SAMPLES_PER_CLASS, "classes": sample_rows},
+        "rejected_by_reason": dict(tally.rejected_by_reason),
+        "pixel_stats": {"split": "train", **tally.pixel_stats.to_json()},
+        "samples": {"file": SAMPLES_FILE, "per_class": SAMPLES_PER_CLASS, "classes": len(samples)},
         "empty_classes": [src.class_names[c] for c in empty],
     }
     data.write_json(data.join(output_dir, data.MANIFEST), manifest)
-    seconds = time.monotonic() - start
-    log.info("preprocess: wrote %s (train %d, validation %d, test %d, rejected %d) in %.1fs (%.0f inputs/s "
-             "after opening the source)", output_dir, counts["train"], counts["validation"], counts["test"], rejected,
-             seconds, seen / max(time.monotonic() - progress.start, 1e-9))
-    return PreprocessResult(output_dir, src.class_names, [image_size, image_size, channels], counts, rejected,
-                            dict(rejected_by_reason), seconds)
+    return manifest

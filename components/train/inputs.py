@@ -17,21 +17,12 @@ log = logging.getLogger(__name__)
 MEMORY_INPUT_LIMIT_BYTES = 2 << 30
 
 
-def _parse_fn(image_shape):
-    import tensorflow as tf
-
-    height, width, channels = image_shape
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
-
-    def parse(record):
-        ex = tf.io.parse_single_example(record, spec)
-        image = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), [height, width, channels])
-        return image, tf.cast(ex["label"], tf.int32)
-
-    return parse
+def _parse_fn(image_shape, encoding: str = "raw"):
+    """record -> (image uint8, label int32), decoding PNG/JPEG records in the tf.data map (data.record_parser)."""
+    return data.record_parser({"image_shape": list(image_shape), "image_encoding": encoding})
 
 
-def _read_files(files: list[str], image_shape, *, seed: int | None = None):
+def _read_files(files: list[str], image_shape, *, seed: int | None = None, encoding: str = "raw"):
     """(image uint8, label int32) records of some shard files, in a fixed order (or a seeded file order)."""
     import tensorflow as tf
 
@@ -40,7 +31,7 @@ def _read_files(files: list[str], image_shape, *, seed: int | None = None):
         ds = ds.shuffle(len(files), seed=seed)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.map(_parse_fn(image_shape), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(_parse_fn(image_shape, encoding), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 class TrainInput:
@@ -66,7 +57,9 @@ class TrainInput:
         self.seed = recipe.seed * 1_000_003 + pipeline_id
         self.policy = augment_lib.AugmentPolicy.from_json(online_policy) if online_policy else None
         files = data.split_files(train_dir, "train")
-        self.total_count = data.read_manifest(train_dir)["splits"]["train"]["count"]
+        manifest = data.read_manifest(train_dir)
+        self.total_count = manifest["splits"]["train"]["count"]
+        self.encoding = data.manifest_encoding(manifest)
         if len(files) >= num_pipelines:
             self.files, self.record_shard = files[pipeline_id::num_pipelines], None
         else:
@@ -85,7 +78,7 @@ class TrainInput:
             self._load()
 
     def _records(self, seed: int | None = None):
-        ds = _read_files(self.files, self.image_shape, seed=seed)
+        ds = _read_files(self.files, self.image_shape, seed=seed, encoding=self.encoding)
         if self.record_shard:
             ds = ds.shard(self.record_shard[1], self.record_shard[0])
         return ds
@@ -102,13 +95,19 @@ class TrainInput:
             images = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), [-1, height, width, channels])
             return images, tf.cast(ex["label"], tf.int32)
 
+        parse_encoded = _parse_fn(self.image_shape, self.encoding)
+
         records = tf.data.Dataset.from_tensor_slices(self.files).interleave(
             tf.data.TFRecordDataset, cycle_length=min(len(self.files), 8), num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True)  # the order of data.read_split, so online augmentation matches offline copies
         if self.record_shard:
             records = records.shard(self.record_shard[1], self.record_shard[0])
         images, labels = [], []
-        for image_batch, label_batch in records.batch(8192).map(parse_batch).as_numpy_iterator():
+        if self.encoding == data.RAW:
+            batches = records.batch(8192).map(parse_batch)
+        else:  # PNG/JPEG: decoded record by record, in parallel
+            batches = records.map(parse_encoded, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(8192)
+        for image_batch, label_batch in batches.as_numpy_iterator():
             images.append(image_batch)
             labels.append(label_batch)
         if not images:

@@ -4,9 +4,10 @@
 
 One run measures, on the same files and machine:
   - throughput (images/s) on a class-per-folder tree of real Fashion-MNIST PNGs: our preprocess (decode,
-    hash, split, write TFRecord shards) against the baseline, `image_dataset_from_directory` iterated once
-    (decode only, nothing written); plus decode-only rates for 1 worker, threads and processes, which is
-    why local files are decoded by processes;
+    hash, split, write TFRecord shards; the decode plan measured as the step does) against the baseline,
+    `image_dataset_from_directory` iterated once (decode only, nothing written); plus decode-only rates of
+    each plan the step measures (one worker, threads, processes, TensorFlow batches), and the Beam runner
+    of the same preprocessing on Beam's in-process runner;
   - the same on camera-sized JPEGs (480x480), where decoding at a reduced DCT scale pays off;
   - peak memory of a preprocess child process over 10k and 40k images (main process, and main plus its
     decode workers): it must stay flat as the number of images grows.
@@ -31,6 +32,7 @@ import numpy as np
 from components import data
 from components import preprocess as pp
 from components.preprocess.decoding import available_cpus, parallel_decode
+from components.preprocess.inputs import Item
 
 
 def make_png_tree(root: str, count: int) -> str:
@@ -92,24 +94,25 @@ def baseline_rate(root: str) -> tuple[float, int]:
     return count / (time.monotonic() - start), count
 
 
-def preprocess_rate(root: str, out: str, workers: int) -> tuple[float, int]:
+def preprocess_rate(root: str, out: str, workers: int, runner: str = "local") -> tuple[float, int]:
     shutil.rmtree(out, ignore_errors=True)
     start = time.monotonic()
-    result = pp.preprocess(root, out, workers=workers, min_shards=2)
+    result = pp.preprocess(root, out, workers=workers, min_shards=2, runner=runner)
     return sum(result.counts.values()) / (time.monotonic() - start), sum(result.counts.values())
 
 
-def decode_rate(root: str, workers: int, use_processes: bool) -> float:
+def decode_rate(root: str, workers: int, use_processes: bool, use_tensorflow: bool = False) -> float:
     """Decode-only rate (read, hash, decode, resize) of the files under root."""
     def items():
         for folder in sorted(os.listdir(root)):
             if os.path.isdir(os.path.join(root, folder)):
                 for uri in data.list_files(os.path.join(root, folder)):
-                    yield uri, 0, None
+                    yield Item(uri, 0, None)
 
     start = time.monotonic()
     count = sum(1 for _ in parallel_decode(items, height=28, width=28, channels=1, check_extension=True,
-                                           workers=workers, use_processes=use_processes))
+                                           workers=workers, use_processes=use_processes,
+                                           use_tensorflow=use_tensorflow))
     return count / (time.monotonic() - start)
 
 
@@ -166,15 +169,18 @@ def main(argv: list[str] | None = None) -> dict:
         trees = {n: make_png_tree(os.path.join(workdir, f"png{n}"), n) for n in sorted({args.images, *memory_counts})}
         root = trees[args.images]
         # Interleaved repeats, best of each: other load on a shared machine comes and goes within a run.
-        runs = {"baseline": [], "ours": [], "1 worker": [], f"{cpus} threads": [], f"{cpus} processes": []}
+        runs = {"baseline": [], "ours": [], "1 worker": [], f"{cpus} threads": [], f"{cpus} processes": [],
+                f"TensorFlow batches x{cpus}": []}
         for _ in range(args.repeats):
             runs["baseline"].append(baseline_rate(root))
             runs["ours"].append(preprocess_rate(root, os.path.join(workdir, "out"), workers=cpus))
             runs["1 worker"].append((decode_rate(root, 1, False), 0))
             runs[f"{cpus} threads"].append((decode_rate(root, cpus, False), 0))
             runs[f"{cpus} processes"].append((decode_rate(root, cpus, True), 0))
+            runs[f"TensorFlow batches x{cpus}"].append((decode_rate(root, cpus, False, True), 0))
         (baseline, baseline_count), (ours, ours_count) = max(runs["baseline"]), max(runs["ours"])
         decode = {name: max(rate for rate, _ in runs[name]) for name in list(runs)[2:]}
+        beam_rate, _ = preprocess_rate(root, os.path.join(workdir, "out-beam"), workers=cpus, runner="beam")
         memory = {n: peak_memory(trees[n], os.path.join(workdir, f"out{n}")) for n in memory_counts}
         photos = {}
         if args.photos:
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"({ours_count} images)")
     for name, rate in decode.items():
         print(f"{'  decode only, ' + name:44} {rate:10.0f} {rate / baseline:11.2f}x")
+    print(f"{'ours, Beam runner (in process, one run)':44} {beam_rate:10.0f} {beam_rate / baseline:11.2f}x")
     if photos:
         print(f"\nIngestion of {args.photos} camera-sized JPEGs (480x480 RGB) to 28x28 grayscale")
         print(f"{'baseline: image_dataset_from_directory x1':44} {photos['baseline']:10.0f} {1.0:11.2f}x")
@@ -210,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     return {"images": args.images, "cpus": cpus, "baseline_images_per_s": round(baseline, 1),
             "ours_images_per_s": round(ours, 1), "speedup": round(ours / baseline, 2),
             "decode_only_images_per_s": {k: round(v, 1) for k, v in decode.items()},
+            "beam_runner_images_per_s": round(beam_rate, 1),
             "peak_memory": {str(n): m for n, m in memory.items()}, "memory_growth_mb": round(growth, 1),
             "photos": {k: round(v, 1) for k, v in photos.items()}}
 

@@ -1,0 +1,193 @@
+"""Image files: decoding any format and colour mode to uint8 HxWxC with a reason for what cannot be used, reading
+local or gs:// files, listing trees, and the PNG/grid helpers of cards and previews. Re-exported by
+components/data.py (readers use them as data.decode_image, data.ImageError, ...)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Iterator
+
+import numpy as np
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+# Formats decoded (first frame of animated GIF/WebP and multi-page TIFF); others are rejected with the reason.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+IMAGE_FORMATS = ("PNG", "JPEG", "MPO", "BMP", "GIF", "WEBP", "TIFF")
+# Bigger images are refused before their pixels are decoded, which bounds each decode worker's memory
+# (64 Mpx is 192 MB as RGB); far above any camera photo meant for classification.
+MAX_IMAGE_PIXELS = 64_000_000
+
+# Why an input was rejected: the `reason` of rejected.jsonl rows and the key of the per-reason counts.
+EMPTY_FILE = "empty file"
+NOT_AN_IMAGE = "not an image"
+CORRUPT = "corrupt or truncated image"
+UNSUPPORTED_FORMAT = "unsupported image format"
+UNSUPPORTED_MODE = "unsupported image mode"
+TOO_LARGE = "image too large"
+UNREADABLE = "unreadable"
+
+
+class ImageError(ValueError):
+    """An input file that is not a usable image. `reason` is one of the constants above (what reports count),
+    `detail` says what exactly was wrong with this file."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+_CONVERTIBLE_MODES = ("1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr")
+_ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+
+
+@functools.cache
+def _silence_pil_size_warning() -> None:
+    """PIL warns about images above 89 Mpx; they are rejected (and reported) by our stricter limit instead.
+    Installed once, on first use: a per-call warnings.catch_warnings would cost more than the PNG decode."""
+    import warnings
+
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def decode_image(data: bytes, height: int, width: int, channels: int, *,
+                 max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Decodes image file bytes into uint8 HxWxC (see `decode_image_file`)."""
+    return decode_image_file(data, height, width, channels, max_pixels=max_pixels)[0]
+
+
+def decode_image_file(data: bytes, height: int, width: int, channels: int, *,
+                      max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[np.ndarray, str]:
+    """Decodes image file bytes of any size and colour mode into uint8 HxWxC (C = 1 grayscale, 3 RGB).
+
+    Colour: palette, CMYK and YCbCr images are converted; transparent pixels are composited onto white;
+    16-bit images are scaled to 8 bits (65535 -> 255); the EXIF orientation of photos is applied.
+    Resizing is bilinear with antialiasing; large JPEGs are decoded at a reduced scale first (DCT scaling),
+    which is several times faster for photos that end up as small thumbnails.
+    Returns the pixels and the file's format as PIL names it ("PNG", "JPEG", ...).
+    Raises ImageError (with a reason from the constants above) for anything that is not a usable image.
+    """
+    import io
+
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    _silence_pil_size_warning()
+    if not data:
+        raise ImageError(EMPTY_FILE, "0 bytes")
+    try:
+        img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise ImageError(NOT_AN_IMAGE, f"unrecognised content ({len(data)} bytes, starts {data[:8]!r})") from None
+    except Image.DecompressionBombError as e:
+        raise ImageError(TOO_LARGE, str(e)) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        raise ImageError(CORRUPT, str(e) or type(e).__name__) from None
+    source_format = img.format
+    if img.format not in IMAGE_FORMATS:
+        raise ImageError(UNSUPPORTED_FORMAT, f"{img.format} (supported: {', '.join(IMAGE_FORMATS)})")
+    if img.width * img.height > max_pixels:
+        raise ImageError(TOO_LARGE, f"{img.width}x{img.height} pixels (limit {max_pixels})")
+    if img.mode == "F":
+        raise ImageError(UNSUPPORTED_MODE, "F (floating-point pixels have no standard 0-255 range)")
+    if img.mode not in _SIXTEEN_BIT_MODES + _CONVERTIBLE_MODES + _ALPHA_MODES + ("I",):
+        raise ImageError(UNSUPPORTED_MODE, f"{img.mode} (no conversion to grayscale/RGB)")
+    if img.format in ("JPEG", "MPO") and img.mode in ("L", "RGB", "YCbCr"):
+        img.draft("L" if channels == 1 else "RGB", (width, height))  # a scale >= the target size
+    try:
+        img.load()  # decodes fully now, so truncated files fail here rather than later
+    except Image.DecompressionBombError as e:
+        raise ImageError(TOO_LARGE, str(e)) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        raise ImageError(CORRUPT, str(e) or type(e).__name__) from None
+    orientation = 1
+    if "exif" in img.info or img.format == "TIFF":
+        try:
+            orientation = img.getexif().get(0x0112, 1)
+        except Exception:  # a malformed EXIF block does not make the pixels unusable
+            pass
+    if orientation != 1:
+        img = ImageOps.exif_transpose(img)
+    if img.mode in _SIXTEEN_BIT_MODES or img.mode == "I":
+        wide = np.asarray(img).astype(np.int64)
+        if wide.size and (wide.min() < 0 or wide.max() > 65535):
+            raise ImageError(UNSUPPORTED_MODE, f"{img.mode} with values outside 0-65535")
+        img = Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8))
+    elif img.mode in _ALPHA_MODES or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    target_mode = "L" if channels == 1 else "RGB"
+    if img.mode != target_mode:
+        try:
+            img = img.convert(target_mode)
+        except ValueError as e:
+            raise ImageError(UNSUPPORTED_MODE, f"{img.mode}: {e}") from None
+    if img.size != (width, height):
+        img = img.resize((width, height), Image.Resampling.BILINEAR)
+    return np.frombuffer(img.tobytes(), dtype=np.uint8).reshape(height, width, channels), source_format
+
+
+def read_bytes(uri: str) -> bytes:
+    """Reads a local or remote (gs://...) file; any failure becomes ImageError(UNREADABLE, why)."""
+    try:
+        if "://" not in uri:
+            with open(uri, "rb") as f:  # plain open: 5x cheaper per file than tf.io.gfile for local trees
+                return f.read()
+        with _gfile().GFile(uri, "rb") as f:
+            return f.read()
+    except IsADirectoryError:
+        raise ImageError(UNREADABLE, "is a directory") from None
+    except FileNotFoundError:
+        raise ImageError(UNREADABLE, "not found (missing file or dangling link)") from None
+    except Exception as e:  # tf.errors.OpError subclasses are not OSError
+        message = str(e).splitlines()[0] if str(e) else ""
+        raise ImageError(UNREADABLE, f"{type(e).__name__}: {message}") from None
+
+
+def list_files(root: str) -> Iterator[str]:
+    """Every file below root (local or gs://), in a stable order, streamed directory by directory."""
+    from components.data import DataError, join
+
+    if "://" not in root:
+        if not os.path.isdir(root):
+            raise DataError(f"Not a directory: {root}")
+        walk = os.walk(root)
+    else:
+        if not _gfile().isdir(root):
+            raise DataError(f"Not a directory: {root}")
+        walk = _gfile().walk(root)
+    for directory, subdirs, files in walk:
+        subdirs.sort()
+        for name in sorted(files):
+            yield join(directory, name)
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """PNG bytes of a uint8 HxW, HxWx1 or HxWx3 array (for cards and previews)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def tile(images: list[np.ndarray], columns: int, *, gap: int = 1, background: int = 128) -> np.ndarray:
+    """Lays out equally sized HxWxC images in a grid, `columns` per row, with `gap` pixels between them."""
+    height, width, channels = images[0].shape
+    rows = max(1, math.ceil(len(images) / columns))
+    grid = np.full((rows * (height + gap) - gap, columns * (width + gap) - gap, channels), background, np.uint8)
+    for i, image in enumerate(images):
+        r, c = divmod(i, columns)
+        grid[r * (height + gap):r * (height + gap) + height, c * (width + gap):c * (width + gap) + width] = image
+    return grid

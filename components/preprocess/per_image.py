@@ -1,0 +1,151 @@
+"""One input's way into the dataset: read, decode, conform, content key, split, reject reason, record.
+
+Both runners call these functions and nothing else for per-image decisions: the in-process step
+(components/preprocess/step.py) and the Apache Beam pipeline (components/preprocess/beam.py), so the same input
+gives the same record, split or rejection whichever runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from components import data
+from components.preprocess.inputs import CONFLICTING_LABEL, DUPLICATE, Example, Item
+
+# Image files of formats we do not decode: reported as an unsupported format rather than "not an image".
+OTHER_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".svg", ".psd", ".ico", ".jp2", ".tga", ".ppm", ".pgm",
+                          ".dng", ".cr2", ".nef", ".arw", ".raw")
+
+
+def content_key(raw: bytes) -> int:
+    """64 bits of the SHA-256 of the source bytes: fixes the split and finds duplicates. SHA-256 of a small
+    PNG is ~1 us (hashlib runs in C and releases the GIL on larger inputs): not worth a weaker hash."""
+    return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
+
+
+def extension_problem(uri: str) -> tuple[str, str] | None:
+    """(reason, detail) for a file whose name says it is not an image we decode, else None."""
+    if uri.lower().endswith(data.IMAGE_EXTENSIONS):
+        return None
+    extension = os.path.splitext(uri)[1].lower() or "no extension"
+    if extension in OTHER_IMAGE_EXTENSIONS:
+        return data.UNSUPPORTED_FORMAT, f"{extension} files are not decoded; convert them to PNG or JPEG"
+    return data.NOT_AN_IMAGE, f"file extension {extension} (expected {', '.join(data.IMAGE_EXTENSIONS)})"
+
+
+def exact_format(raw: bytes, height: int, width: int, channels: int) -> str | None:
+    """"PNG" or "JPEG" when file bytes decode, as they are, to the target's size and colour type (8-bit PNG; JPEG of
+    that many components), with no EXIF orientation to apply, else None. Such files decode to the same pixels in
+    TensorFlow as in PIL (the exact integer DCT for JPEG), so TensorFlow may decode them, and an encoded record may
+    hold them unchanged."""
+    import struct
+
+    from components.predict.decode import PNG_MAGIC, jpeg_shape
+
+    if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
+        return None
+    if raw.startswith(PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)):
+        return "PNG"
+    if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == (height, width, channels):
+        return "JPEG"
+    return None
+
+
+def stored_form(image: np.ndarray, image_size: int, source_format: str | None,
+                raw: bytes | None = None) -> tuple[bytes | None, str]:
+    """(bytes a record stores, encoding): for raw datasets None (the pixels are the bytes, taken when the
+    record is built), else PNG/JPEG bytes (see data.record_encoding): the source file itself when it already is
+    exactly that (`exact_format`: no second JPEG generation, no encoding time), else the pixels encoded."""
+    encoding = data.record_encoding(image_size, source_format)
+    if encoding == data.RAW:
+        return None, encoding
+    if raw is not None and exact_format(raw, *image.shape) == encoding.upper():
+        return raw, encoding
+    return data.encode_image(image, encoding), encoding
+
+
+def decode_file(uri: str, label: int, split: str | None, height: int, width: int, channels: int,
+                check_extension: bool) -> Example:
+    """Reads, decodes, conforms and encodes one image file; failures come back as a rejected Example (with a
+    reason from data.py), never as an exception."""
+    if check_extension:
+        problem = extension_problem(uri)
+        if problem:
+            return Example(uri, label, split, reason=problem[0], detail=problem[1])
+    try:
+        raw = data.read_bytes(uri)
+    except data.ImageError as e:
+        return Example(uri, label, split, reason=e.reason, detail=e.detail)
+    return decode_contents(Item(uri, label, split), raw, height, width, channels)
+
+
+def decode_contents(item: Item, raw: bytes, height: int, width: int, channels: int) -> Example:
+    """Decodes, conforms and encodes the bytes of one file (see decode_file)."""
+    try:
+        image, source_format = data.decode_image_file(raw, height, width, channels)
+    except data.ImageError as e:
+        return Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
+    stored, encoding = stored_form(image, width, source_format, raw)
+    return Example(item.uri, item.label, item.split, content_key(raw), image, stored=stored, encoding=encoding)
+
+
+def conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:
+    """An already decoded array (any size, 1 or 3 channels) as image_size x image_size x channels."""
+    from PIL import Image
+
+    img = Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image)
+    img = img.convert("L" if channels == 1 else "RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
+    return np.asarray(img, dtype=np.uint8).reshape(image_size, image_size, channels)
+
+
+def array_example(image: np.ndarray, label: int, uri: str, split: str | None, image_size: int,
+                  channels: int) -> Example:
+    """An Example from an already decoded array (idx, tfds): keyed by its raw pixels, then conformed; a
+    lossless source, so stored as PNG when encoded."""
+    if image.ndim == 2:
+        image = image[..., None]
+    image = np.ascontiguousarray(image, dtype=np.uint8)
+    key = content_key(image.tobytes())
+    if image.shape != (image_size, image_size, channels):
+        image = conform(image, image_size, channels)
+    stored, encoding = stored_form(image, image_size, None)
+    return Example(uri, label, split, key, image, stored=stored, encoding=encoding)
+
+
+def assign_split(key: int, source_split: str | None, validation_fraction: float, test_fraction: float) -> str:
+    """The split of a kept image: the source's test split stays test; the rest is cut by the content key, so the
+    same bytes land in the same split on any machine, in any order, with either runner."""
+    u = key / 2.0**64
+    if source_split == "test":
+        return "test"
+    if source_split == "train":
+        return "validation" if u < validation_fraction else "train"
+    return "validation" if u < validation_fraction else "test" if u < validation_fraction + test_fraction else "train"
+
+
+def duplicate_rejection(label: int, kept_label: int, kept_split: str, class_names: list[str]) -> tuple[str, str]:
+    """(reason, detail) for an image whose bytes equal those of an image kept earlier (in input order)."""
+    if kept_label != label:
+        return CONFLICTING_LABEL, (f"identical bytes to an image kept as {class_names[kept_label]!r} in the "
+                                   f"{kept_split} split")
+    return DUPLICATE, f"identical bytes to an image kept in the {kept_split} split"
+
+
+def record(ex: Example) -> bytes:
+    """The serialized tf.train.Example of a kept input."""
+    return data.encode_example(ex.image if ex.stored is None else ex.stored, ex.label, ex.uri)
+
+
+def rejected_row(uri: str, reason: str, detail: str) -> dict:
+    """One line of rejected.jsonl."""
+    return {"uri": uri, "reason": reason, "detail": detail}
+
+
+def stored_pixels(stored: bytes, encoding: str, image_shape: list[int]) -> np.ndarray:
+    """The pixels a record holds, as readers will see them (for the card's samples)."""
+    if encoding == data.RAW:
+        return np.frombuffer(stored, np.uint8).reshape(image_shape)
+    return data.decode_image(stored, image_shape[0], image_shape[1], image_shape[2])
