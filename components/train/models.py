@@ -22,6 +22,7 @@ import importlib
 DEFAULT_MODEL = "reference-cnn"
 HEAD_DROPOUT = 0.2
 MIN_BACKBONE_SIZE = 32  # Keras Applications refuse smaller inputs
+BATCHNORM_MOMENTUM_MAX = 0.9  # EfficientNetV2's own; see _cap_batchnorm_momentum
 BACKBONE = "backbone"  # the name of the part that transfer learning freezes
 IMAGENET_MEAN_BGR = (103.939, 116.779, 123.68)  # what keras.applications.resnet50.preprocess_input subtracts
 
@@ -140,11 +141,25 @@ def _backbone_classifier(name: str, image_shape: tuple, num_classes: int, precis
         backbone = getattr(keras.applications, spec.application)(
             include_top=False, weights=None, input_shape=(height, width, 3), **options)
         backbone.name = BACKBONE
+        _cap_batchnorm_momentum(backbone)
         x = backbone(x)
         x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
         x = keras.layers.Dropout(HEAD_DROPOUT, name="dropout")(x)
         outputs = keras.layers.Dense(num_classes, name="logits", dtype="float32")(x)
     return keras.Model(inputs, outputs, name=name.replace("-", "_"))
+
+
+def _cap_batchnorm_momentum(backbone) -> None:
+    """BatchNormalization momentum at most BATCHNORM_MOMENTUM_MAX (EfficientNetV2 ships 0.9, ResNet50 0.99,
+    MobileNetV3 0.999, tuned for ImageNet-length runs). With 0.999 or 0.99 the moving statistics lag the weights of
+    a short run from scratch and the model in inference mode is near chance: MobileNetV3-small on 2,000 Fashion-MNIST
+    images at 64x64, 3 epochs, reached 0.90 training accuracy and 0.06-0.09 validation accuracy, and 0.83 with 0.9.
+    Pretrained weights are unaffected: their BatchNormalization layers are frozen while fine-tuning."""
+    import keras
+
+    for layer in backbone._flatten_layers():
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.momentum > BATCHNORM_MOMENTUM_MAX:
+            layer.momentum = BATCHNORM_MOMENTUM_MAX
 
 
 def _caffe_preprocessing():
