@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: %(default)s)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one model, or "input", in its own process
     args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     if args.measure:
         measured = measure_input(args.dataset_dir, args.batch_size) if args.measure == "input" \
