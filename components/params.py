@@ -20,6 +20,7 @@ DEFAULT_SOURCE = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion
 DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"  # the reference setup: training on a T4 pool
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"  # ... and batch prediction on an H100 pool
 AUGMENT_MODES = ("offline", "online")
+PREPROCESS_RUNNERS = ("local", "dataflow")  # components/preprocess/step.py also takes "beam" (tests, benchmarks)
 MIN_IMAGE_SIZE = 8
 MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/data.py)
 
@@ -159,7 +160,7 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
     # Preprocessing on Dataflow (components/preprocess/dataflow.py); checked together in `problems`.
     Param("preprocess_runner", str, "local",
           "local (preprocess inside the step) or dataflow (the same preprocessing as an Apache Beam job on Dataflow, "
-          "for sources on gs:// too large for one machine).", _one_of(("local", "dataflow"))),
+          "for sources on gs:// too large for one machine).", _one_of(PREPROCESS_RUNNERS)),
     Param("dataflow_temp_location", str, "", "gs:// folder for the Dataflow job's temporary files (required with "
           "preprocess_runner=dataflow)."),
     Param("dataflow_staging_location", str, "", "gs:// folder the job's graph is staged to (empty: "

@@ -33,6 +33,7 @@ import numpy as np
 
 from components import data
 from components.preprocess import per_image
+from components.preprocess.bookkeeping import PixelStats
 from components.preprocess.inputs import Source
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,10 @@ WORK_DIR = "_beam"  # under the output directory while the pipeline runs; remove
 
 
 def _histogram(image: np.ndarray, channels: int) -> np.ndarray:
-    values = image.reshape(-1, channels).astype(np.int64) + np.arange(channels, dtype=np.int64) * 256
-    return np.bincount(values.ravel(), minlength=256 * channels)
+    """One image's share of the train split's PixelStats (summed on the workers, added in `gather`)."""
+    stats = PixelStats(channels)
+    stats.add(image)
+    return stats.histogram
 
 
 class BeamSettings:

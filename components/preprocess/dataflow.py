@@ -18,6 +18,7 @@ errors and exit codes), and lets the tests drive it against a loopback stand-in 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import re
 import time
@@ -29,7 +30,6 @@ from components.gcp.jobs import Followed, JobStatus, Phase, follow_job, sigterm_
 log = logging.getLogger(__name__)
 
 DATAFLOW_ENDPOINT = "dataflow.googleapis.com"
-RUNNERS = ("local", "dataflow")
 # The pipeline parameters (components/params.py) a Dataflow run reads, with the setting each fills.
 PARAMETERS = {"project": "project", "location": "region", "dataflow_temp_location": "temp_location",
               "dataflow_staging_location": "staging_location", "dataflow_service_account": "service_account",
@@ -116,10 +116,7 @@ class DataflowSettings:
         found = self.problems()
         if not self.sdk_container_image:
             found.append("the workers' container image is not set (the pipeline passes its CPU image)")
-        for what, path in (("data", source), ("the dataset output", output_dir)):
-            if path and not path.startswith("gs://") and not path.startswith("tfds:"):
-                found.append(f"{what} must be on gs:// for preprocess_runner=dataflow: Dataflow's workers cannot "
-                             f"read {path} (use preprocess_runner=local, or copy it to Cloud Storage)")
+        found += location_problems(("data", source), ("the dataset output", output_dir))
         if found:
             raise data.DataError("Cannot run preprocess on Dataflow:\n  " + "\n  ".join(found))
 
@@ -143,12 +140,14 @@ def parameter_problems(values: dict) -> list[str]:
     """components/params.py's cross-parameter check: Dataflow's settings, when preprocess_runner=dataflow."""
     if values.get("preprocess_runner") != "dataflow":
         return []
-    found = DataflowSettings.from_parameters(values).problems()
-    source = values.get("data", "")
-    if source and not source.startswith("gs://"):
-        found.append(f"data must be on gs:// for preprocess_runner=dataflow: Dataflow's workers cannot read "
-                     f"{source} (use preprocess_runner=local, or copy it to Cloud Storage)")
-    return found
+    return DataflowSettings.from_parameters(values).problems() + location_problems(("data", values.get("data", "")))
+
+
+def location_problems(*paths: tuple[str, str]) -> list[str]:
+    """(what, path) pairs that Dataflow's workers cannot reach: anything not on gs:// (empty: not given)."""
+    return [f"{what} must be on gs:// for preprocess_runner=dataflow: Dataflow's workers cannot read {path} (use "
+            "preprocess_runner=local, or copy it to Cloud Storage)" for what, path in paths
+            if path and not path.startswith("gs://")]
 
 
 def job_name_for(output_dir: str) -> str:
@@ -213,8 +212,6 @@ def build_job(pipeline, settings: DataflowSettings):
     data.gfile().makedirs(settings.staging)
     with data.gfile().GFile(url, "wb") as f:
         f.write(serialized)
-    import hashlib
-
     job.proto.environment = apiclient.Environment(
         packages=[], options=job.options, environment_version=apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION,
         proto_pipeline_staged_url=url, proto_pipeline=job.proto_pipeline,
