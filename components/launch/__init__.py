@@ -38,7 +38,7 @@ from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifes
 from components.launch.trainjob import (RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest,
                                         trainjob_status)
 from components.launch.training import (KUBERNETES_LAUNCHERS, LAUNCHERS, LaunchSettings, copy_tree, job_manifests,
-                                        launch_pipeline_training, launch_training)
+                                        launch_pipeline_training, launch_training, training_job)
 from components.launch.vertex import VertexJobLauncher, custom_job
 
 __all__ = [
@@ -48,6 +48,6 @@ __all__ = [
     "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher", "copy_tree",
     "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
     "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "placement_from_task_config",
-    "runtime_manifest", "tfjob_manifest", "tfjob_status", "trainjob_manifest", "trainjob_status",
+    "runtime_manifest", "tfjob_manifest", "tfjob_status", "training_job", "trainjob_manifest", "trainjob_status",
     "vertex_machine_type",
 ]
