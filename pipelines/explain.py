@@ -75,7 +75,7 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
             "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name}
             for p in job.job_spec.worker_pool_specs]
     config = task_config_as_step_reads_it(pod.task_config or {})
-    launch = LaunchSettings(launcher, **common, runtime=inputs.get("runtime", ""), task_config=dataclasses.asdict(config))
+    launch = LaunchSettings(launcher, **common, runtime=inputs["runtime"], task_config=dataclasses.asdict(config))
     manifest = job_manifests(launcher, training_job(launch, command, run_id="RUN", task_name=pod.task),
                              launch.namespace, runtime=launch.runtime)[-1]
     return node_pods(manifest)

@@ -135,6 +135,21 @@ def test_vertex_ai_pipelines_training_gets_the_gpus_compiled_in(tmp_root, gpus):
     assert kfp_driver.gpu_count(pod["resources"], "NVIDIA_TESLA_T4") == gpus
 
 
+@pytest.mark.parametrize("target", ["kfp", "vertex"])
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_batch_prediction_gets_the_gpus_compiled_in(tmp_path, target, gpus):
+    """The other GPU step: its pool and count are fixed when compiling (--predict-gpus); 0 is a CPU pod."""
+    path = str(tmp_path / "p.yaml")
+    compile_pipeline(path, config.PipelineSettings(images=IMAGES, target=target, predict_gpus=gpus))
+    pod = next(s for s in explain.explain(path, {})["steps"] if s["task"] == "predict-op")
+    resource = GPU if target == "kfp" else "NVIDIA_H100_80GB"
+    assert kfp_driver.gpu_count(pod["resources"], resource) == gpus
+    if target == "kfp":
+        h100 = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+        assert pod.get("node_selector", {}) == (h100 if gpus else {})
+        assert pod.get("tolerations", []) == [GPU_TOLERATION] * bool(gpus)
+
+
 def test_a_number_placeholder_resolves_to_no_gpu_as_the_driver_reads_it():
     """The bug this guards against: an accelerator count fed by the NUMBER_INTEGER parameter is read with
     GetStringValue() (resolve.go:825) and sets no limit; a string sets it."""
@@ -179,3 +194,67 @@ def test_explain_prints_yaml_with_every_step(tmp_root):
     assert sorted(s["task"] for s in parsed["steps"]) == ["augment-op", "evaluate-op", "placement-op", "predict-op",
                                                           "preprocess-op", "register-op", "train-op"]
     assert parsed["backend_release"] == kfp_driver.PINNED_RELEASE
+
+
+# --- the model's rules, on the driver's own test cases and on the SDK's compiled forms --------------------------
+def placeholder(name: str) -> str:
+    return "{{$.inputs.parameters['pipelinechannel--" + name + "']}}"
+
+
+def test_the_model_passes_the_drivers_resource_tests():
+    """kubeflow/pipelines 2.17.0, backend/src/v2/driver/driver_test.go: Test_initPodSpecPatch_resource_placeholders
+    (:307, every value a string) and the legacy numeric fields of
+    Test_initPodSpecPatch_TaskConfig_Resources_Passthrough_ApplyAndCapture (:1444)."""
+    container = {"resources": {
+        "resourceCpuRequest": placeholder("cpu_request"), "resourceCpuLimit": placeholder("cpu_limit"),
+        "resourceMemoryRequest": placeholder("memory_request"), "resourceMemoryLimit": placeholder("memory_limit"),
+        "accelerator": {"resourceType": placeholder("accelerator_type"),
+                        "resourceCount": placeholder("accelerator_count")}}}
+    inputs = {"pipelinechannel--cpu_request": "200m", "pipelinechannel--cpu_limit": "400m",
+              "pipelinechannel--memory_request": "100Mi", "pipelinechannel--memory_limit": "500Mi",
+              "pipelinechannel--accelerator_type": GPU, "pipelinechannel--accelerator_count": "1"}
+    assert kfp_driver.container_resources(container, inputs, "2.17.0") == {
+        "limits": {"memory": "500Mi", "cpu": "400m", GPU: "1"}, "requests": {"memory": "100Mi", "cpu": "200m"}}
+    legacy = {"resources": {"cpuLimit": 2.0, "memoryLimit": 1.5, "cpuRequest": 1.0, "memoryRequest": 0.65}}
+    assert kfp_driver.container_resources(legacy, {}, "2.17.0") == {
+        "limits": {"memory": "1500M", "cpu": "2"}, "requests": {"memory": "650M", "cpu": "1"}}
+    # driver_test.go:820 (apply_to_task false: captured only) and :1444 (true: on the pod and captured).
+    for apply, on_pod in ((False, set()), (True, {"RESOURCES"})):
+        component = {"taskConfigPassthroughs": [{"field": "RESOURCES", "applyToTask": apply}]}
+        assert kfp_driver.task_config_options(component, "2.17.0") == ({"RESOURCES"}, on_pod)
+    assert "RESOURCES" in kfp_driver.task_config_options({}, "2.17.0")[1]  # no passthroughs: all on the pod
+
+
+def test_apply_to_task_fixed_tolerations_and_labels_as_the_sdk_compiles_them(tmp_path):
+    """A component compiled by the SDK with RESOURCES passed through and applied to the task, and tolerations
+    passed through only: the pod and the TaskConfig get what the driver gives them."""
+    from kfp import compiler, dsl, kubernetes
+
+    @dsl.component(base_image="python:3.11", task_config_passthroughs=[
+        dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.RESOURCES, apply_to_task=True),
+        dsl.TaskConfigField.KUBERNETES_TOLERATIONS, dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR])
+    def launch(task_config: dsl.TaskConfig):
+        pass
+
+    @dsl.pipeline
+    def pipeline(count: str = "2", number: int = 2):
+        task = launch().set_accelerator_type(GPU).set_accelerator_limit(count).set_cpu_request("0.5")
+        kubernetes.add_toleration(task, key="dedicated", operator="Equal", value="ml", effect="NoSchedule")
+        kubernetes.add_node_selector(task, label_key="pool", label_value="gpu")
+        kubernetes.add_pod_label(task, "team", "vision")
+        other = launch().set_accelerator_type(GPU).set_accelerator_limit(number)
+        other.set_display_name("number")
+
+    path = str(tmp_path / "p.yaml")
+    compiler.Compiler().compile(pipeline, path)
+    spec, executors = kfp_driver.read_package(path)
+    first, second = kfp_driver.resolve_pods(spec, executors, {}, {})
+    assert first.resources == {"limits": {GPU: "2"}, "requests": {"cpu": "500m"}}
+    assert first.task_config["resources"] == first.resources
+    assert first.tolerations is None and first.node_selector is None
+    assert first.task_config["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                                 "effect": "NoSchedule"}]
+    assert first.task_config["nodeSelector"] == {"pool": "gpu"} and first.labels == {"team": "vision"}
+    assert explain.task_config_as_step_reads_it(first.task_config).node_selector == {"pool": "gpu"}
+    # The same limit from an int parameter: the driver reads it as "" and sets no GPU.
+    assert second.gpus == 0 and second.task_config["resources"] == {}
