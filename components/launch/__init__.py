@@ -19,7 +19,8 @@ cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not o
   and `TrainJobLauncher`: the default on GKE.
 - tfjob.py: the Kubeflow Training Operator v1 TFJob (legacy: for clusters that still run it).
 - vertex.py: the Vertex AI CustomJob and `VertexJobLauncher`.
-- training.py: `launch_training`, what the train step's multi-node path calls, and `job_manifests`.
+- training.py: `launch_training`, what the train step's multi-node path calls; `training_job` (the job it runs,
+  placed by the task's TaskConfig or the launch settings) and `job_manifests`.
 - cli.py: `python -m components.launch` (a job from the command line, or `--dry-run` to print its manifests).
 
 Adding a launcher is a manifest builder and a status reader: subclass `CustomResourceLauncher` (group, version,
