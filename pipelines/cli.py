@@ -59,8 +59,7 @@ def add_host_options(parser: argparse.ArgumentParser, required: bool = False) ->
     group.add_argument("--token-file", help="file holding a bearer token (default: the KFP_TOKEN variable, if set)")
     group.add_argument("--iap-client-id", help="OAuth client id of an IAP-protected endpoint (uses ADC)")
     group.add_argument("--namespace", help="KFP profile namespace (multi-user clusters)")
-    group.add_argument("--allow-older-backend", action="store_true",
-                       help="only warn when the host's KFP backend is older than the pipeline needs")
+    group.add_argument("--allow-older-backend", action="store_true", help="warn, not refuse, on a too old KFP backend")
 
 
 def add_cache_option(parser: argparse.ArgumentParser) -> None:
@@ -514,8 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="write the pipeline as KFP IR YAML; --explain: and print the pods it makes")
     p.add_argument("--output", "-o", default="pipeline.yaml")
-    p.add_argument("--explain", action="store_true", help="print the pod (and a cluster job's nodes) each step gets "
-                   "from --backend-release for the given parameter values (docs/kfp-compatibility.md)")
+    p.add_argument("--explain", action="store_true", help="print each step's pod for these parameter values")
     p.add_argument("--backend-release", default=PINNED_RELEASE, help="KFP backend release (default: %(default)s)")
     add_image_options(p)
     add_parameter_options(p)
