@@ -76,18 +76,20 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict) -> NamedTuple(
-        "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str):
+        "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str, gpu_limit=str):
     """Checks the run's GPU choice (a known GKE accelerator, a sane count) and turns it into the training pod's
-    node selector and tolerations (accelerator, Spot VMs, node pool)."""
+    node selector, tolerations (accelerator, Spot VMs, node pool) and GPU limit (a string, empty for none: the
+    form the KFP driver reads)."""
     import collections
 
     from components.launch import gpu_placement
 
     placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
                               node_pool=node_pool)
-    Placement = collections.namedtuple("Placement", ["node_selector", "tolerations", "vertex_accelerator"])
+    Placement = collections.namedtuple("Placement", ["node_selector", "tolerations", "vertex_accelerator",
+                                                     "gpu_limit"])
     return Placement(placement.node_selector, placement.tolerations,
-                     known_accelerators.get(placement.accelerator, "") if gpus else "")
+                     known_accelerators.get(placement.accelerator, "") if gpus else "", placement.gpu_limit)
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)

@@ -14,6 +14,7 @@ import warnings
 from typing import TextIO
 
 from pipelines import config, training
+from pipelines.kfp_driver import PINNED_RELEASE
 
 log = logging.getLogger("pipectl")
 
@@ -58,6 +59,7 @@ def add_host_options(parser: argparse.ArgumentParser, required: bool = False) ->
     group.add_argument("--token-file", help="file holding a bearer token (default: the KFP_TOKEN variable, if set)")
     group.add_argument("--iap-client-id", help="OAuth client id of an IAP-protected endpoint (uses ADC)")
     group.add_argument("--namespace", help="KFP profile namespace (multi-user clusters)")
+    group.add_argument("--allow-older-backend", action="store_true", help="warn, not refuse, on a too old KFP backend")
 
 
 def add_cache_option(parser: argparse.ArgumentParser) -> None:
@@ -317,12 +319,19 @@ def print_summary(summary: dict, output_dir: str) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings, params = settings_from(args), validate_parameters(given_parameters(args))
+    if params and not args.explain:
+        raise ValueError("pipeline parameters are chosen per run; when compiling they only go with --explain")
     training.compile_pipeline(args.output, settings)
     if settings.images == config.Images.from_repo():
         print("note: images are the unpinned development defaults; pass --image-repo/--image-tag or "
               "--cpu-image/--gpu-image for a cluster", file=sys.stderr)
-    print(f"wrote {args.output} (cpu image {settings.images.cpu}, gpu image {settings.images.gpu})")
+    print(f"wrote {args.output} (cpu image {settings.images.cpu}, gpu image {settings.images.gpu})",
+          file=sys.stderr if args.explain else sys.stdout)
+    if args.explain:
+        from pipelines import explain
+
+        print(explain.render(explain.explain(args.output, params, args.backend_release)), end="")
     return 0
 
 
@@ -425,11 +434,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_upload(args: argparse.Namespace) -> int:
     import tempfile
 
+    from pipelines.backend_check import check_backend, package_features
     from pipelines.publish import upload_version
 
     with tempfile.TemporaryDirectory() as tmp:
-        package = package_for(args, tmp)
-        result = upload_version(kfp_client(args), package, name=args.name, version=args.version,
+        package, client = package_for(args, tmp), kfp_client(args)
+        check_backend(client, package_features(package), host=args.host, allow_older=args.allow_older_backend)
+        result = upload_version(client, package, name=args.name, version=args.version,
                                 description=args.description, if_exists=args.if_exists)
     print(json.dumps(result, indent=2))
     return 0
@@ -440,7 +451,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         raise ValueError("choose where to schedule: --host URL (a KFP API) or --vertex (Vertex AI Pipelines)")
     if args.vertex:
         return vertex_schedule(args)
-    from pipelines import publish
+    from pipelines import backend_check, publish
 
     if args.resume:
         raise ValueError("--resume is for --vertex; on a KFP host, run the schedule command again to re-create it")
@@ -453,6 +464,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         if not args.cron:
             raise ValueError("--cron is needed to create or update a schedule (e.g. --cron '0 3 * * *')")
         params = validate_parameters(given_parameters(args))
+        backend_check.check_backend(client, backend_check.schedule_features(args.version), host=args.host,
+                                    allow_older=args.allow_older_backend)
         result = publish.schedule(client, name=args.name, pipeline_name=args.pipeline_name, cron=args.cron,
                                   version=args.version, experiment=args.experiment,
                                   max_concurrency=args.max_concurrency, catchup=not args.no_catchup, params=params,
@@ -498,9 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("compile", help="write the pipeline as KFP IR YAML")
+    p = sub.add_parser("compile", help="write the pipeline as KFP IR YAML; --explain: and print the pods it makes")
     p.add_argument("--output", "-o", default="pipeline.yaml")
+    p.add_argument("--explain", action="store_true", help="print each step's pod for these parameter values")
+    p.add_argument("--backend-release", default=PINNED_RELEASE, help="KFP backend release (default: %(default)s)")
     add_image_options(p)
+    add_parameter_options(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run the pipeline: --local (kfp.local here) or --host URL (a KFP API)")

@@ -39,29 +39,31 @@ def queue_on_kueue(task: dsl.PipelineTask, settings: config.PipelineSettings) ->
         kubernetes.add_pod_label(task, config.KUEUE_QUEUE_LABEL, settings.kueue_queue)
 
 
-def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, placement: dsl.PipelineTask,
-                 gpus) -> None:
+def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, placement: dsl.PipelineTask) -> None:
     """The training pod's placement, chosen per run: the checked node selector and tolerations (accelerator,
     Spot, node pool) through kfp-kubernetes' `_json` forms, which take the placement step's outputs."""
     task.set_container_image(settings.images.gpu)
     if settings.target == "vertex":
         # Vertex AI picks the machine from a fixed accelerator type, so on Vertex the GPU is chosen when compiling
-        # (--train-accelerator/--train-gpus); pipectl refuses the per-run GPU parameters there.
-        task.set_accelerator_type(config.ACCELERATORS[settings.train_accelerator])
-        task.set_accelerator_limit(settings.train_gpus)
+        # (--train-accelerator/--train-gpus); pipectl refuses the per-run GPU parameters there. 0: a CPU machine.
+        if settings.train_gpus:
+            task.set_accelerator_type(config.ACCELERATORS[settings.train_accelerator])
+            task.set_accelerator_limit(settings.train_gpus)
         return
-    place_training(task, placement, gpus)
+    place_training(task, placement)
     queue_on_kueue(task, settings)
 
 
-def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask, gpus) -> None:
+def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask) -> None:
     """Where training runs on GKE: the GPUs, and the node selector and tolerations that the placement step checked.
-    The training pod gets them; a cluster job's launcher passes them on to its nodes (TaskConfig)."""
+    The training pod gets them; a cluster job's launcher passes them on to its nodes (TaskConfig). The GPU limit
+    is the step's string output, not the integer parameter: the KFP driver resolves a number placeholder to no
+    limit at all (pipelines/kfp_driver.py), and an empty string (0 GPUs) to none."""
     from kfp import kubernetes
 
     kubernetes.add_node_selector_json(task, placement.outputs["node_selector"])
     kubernetes.add_toleration_json(task, placement.outputs["tolerations"])
-    task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(gpus)
+    task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(placement.outputs["gpu_limit"])
 
 
 def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, memory: str) -> dsl.PipelineTask:
@@ -156,7 +158,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
-            on_train_gpu(train, settings, placement, train_gpu_count)
+            on_train_gpu(train, settings, placement)
         elif settings.train_launcher in config.CLUSTER_LAUNCHERS:
             # The task says where the nodes run as the training pod's task does; KFP hands that to the launcher
             # (dsl.TaskConfig passthrough) instead of applying it to the launcher's own small pod.
@@ -165,7 +167,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime)
             train.set_display_name(f"Train ({settings.train_launcher})").set_container_image(settings.images.cpu)
             train.set_cpu_request("4").set_memory_request("16G")  # each node's, as the training pod's
-            place_training(train, placement, train_gpu_count)
+            place_training(train, placement)
         else:
             # The task only launches and follows the Vertex AI job; the chief and workers get the GPUs.
             train = ops.train_job_op(

@@ -56,7 +56,9 @@ def test_training_and_prediction_go_to_their_gpu_pools(compiled):
     assert k8s["exec-train-op"]["tolerations"][0]["tolerationJson"]["taskOutputParameter"] == \
         {"outputParameterKey": "tolerations", "producerTask": "placement-op"}
     train = container(spec, "train-op")["resources"]["accelerator"]
-    assert train["resourceType"] == "nvidia.com/gpu" and "train_gpu_count" in train["resourceCount"]
+    # The count is the check step's string output: the driver resolves a number placeholder to no GPU at all
+    # (tests/test_kfp_driver.py asserts the resolved pods).
+    assert train["resourceType"] == "nvidia.com/gpu" and "placement-op-gpu_limit" in train["resourceCount"]
     inputs = spec["root"]["inputDefinitions"]["parameters"]
     assert inputs["train_accelerator_type"]["defaultValue"] == "nvidia-tesla-t4"
     assert inputs["train_gpu_count"]["defaultValue"] == 1.0

@@ -115,7 +115,8 @@ def test_compile_training_placement_is_chosen_per_run(tmp_path):
     assert placement_inputs["known_accelerators"]["runtimeValue"]["constant"] == KNOWN
     resources = spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["resources"]["accelerator"]
     assert resources["resourceType"] == "nvidia.com/gpu"
-    assert resources["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--train_gpu_count']}}"
+    # A string output of the placement step (the driver reads a number placeholder as no GPU): "" for 0 GPUs.
+    assert resources["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--placement-op-gpu_limit']}}"
 
 
 def test_compile_spot_training_gets_a_retry_policy_with_backoff(tmp_path):
@@ -133,6 +134,9 @@ def test_the_placement_step_turns_spot_into_selector_and_toleration():
     assert result.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
     assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
             "effect": "NoSchedule"} in result.tolerations
+    assert result.gpu_limit == "1"
+    cpu = ops.placement_op.python_func(accelerator="nvidia-l4", gpus=0, spot=False, node_pool="", known_accelerators=KNOWN)
+    assert (cpu.gpu_limit, cpu.node_selector, cpu.tolerations) == ("", {}, [])
     assert result.vertex_accelerator == "NVIDIA_L4"
     with pytest.raises(ValueError, match="Unknown accelerator"):
         ops.placement_op.python_func(accelerator="tpu-v5", gpus=1, spot=False, node_pool="", known_accelerators=KNOWN)
@@ -172,7 +176,7 @@ def test_compile_cluster_launchers_pass_the_task_placement_on(tmp_path, launcher
     assert container["image"] == settings.images.cpu
     assert container["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
     assert container["resources"]["accelerator"]["resourceCount"] == \
-        "{{$.inputs.parameters['pipelinechannel--train_gpu_count']}}"
+        "{{$.inputs.parameters['pipelinechannel--placement-op-gpu_limit']}}"
     assert (container["resources"]["resourceCpuRequest"], container["resources"]["resourceMemoryRequest"]) == \
         ("4", "16G")
     placed = executors["exec-train-cluster-job-op"]

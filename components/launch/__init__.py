@@ -19,7 +19,8 @@ cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not o
   and `TrainJobLauncher`: the default on GKE.
 - tfjob.py: the Kubeflow Training Operator v1 TFJob (legacy: for clusters that still run it).
 - vertex.py: the Vertex AI CustomJob and `VertexJobLauncher`.
-- training.py: `launch_training`, what the train step's multi-node path calls, and `job_manifests`.
+- training.py: `launch_training`, what the train step's multi-node path calls; `training_job` (the job it runs,
+  placed by the task's TaskConfig or the launch settings) and `job_manifests`.
 - cli.py: `python -m components.launch` (a job from the command line, or `--dry-run` to print its manifests).
 
 Adding a launcher is a manifest builder and a status reader: subclass `CustomResourceLauncher` (group, version,
@@ -38,7 +39,7 @@ from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifes
 from components.launch.trainjob import (RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest,
                                         trainjob_status)
 from components.launch.training import (KUBERNETES_LAUNCHERS, LAUNCHERS, LaunchSettings, copy_tree, job_manifests,
-                                        launch_pipeline_training, launch_training)
+                                        launch_pipeline_training, launch_training, training_job)
 from components.launch.vertex import VertexJobLauncher, custom_job
 
 __all__ = [
@@ -48,6 +49,6 @@ __all__ = [
     "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher", "copy_tree",
     "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
     "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "placement_from_task_config",
-    "runtime_manifest", "tfjob_manifest", "tfjob_status", "trainjob_manifest", "trainjob_status",
+    "runtime_manifest", "tfjob_manifest", "tfjob_status", "training_job", "trainjob_manifest", "trainjob_status",
     "vertex_machine_type",
 ]

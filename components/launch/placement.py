@@ -34,6 +34,14 @@ class Placement:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    @property
+    def gpu_limit(self) -> str:
+        """The GPU count as a KFP task's accelerator limit takes it from a step's output: a string, since the KFP
+        driver reads the limit's placeholder as a string and resolves a number to nothing (kubeflow/pipelines
+        2.17.0, backend/src/v2/driver/resolve.go:825); empty for none, which sets no GPU limit at all
+        (driver.go:437), so that a CPU pod asks for no GPU resource."""
+        return str(self.gpus) if self.gpus else ""
+
 
 CPU_ONLY = Placement({}, [], 0, "")
 

@@ -91,6 +91,27 @@ class LaunchSettings:
             raise ValueError("launcher=vertex-job picks machines from accelerator/gpus, not from a task's config")
 
 
+def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, task_name: str) -> TrainingJob:
+    """The job `launch` runs `command` as: its replicas placed by the pipeline task's config (KFP's TaskConfig
+    passthrough) when given, else by launch's accelerator, GPUs, Spot and node pool."""
+    if launch.task_config is not None:
+        from_task = placement_from_task_config(launch.task_config)
+        if from_task is None:
+            raise ValueError("The training task passed on no resources, node selector or tolerations (KFP's "
+                             "TaskConfig passthrough, KFP 2.15 or newer): the nodes' GPUs are unknown. Upgrade KFP, "
+                             "or compile with --train-launcher pod")
+        placement, sizes = from_task
+    else:
+        placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
+                                         spot=launch.spot, node_pool=launch.node_pool), {}
+    # JobSet-based jobs name their pods after themselves: their names leave room for that.
+    longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
+    return TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
+                       command=command, workers=launch.workers, placement=placement,
+                       kueue_queue=launch.kueue_queue, **sizes,
+                       labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
+
+
 def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_path: str, tensorboard_path: str,
                     staging_dir: str, run_id: str, task_name: str, api_client=None, vertex_client=None,
                     poll_seconds: float | None = None) -> dict:
@@ -104,24 +125,9 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
         if uri.startswith(("minio://", "s3://")):
             raise ValueError(f"The training job's replicas cannot read or write {uri}: run the pipeline with a gs:// "
                              "pipeline root (or a checkpoint_root and pipeline root they can reach)")
-    if launch.task_config is not None:
-        from_task = placement_from_task_config(launch.task_config)
-        if from_task is None:
-            raise ValueError("The training task passed on no resources, node selector or tolerations (KFP's "
-                             "TaskConfig passthrough, KFP 2.15 or newer): the nodes' GPUs are unknown. Upgrade KFP, "
-                             "or compile with --train-launcher pod")
-        placement, sizes = from_task
-    else:
-        placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
-                                         spot=launch.spot, node_pool=launch.node_pool), {}
     staged_model, staged_logs = f"{staging_dir.rstrip('/')}/model", f"{staging_dir.rstrip('/')}/tensorboard"
     staged = dataclasses.replace(settings, model_dir=staged_model, tensorboard_dir=staged_logs)
-    # JobSet-based jobs name their pods after themselves: their names leave room for that.
-    longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
-    job = TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
-                      command=staged.command(), workers=launch.workers, placement=placement,
-                      kueue_queue=launch.kueue_queue, **sizes,
-                      labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
+    job = training_job(launch, staged.command(), run_id=run_id, task_name=task_name)
     polling = {"poll_seconds": poll_seconds} if poll_seconds else {}
     if launch.launcher in KUBERNETES_LAUNCHERS:
         launcher = KUBERNETES_LAUNCHERS[launch.launcher](api_client or kubernetes_client(), launch.namespace, **polling)

@@ -111,9 +111,11 @@ class KfpStandIn(StandIn):
 
     name = "KFP API"
 
-    def __init__(self, *, require_token: str | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, *, require_token: str | None = None, clock: Callable[[], float] = time.time,
+                 tag_name: str = "2.17.0"):
         super().__init__(clock=clock)
         self.require_token = require_token
+        self.tag_name = tag_name  # the release the server reports (TAG_NAME; "unknown" when a build left it unset)
         self.run_outcomes: dict[str, str] = {}
         self.pipelines: dict[str, dict] = {}
         self.versions: dict[str, dict] = {}
@@ -215,7 +217,10 @@ class KfpStandIn(StandIn):
 
     # --- pipelines -------------------------------------------------------------------------------
     def healthz(self, req) -> dict:
-        return {"multi_user": False, "pipeline_store": "database"}
+        # kubeflow/pipelines 2.17.0, backend/src/apiserver/main.go:465-491 (newHealthzResponse, served on
+        # /apis/v2beta1/healthz at :510): commit and tag from COMMIT_SHA/TAG_NAME, "unknown" when unset.
+        return {"commit_sha": "unknown", "tag_name": self.tag_name, "multi_user": False,
+                "pipeline_store": "database"}
 
     def upload_pipeline(self, req) -> dict:
         filename, package = _upload_file(req, "Failed to read a pipeline spec file")
