@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 from components import gcp
 from pipelines.cron import parse_cron
-from pipelines.vertex_checks import (check_labels, check_service_account, load_pipeline_spec, make_job_id,
-                                     runtime_config, set_caching)
+from pipelines.vertex_checks import (JOB_ID_RE, check_labels, check_service_account, load_pipeline_spec,
+                                     make_job_id, runtime_config, set_caching)
 from pipelines.vertex_checks import vertex_run_parameters  # noqa: F401  (pipectl's entry to the checks)
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 CONSOLE_RUN_URL = "https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job_id}?project={project}"
 CONSOLE_SCHEDULE_URL = ("https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/schedules/"
                         "{schedule_id}?project={project}")
-
-JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,127}$")
 
 # Pipeline states by phase (PAUSED ends a wait, as the Vertex AI SDK counts it); the others are still running.
 PIPELINE_PHASES = {
@@ -232,8 +230,8 @@ class VertexPipelines(gcp.VertexService):
             service_account=service_account, labels=labels, enable_caching=enable_caching, network=network)
         job_id = job_id or make_job_id(pipeline_name)
         if not JOB_ID_RE.match(job_id):
-            raise ValueError(f"Invalid job id {job_id!r}: at most 128 characters of a-z, 0-9 and '-', starting with a "
-                             f"letter.")
+            raise ValueError(f"Invalid job id {job_id!r}: Vertex AI takes at most 127 characters of a-z, 0-9 and '-', "
+                             f"starting with a letter.")
         created = self._call(f"create pipeline job {job_id}", lambda: self.pipeline_client.create_pipeline_job(
             parent=self.parent, pipeline_job=job, pipeline_job_id=job_id), service_account=service_account or "")
         run = self._run(created)

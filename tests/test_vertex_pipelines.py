@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 
+import google.api_core.exceptions
 import pytest
 import yaml
 from google.auth.credentials import AnonymousCredentials
@@ -300,6 +301,30 @@ def test_taken_job_id_and_foreign_endpoint(standin, vertex_package):
         VertexPipelines(PROJECT, LOCATION, api_endpoint="europe-west4-aiplatform.googleapis.com")
     with pytest.raises(ValueError, match="region such as us-central1"):
         VertexPipelines(PROJECT, "global")
+
+
+def test_job_ids_stay_under_128_characters(standin, vertex_package, tmp_path):
+    """Vertex AI takes a pipeline_job_id of less than 128 characters (pipeline_service.proto:357-359): a long
+    pipeline name is cut so that the generated id fits, and a 128-character id is refused before it is sent."""
+    documents = load_documents(vertex_package)
+    documents[0]["pipelineInfo"]["name"] = "image-classification-" + "x" * 200
+    long_named = tmp_path / "long.yaml"
+    long_named.write_text(yaml.safe_dump_all(documents))
+    run = connect(standin).submit(str(long_named), pipeline_root=ROOT)
+    assert len(run.job_id) == 127 and re.fullmatch(r"image-classification-x+-\d{14}", run.job_id)
+
+    too_long = "a" * 128
+    with pytest.raises(ValueError, match="at most 127 characters"):
+        connect(standin).submit(vertex_package, pipeline_root=ROOT, job_id=too_long)
+    assert len(standin.calls("CreatePipelineJob")) == 1
+    # The stand-in refuses it as the service does, when a client skips the check.
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": standin.api_endpoint})
+    job = aiplatform_v1.PipelineJob(pipeline_spec=documents[0], runtime_config={"gcs_output_directory": ROOT})
+    with pytest.raises(google.api_core.exceptions.BadRequest, match="less than 128 characters"):
+        client.create_pipeline_job(parent=f"projects/{PROJECT}/locations/{LOCATION}", pipeline_job=job,
+                                   pipeline_job_id=too_long)
+    assert len(standin.pipeline_jobs()) == 1
 
 
 # ---------------------------------------------------------------------------------------------- schedules

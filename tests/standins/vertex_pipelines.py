@@ -41,7 +41,9 @@ from tests.standins.vertex_common import API, LOCATION, VertexService, filter_te
 # Answers whose enums are written as numbers when the client asks for `$alt=json;enum-encoding=int`.
 PIPELINE_RPCS = {"CreatePipelineJob", "GetPipelineJob", "CreateSchedule", "GetSchedule", "ListSchedules",
                  "UpdateSchedule", "PauseSchedule", "ResumeSchedule", "DeleteSchedule"}
-PIPELINE_JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,127}$")
+# "less than 128 characters, and valid characters are /[a-z][0-9]-/" (googleapis/googleapis,
+# google/cloud/aiplatform/v1/pipeline_service.proto:357-359 at f8291d2b).
+PIPELINE_JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,126}$")
 SERVICE_ACCOUNT_RE = re.compile(r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$")
 PIPELINE_TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 # Schedule fields UpdateSchedule takes (snake_case; camelCase paths are accepted too) and its output-only ones.
@@ -112,7 +114,8 @@ class PipelineService(VertexService):
             request = schedule["createPipelineJobRequest"]
             stamp = self._moment()
             base = re.sub(r"[^-a-z0-9]+", "-", request["pipelineJob"]["pipelineSpec"]["pipelineInfo"]["name"].lower())
-            job_id = f"{base.strip('-')}-{stamp.strftime('%Y%m%d%H%M%S')}{len(self._pipeline_jobs):03d}"
+            suffix = f"-{stamp.strftime('%Y%m%d%H%M%S')}{len(self._pipeline_jobs):03d}"
+            job_id = f"{base.strip('-')[:127 - len(suffix)]}{suffix}"
             job = self._new_pipeline_job(job_id, copy.deepcopy(request["pipelineJob"]))
             job["scheduleName"] = schedule["name"]
             schedule["startedRunCount"] = str(int(schedule.get("startedRunCount", "0")) + 1)
@@ -208,7 +211,7 @@ class PipelineService(VertexService):
         job_id = req.arg("pipelineJobId") or req.arg("pipeline_job_id")
         if job_id:
             if not PIPELINE_JOB_ID_RE.match(job_id):
-                raise ApiError("INVALID_ARGUMENT", f"Invalid pipeline_job_id {job_id!r}: at most 128 characters of "
+                raise ApiError("INVALID_ARGUMENT", f"Invalid pipeline_job_id {job_id!r}: less than 128 characters of "
                                                    f"[a-z0-9-], starting with a letter.")
             if job_id in self._pipeline_jobs:
                 raise ApiError("ALREADY_EXISTS", f"PipelineJob {self._location_path()}/pipelineJobs/{job_id} already "
