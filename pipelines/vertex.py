@@ -288,9 +288,9 @@ class VertexPipelines(gcp.VertexService):
         """Creates the schedule `name` (default: the pipeline's name) or updates it in place.
 
         An existing schedule keeps its id, history and state (a PAUSED one stays paused) and gets the new cron,
-        pipeline, parameters and run settings through `UpdateSchedule`. Should the API refuse to change the
-        pipeline of a schedule, the old one is paused, a new one is created, then the old one is deleted
-        (`action="replaced"`). Other schedules with the same name (made by hand) are deleted, so one remains."""
+        pipeline, parameters and run settings through `UpdateSchedule`. Should the API refuse the update
+        (INVALID_ARGUMENT or FAILED_PRECONDITION, whatever its message says), the old one is paused, a new one is created,
+        then the old one is deleted (`action="replaced"`); a refused create resumes the old one. Other schedules with the same name (made by hand) are deleted, so one remains."""
         cron = parse_cron(cron).text
         if max_concurrent_run_count < 1:
             raise ValueError("max_concurrent_run_count must be at least 1")
@@ -338,13 +338,15 @@ class VertexPipelines(gcp.VertexService):
                 schedule=schedule, update_mask=field_mask_pb2.FieldMask(paths=mask)), service_account=sa)
             action = "updated"
         except VertexPipelineError as e:
-            # The refusal names the field or the mask; any other 400 (a bad cron, ...) is the user's to fix.
-            refused_field = isinstance(e.__cause__, gexc.BadRequest) and re.search(
-                r"create_?pipeline_?job_?request|update_?mask|field_?mask", e.__cause__.message or "", re.IGNORECASE)
-            if not refused_field:
+            # Decided by the status, never by the wording of the message, which the API does not promise: any
+            # INVALID_ARGUMENT / FAILED_PRECONDITION on the update (e.g. a service that will not swap the pipeline
+            # of a schedule) goes the replacement way, where CreateSchedule validates the same schedule afresh. If
+            # that refuses it too, the old schedule is resumed and the create's error, the user's to fix, raised.
+            if not isinstance(e.__cause__, (gexc.BadRequest, gexc.FailedPrecondition)):
                 raise
-            # The API will not swap the pipeline of a schedule: replace it without two ever running together.
-            log.warning("Vertex AI refused to change the pipeline of schedule %s in place; replacing it", target.name)
+            # Replace the schedule without two ever running together.
+            log.warning("Vertex AI refused to update schedule %s in place (%s); replacing it", target.name,
+                        e.__cause__.message)
             if target.state.name == "ACTIVE":
                 self._call(f"pause schedule {target.name}", lambda: self.schedule_client.pause_schedule(
                     name=target.name))

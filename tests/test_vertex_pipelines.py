@@ -376,9 +376,13 @@ def test_updating_a_paused_schedule_keeps_it_paused(standin, vertex_package):
     assert (info.action, info.state, info.cron) == ("updated", "PAUSED", "0 5 * * *")
 
 
-def test_schedule_is_replaced_when_the_api_will_not_change_its_pipeline(vertex_package):
+@pytest.mark.parametrize("refusal", ["Updating create_pipeline_job_request of a schedule is not supported.",
+                                     "Request contains an invalid argument."])
+def test_schedule_is_replaced_when_the_api_will_not_change_its_pipeline(vertex_package, refusal):
+    """The refusal is told by its status (INVALID_ARGUMENT), whatever its text says."""
     with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION,
                        schedule_request_updatable=False) as standin:
+        standin.schedule_request_refusal = refusal
         pipelines = connect(standin)
         first = pipelines.schedule(vertex_package, cron="0 3 * * *", pipeline_root=ROOT,
                                    parameter_values={"epochs": 5})
@@ -391,6 +395,19 @@ def test_schedule_is_replaced_when_the_api_will_not_change_its_pipeline(vertex_p
                                                              "DeleteSchedule")]
         assert rpcs == ["CreateSchedule", "UpdateSchedule", "PauseSchedule", "CreateSchedule", "DeleteSchedule"], \
             "the old schedule is paused before the new one exists, so they never run side by side"
+
+
+def test_a_refused_replacement_resumes_the_old_schedule(vertex_package):
+    with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION,
+                       schedule_request_updatable=False) as standin:
+        pipelines = connect(standin)
+        first = pipelines.schedule(vertex_package, cron="0 3 * * *", pipeline_root=ROOT, service_account=SA)
+        standin.deny_act_as(SA)
+        with pytest.raises(VertexPermissionError, match="actAs"):
+            pipelines.schedule(vertex_package, cron="0 6 * * *", pipeline_root=ROOT, service_account=SA)
+        (stored,) = standin.schedules()
+        assert (stored["name"], stored["state"], stored["cron"]) == (first.name, "ACTIVE", "0 3 * * *")
+        assert [r.rpc for r in standin.requests][-2:] == ["CreateSchedule", "ResumeSchedule"]
 
 
 def test_hand_made_duplicates_are_folded_into_one(standin, vertex_package):

@@ -21,7 +21,8 @@ the google.cloud.aiplatform.v1 PipelineJob / Schedule protos:
   `POST ...:pause` (ACTIVE only), `POST ...:resume` (PAUSED only, `catchUp`), `DELETE` (a done Operation with
   `DeleteOperationMetadata`, as the real API answers). Schedule ids are numeric; `nextRunTime` is computed from
   the cron (with its `TZ=`/`CRON_TZ=` prefix). `schedule_request_updatable=False` makes `UpdateSchedule` refuse
-  the `create_pipeline_job_request` path (INVALID_ARGUMENT), for clients that must cope with that.
+  the `create_pipeline_job_request` path (INVALID_ARGUMENT, with the text in `schedule_request_refusal`), for
+  clients that must cope with that.
   `trigger_schedule(name)` starts the run a cron tick would start (a pipeline job with `scheduleName`).
 - `deny_act_as(service_account)`: creating a job or schedule that runs as that service account answers 403
   `iam.serviceAccounts.actAs`, as it does for a caller without roles/iam.serviceAccountUser on it.
@@ -63,6 +64,8 @@ class PipelineService(VertexService):
     def _init_pipelines(self, pipeline_polls: tuple[int, int], schedule_request_updatable: bool) -> None:
         self.pipeline_polls = pipeline_polls  # GETs a pipeline job spends PENDING, then RUNNING
         self.schedule_request_updatable = schedule_request_updatable
+        # The service's text for such a refusal is not published; clients must not depend on it (tests vary it).
+        self.schedule_request_refusal = "Updating create_pipeline_job_request of a schedule is not supported."
         self._pipeline_jobs: dict[str, dict] = {}  # job id -> {"job": PipelineJob JSON, "polls", "outcome"}
         self._pipeline_outcomes: list[dict] = []  # scripted outcomes for the next pipeline jobs
         self._schedules: dict[str, dict] = {}  # schedule id -> Schedule JSON
@@ -366,7 +369,7 @@ class PipelineService(VertexService):
             if snake not in SCHEDULE_UPDATABLE:
                 raise ApiError("INVALID_ARGUMENT", f"Invalid update_mask path {path!r} for Schedule.")
             if snake == "create_pipeline_job_request" and not self.schedule_request_updatable:
-                raise ApiError("INVALID_ARGUMENT", "Updating create_pipeline_job_request of a schedule is not supported.")
+                raise ApiError("INVALID_ARGUMENT", self.schedule_request_refusal)
             key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), snake)
             value = body.get(key)
             if snake == "allow_queueing":  # a flag: false is a value, not an unset field
