@@ -25,6 +25,9 @@ Behaviour copied from the KFP backend (backend/src/apiserver, 2.x):
   ``Parse``: 5 or 6 fields with seconds FIRST, so a standard 5-field cron is silently read as
   "sec min hour dom month"; name filters are case-insensitive.
 - Run parameters are checked against the pipeline spec's root inputs (unknown or missing -> 400).
+- List filters are URL-unescaped once more after the query string is decoded (Go's ``url.QueryUnescape``:
+  ``+`` is a space, a stray ``%`` is a 400), as ``parseAPIFilter`` does (backend/src/apiserver/server/
+  list_request_util.go:139-165 at 2.17.0).
 
 Test hooks (not part of KFP): ``requests`` records every request and ``fail_next`` scripts errors
 (base.py); ``run_outcomes`` maps a run's display name to its final state, reached over successive
@@ -47,7 +50,7 @@ import re
 import time
 import uuid
 from typing import Any, Callable
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from tests.standins.base import ApiError, Request, StandIn, grpc_gateway_error, rfc3339, route
 
@@ -516,17 +519,19 @@ def _parse_package(filename: str, data: bytes, fallback: str) -> tuple[dict, dic
 
 
 def _parse_filter(raw: str) -> list[tuple[str, str, Any]]:
-    """Decode a v2beta1 Filter (JSON, possibly URL-encoded once more) into (key, op, value) triples."""
+    """Decode a v2beta1 Filter into (key, op, value) triples as the API server does: the decoded query value is
+    URL-unescaped once more, Go's ``url.QueryUnescape`` (``+`` is a space, a ``%`` not followed by two hex digits
+    is an error), then read as JSON (kubeflow/pipelines 2.17.0, backend/src/apiserver/server/
+    list_request_util.go:139-165 ``parseAPIFilter``; pipeline_server.go:555 does the same for pipelines)."""
     if not raw:
         return []
-    for text in (raw, unquote(raw)):
-        try:
-            spec = json.loads(text)
-            break
-        except ValueError:
-            continue
-    else:
-        raise ApiError("INVALID_ARGUMENT", f"Invalid filter: failed to parse {raw!r}")
+    if re.search(r"%(?![0-9A-Fa-f]{2})", raw):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid input error: failed to parse valid filter from {raw!r}: "
+                                           f"invalid URL escape")
+    try:
+        spec = json.loads(unquote_plus(raw))
+    except ValueError:
+        raise ApiError("INVALID_ARGUMENT", f"Invalid input error: failed to parse valid filter from {raw!r}") from None
     predicates = []
     for p in spec.get("predicates", []):
         op = p.get("operation")
