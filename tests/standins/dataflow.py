@@ -12,8 +12,9 @@ error body (shared stand-in base, base.py).
 
 No job really runs: each `get` moves a job one step along its script (`script`: the states it goes through,
 JOB_STATE_PENDING -> JOB_STATE_RUNNING -> JOB_STATE_DONE by default; a test sets another, e.g. one that ends
-JOB_STATE_FAILED with `error_messages`). Create checks what Dataflow refuses: no name or a bad one, no environment,
-a job name already running. `google.cloud.dataflow_v1beta3.JobsV1Beta3Client(transport="rest")` talks to it
+JOB_STATE_FAILED with `error_messages`). Create checks what Dataflow refuses: no name or a bad one, no environment;
+a job name that is already active gets that job back, with its own `clientRequestId` (the field: googleapis/
+googleapis google/dataflow/v1beta3/jobs.proto:232-239 at f8291d2b; the clash answer: see `_create`). `google.cloud.dataflow_v1beta3.JobsV1Beta3Client(transport="rest")` talks to it
 unchanged, with `client_options={"api_endpoint": standin.url}`.
 """
 
@@ -83,7 +84,10 @@ class DataflowStandIn(StandIn):
             raise ApiError("INVALID_ARGUMENT", "The workflow could not be created: the job has no environment")
         running = [j for j in self.jobs.values() if j["name"] == name and j["currentState"] not in TERMINAL]
         if running:
-            raise ApiError("ALREADY_EXISTS", f"There is already an active job named {name} with id: {running[0]['id']}")
+            # The service answers a name clash with the active job of that name, not an error: Beam's apiclient
+            # notices it only by its clientRequestId differing from the one it sent (apache/beam v2.77.0,
+            # sdks/python/apache_beam/runners/dataflow/internal/apiclient.py:911-923).
+            return running[0]
         self.created.append(json.loads(json.dumps(body)))
         self._next_id += 1
         job_id = f"2026-11-24_00_00_00-{self._next_id:019d}"
