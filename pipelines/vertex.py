@@ -289,8 +289,9 @@ class VertexPipelines(gcp.VertexService):
 
         An existing schedule keeps its id, history and state (a PAUSED one stays paused) and gets the new cron,
         pipeline, parameters and run settings through `UpdateSchedule`. Should the API refuse the update
-        (INVALID_ARGUMENT or FAILED_PRECONDITION, whatever its message says), the old one is paused, a new one is created,
-        then the old one is deleted (`action="replaced"`); a refused create resumes the old one. Other schedules with the same name (made by hand) are deleted, so one remains."""
+        (INVALID_ARGUMENT or FAILED_PRECONDITION, whatever its message says), the old one is paused, a new one is
+        created, then the old one is deleted (`action="replaced"`); a refused create resumes the old one. Other
+        schedules with the same name (made by hand) are deleted, so one remains."""
         cron = parse_cron(cron).text
         if max_concurrent_run_count < 1:
             raise ValueError("max_concurrent_run_count must be at least 1")

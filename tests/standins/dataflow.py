@@ -12,10 +12,11 @@ error body (shared stand-in base, base.py).
 
 No job really runs: each `get` moves a job one step along its script (`script`: the states it goes through,
 JOB_STATE_PENDING -> JOB_STATE_RUNNING -> JOB_STATE_DONE by default; a test sets another, e.g. one that ends
-JOB_STATE_FAILED with `error_messages`). Create checks what Dataflow refuses: no name or a bad one, no environment;
-a job name that is already active gets that job back, with its own `clientRequestId` (the field: googleapis/
-googleapis google/dataflow/v1beta3/jobs.proto:232-239 at f8291d2b; the clash answer: see `_create`). `google.cloud.dataflow_v1beta3.JobsV1Beta3Client(transport="rest")` talks to it
-unchanged, with `client_options={"api_endpoint": standin.url}`.
+JOB_STATE_FAILED with `error_messages`). Create checks what Dataflow refuses: no name or a bad one, no environment; a
+job name that is already active gets that job back, with its own `clientRequestId` (the field: googleapis/googleapis
+google/dataflow/v1beta3/jobs.proto:232-239 at f8291d2b; the clash answer: see `_create`).
+`google.cloud.dataflow_v1beta3.JobsV1Beta3Client(transport="rest")` talks to it unchanged, with
+`client_options={"api_endpoint": standin.url}`.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ resource (google.cloud.aiplatform.v1). Tests point `aiplatform_v1.JobServiceClie
   the model server refused instances (`serve` raised ValueError), `prediction.errors_stats-00000-of-00001` with one
   `('MESSAGE', COUNT)` line per error message and no instance (the batch prediction pipeline's `Count.PerKey` of
   its errors, written as text: the failed instances are known only by their absence from the results).
-  `completionStats` counts both (completion_stats.proto: successful, failed, incomplete). A job whose instances cannot be read, or that has no model server to go to,
-  ends `JOB_STATE_FAILED` saying so; `fail_next_batch_job(message)` (or `fail_next(..., rpc=BATCH_RESULT)`) makes
-  the next job created end `JOB_STATE_FAILED` with that error.
+  `completionStats` counts both (completion_stats.proto: successful, failed, incomplete). A job whose instances cannot
+  be read, or that has no model server to go to, ends `JOB_STATE_FAILED` saying so; `fail_next_batch_job(message)` (or
+  `fail_next(..., rpc=BATCH_RESULT)`) makes the next job created end `JOB_STATE_FAILED` with that error.
 - `POST v1/{name=...}:cancel`: a job not yet ended becomes `JOB_STATE_CANCELLED`.
 
 gs:// is a folder here: gs://BUCKET/PATH is STORAGE_ROOT/BUCKET/PATH (as Vertex AI Pipelines' /gcs mount shows it).
