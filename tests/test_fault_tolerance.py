@@ -10,7 +10,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 
 from components import train
 from tests.conftest import accuracy_of
+from tests.test_distributed import free_ports
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH = 6, 8  # ~1000 small steps: long enough to be interrupted several times, quick to run
@@ -132,16 +132,6 @@ def test_killed_and_preempted_training_resumes_to_the_exact_step_count(small_dat
     print(f"resumed from steps {resumes} of {info['steps']}; test accuracy {resumed_accuracy:.4f} resumed, "
           f"{reference_accuracy:.4f} uninterrupted")
     assert abs(resumed_accuracy - reference_accuracy) <= 0.005, (resumed_accuracy, reference_accuracy)
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.mark.slow
