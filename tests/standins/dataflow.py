@@ -1,8 +1,9 @@
 """A stand-in for the Dataflow jobs REST API (v1b3), on 127.0.0.1.
 
 It follows the public Dataflow REST reference, v1b3, for `projects.locations.jobs` (create, get, update) and
-`projects.locations.jobs.messages` (list), with its `Job` resource and `JobState` values; errors use Google's JSON
-error body (shared stand-in base, base.py).
+`projects.locations.jobs.messages` (list), with its `Job` resource and `JobState` values (googleapis/googleapis at
+f8291d2b, google/dataflow/v1beta3/jobs.proto:55-95 the routes, :781 JobState; messages.proto:46 the route, :73
+JobMessageImportance); errors use Google's JSON error body (shared stand-in base, base.py).
 
     POST /v1b3/projects/{p}/locations/{l}/jobs                    create (JOB_STATE_QUEUED, then as scripted)
     GET  /v1b3/projects/{p}/locations/{l}/jobs/{id}               get

@@ -1,7 +1,9 @@
 """Vertex AI PipelineService and ScheduleService, as parts of the Vertex AI stand-in (vertex_api.py).
 
 Follows the public v1 REST reference for `projects.locations.pipelineJobs` and `projects.locations.schedules` and
-the google.cloud.aiplatform.v1 PipelineJob / Schedule protos:
+the google.cloud.aiplatform.v1 protos (googleapis/googleapis at f8291d2b, google/cloud/aiplatform/v1/:
+pipeline_service.proto:112-130 the routes, :357-359 the job id rule; schedule_service.proto:45-126 the routes,
+:160 the list filter, :298-311 UpdateSchedule's rules):
 
 - PipelineService: `POST v1/{parent}/pipelineJobs` (`pipelineJobId` optional: a numeric id otherwise; 409 when
   taken), `GET v1/{name=.../pipelineJobs/*}`. The body is checked as Vertex AI Pipelines checks it: a
@@ -21,8 +23,8 @@ the google.cloud.aiplatform.v1 PipelineJob / Schedule protos:
   `POST ...:pause` (ACTIVE only), `POST ...:resume` (PAUSED only, `catchUp`), `DELETE` (a done Operation with
   `DeleteOperationMetadata`, as the real API answers). Schedule ids are numeric; `nextRunTime` is computed from
   the cron (with its `TZ=`/`CRON_TZ=` prefix). `schedule_request_updatable=False` makes `UpdateSchedule` refuse
-  the `create_pipeline_job_request` path (INVALID_ARGUMENT, with the text in `schedule_request_refusal`), for
-  clients that must cope with that.
+  the `create_pipeline_job_request` path (INVALID_ARGUMENT, with the text in `schedule_request_refusal`: the
+  service's wording is not published, so clients must not depend on it), for clients that must cope with that.
   `trigger_schedule(name)` starts the run a cron tick would start (a pipeline job with `scheduleName`).
 - `deny_act_as(service_account)`: creating a job or schedule that runs as that service account answers 403
   `iam.serviceAccounts.actAs`, as it does for a caller without roles/iam.serviceAccountUser on it.
