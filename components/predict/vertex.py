@@ -123,9 +123,10 @@ def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_p
 # followed by an `error` field, a google.rpc.Status (googleapis/googleapis, google/cloud/aiplatform/v1/
 # batch_prediction_job.proto:188-209 at f8291d2b). A custom-trained model without schemata, as ours is, gets
 # `prediction.results-NNNNN-of-NNNNN` with the instances that were predicted, and `prediction.errors_stats-NNNNN-of-
-# NNNNN`, which only counts the failures per error message (`('MESSAGE', COUNT)` lines: the batch prediction
-# pipeline groups the errors with Beam's Count.PerKey and writes them as text); which instances failed is only
-# known by their absence from the results.
+# NNNNN`, which only counts the failures per error message (`('MESSAGE', COUNT)` lines, as Google's Cloud ML batch
+# prediction Dataflow pipeline writes them, `batch_prediction_pipeline.py`: Beam's Count.PerKey of its errors, then
+# WriteToText; its public copies carry no release tag, so any other line is kept whole); which instances failed is
+# only known by their absence from the results.
 RESULT_FILES = ("prediction.results-*", "predictions_*")
 ERROR_FILES = ("errors_*",)
 ERROR_STATS_FILES = ("prediction.errors_stats-*",)

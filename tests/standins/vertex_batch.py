@@ -19,8 +19,9 @@ resource (google.cloud.aiplatform.v1). Tests point `aiplatform_v1.JobServiceClie
   249-255 in googleapis/googleapis at f8291d2b): `prediction.results-00000-of-00001`, one line per predicted
   instance, `{"key": K, "prediction": P}` with a key field (`{"instance": I, "prediction": P}` without); and, when
   the model server refused instances (`serve` raised ValueError), `prediction.errors_stats-00000-of-00001` with one
-  `('MESSAGE', COUNT)` line per error message and no instance (the batch prediction pipeline's `Count.PerKey` of
-  its errors, written as text: the failed instances are known only by their absence from the results).
+  `('MESSAGE', COUNT)` line per error message and no instance (Google's Cloud ML batch prediction Dataflow pipeline,
+  `batch_prediction_pipeline.py`: `Count.PerKey` of its errors, written with WriteToText; no tagged public copy:
+  the failed instances are known only by their absence from the results).
   `completionStats` counts both (completion_stats.proto: successful, failed, incomplete). A job whose instances cannot
   be read, or that has no model server to go to, ends `JOB_STATE_FAILED` saying so; `fail_next_batch_job(message)` (or
   `fail_next(..., rpc=BATCH_RESULT)`) makes the next job created end `JOB_STATE_FAILED` with that error.
