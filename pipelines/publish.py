@@ -35,12 +35,13 @@ import logging
 import os
 import re
 import tempfile
+import urllib.parse
 import warnings
 from typing import Any, Iterator, Literal
 
 import kfp
 import yaml
-from kfp_server_api import (ApiException, RecurringRunMode, V2beta1CronSchedule, V2beta1Pipeline,
+from kfp_server_api import (ApiException, RecurringRunMode, V2beta1CronSchedule, V2beta1Experiment, V2beta1Pipeline,
                             V2beta1PipelineVersionReference, V2beta1RecurringRun, V2beta1RuntimeConfig,
                             V2beta1Trigger)
 from urllib3.exceptions import HTTPError as TransportError
@@ -268,11 +269,15 @@ def _wait_for_run(client: kfp.Client, info: dict, *, timeout_seconds: float, pol
 
 
 def _ensure_experiment(client: kfp.Client, name: str) -> str:
+    """The id of experiment ``name``, created when there is none. (Not ``kfp.Client.create_experiment``: its
+    look-up sends the name unescaped, so a ``+`` or ``%`` in it is misread by the server, see ``_equals``.)"""
     _require(name, "experiment name")
+    found = _find_experiments(client, name)
+    if found:
+        return _one_experiment(name, found)
+    body = V2beta1Experiment(display_name=name, namespace=_namespace(client))
     try:
-        return client.create_experiment(name, namespace=_namespace(client)).experiment_id  # get-or-create
-    except ValueError as exc:  # several experiments with that name
-        raise PublishError(f"experiment {name!r}: {exc}") from None
+        return client.experiments.experiment_service_create_experiment(experiment=body).experiment_id
     except ApiException as exc:
         if exc.status != 409:  # 409: created concurrently; look it up
             raise
@@ -280,10 +285,23 @@ def _ensure_experiment(client: kfp.Client, name: str) -> str:
 
 
 def _get_experiment(client: kfp.Client, name: str) -> str:
-    try:
-        return client.get_experiment(experiment_name=name, namespace=_namespace(client)).experiment_id
-    except ValueError as exc:  # kfp's way of saying "none" or "several" with that name
-        raise PublishError(f"experiment {name!r}: {exc}") from None
+    found = _find_experiments(client, name)
+    if not found:
+        raise PublishError(f"experiment {name!r}: there is no experiment with that name")
+    return _one_experiment(name, found)
+
+
+def _one_experiment(name: str, found: list) -> str:
+    if len(found) > 1:
+        raise PublishError(f"experiment {name!r}: {len(found)} experiments have that name "
+                           f"({', '.join(e.experiment_id for e in found)}); rename all but one")
+    return found[0].experiment_id
+
+
+def _find_experiments(client: kfp.Client, name: str) -> list:
+    """All experiments called exactly ``name``."""
+    return _all_named(name, "experiments", lambda token: client.list_experiments(
+        filter=_equals("display_name", name), page_size=100, page_token=token, namespace=_namespace(client)))
 
 
 @contextlib.contextmanager
@@ -416,12 +434,18 @@ def _existing_schedules(client: kfp.Client, name: str, experiment: str) -> list:
 
 
 def _find_schedules(client: kfp.Client, experiment_id: str, name: str) -> list:
-    """All recurring runs called exactly ``name`` in the experiment (KFP matches names case-insensitively)."""
+    """All recurring runs called exactly ``name`` in the experiment."""
+    return _all_named(name, "recurring_runs", lambda token: client.list_recurring_runs(
+        experiment_id=experiment_id, filter=_equals("display_name", name), page_size=100, page_token=token))
+
+
+def _all_named(name: str, items: str, list_page: Any) -> list:
+    """The ``items`` called exactly ``name`` over every page of ``list_page(page_token)`` (KFP's filter matches
+    names case-insensitively, so the server's answer is narrowed here)."""
     found, token = [], ""
     while True:
-        resp = client.list_recurring_runs(experiment_id=experiment_id, filter=_equals("display_name", name),
-                                          page_size=100, page_token=token)
-        found += [r for r in resp.recurring_runs or [] if r.display_name == name]
+        resp = list_page(token)
+        found += [item for item in getattr(resp, items) or [] if item.display_name == name]
         token = resp.next_page_token
         if not token:
             return found
@@ -429,7 +453,13 @@ def _find_schedules(client: kfp.Client, experiment_id: str, name: str) -> list:
 
 # --- helpers ------------------------------------------------------------------------------------------
 def _equals(key: str, value: str) -> str:
-    return json.dumps({"predicates": [{"operation": _FILTER_EQUALS, "key": key, "stringValue": value}]})
+    """A v2beta1 filter "``key`` equals ``value``", URL-encoded once: the API server URL-unescapes the filter
+    after the query string is decoded (kubeflow/pipelines 2.17.0, backend/src/apiserver/server/
+    list_request_util.go:143 ``url.QueryUnescape``; pipeline_server.go:555 for pipelines), as the KFP UI expects
+    (frontend/src/components/CustomTable.tsx:569 ``encodeURIComponent(JSON.stringify(filter))``). Unencoded, a
+    ``+`` in a name turns into a space and a ``%`` makes the request fail."""
+    return urllib.parse.quote(json.dumps({"predicates": [{"operation": _FILTER_EQUALS, "key": key,
+                                                          "stringValue": value}]}), safe="")
 
 
 def _namespace(client: kfp.Client) -> str | None:

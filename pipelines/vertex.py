@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 from components import gcp
 from pipelines.cron import parse_cron
-from pipelines.vertex_checks import (check_labels, check_service_account, load_pipeline_spec, make_job_id,
-                                     runtime_config, set_caching)
+from pipelines.vertex_checks import (JOB_ID_RE, check_labels, check_service_account, load_pipeline_spec,
+                                     make_job_id, runtime_config, set_caching)
 from pipelines.vertex_checks import vertex_run_parameters  # noqa: F401  (pipectl's entry to the checks)
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 CONSOLE_RUN_URL = "https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job_id}?project={project}"
 CONSOLE_SCHEDULE_URL = ("https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/schedules/"
                         "{schedule_id}?project={project}")
-
-JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,127}$")
 
 # Pipeline states by phase (PAUSED ends a wait, as the Vertex AI SDK counts it); the others are still running.
 PIPELINE_PHASES = {
@@ -232,8 +230,8 @@ class VertexPipelines(gcp.VertexService):
             service_account=service_account, labels=labels, enable_caching=enable_caching, network=network)
         job_id = job_id or make_job_id(pipeline_name)
         if not JOB_ID_RE.match(job_id):
-            raise ValueError(f"Invalid job id {job_id!r}: at most 128 characters of a-z, 0-9 and '-', starting with a "
-                             f"letter.")
+            raise ValueError(f"Invalid job id {job_id!r}: Vertex AI takes at most 127 characters of a-z, 0-9 and '-', "
+                             f"starting with a letter.")
         created = self._call(f"create pipeline job {job_id}", lambda: self.pipeline_client.create_pipeline_job(
             parent=self.parent, pipeline_job=job, pipeline_job_id=job_id), service_account=service_account or "")
         run = self._run(created)
@@ -290,9 +288,10 @@ class VertexPipelines(gcp.VertexService):
         """Creates the schedule `name` (default: the pipeline's name) or updates it in place.
 
         An existing schedule keeps its id, history and state (a PAUSED one stays paused) and gets the new cron,
-        pipeline, parameters and run settings through `UpdateSchedule`. Should the API refuse to change the
-        pipeline of a schedule, the old one is paused, a new one is created, then the old one is deleted
-        (`action="replaced"`). Other schedules with the same name (made by hand) are deleted, so one remains."""
+        pipeline, parameters and run settings through `UpdateSchedule`. Should the API refuse the update
+        (INVALID_ARGUMENT or FAILED_PRECONDITION, whatever its message says), the old one is paused, a new one is
+        created, then the old one is deleted (`action="replaced"`); a refused create resumes the old one. Other
+        schedules with the same name (made by hand) are deleted, so one remains."""
         cron = parse_cron(cron).text
         if max_concurrent_run_count < 1:
             raise ValueError("max_concurrent_run_count must be at least 1")
@@ -340,13 +339,15 @@ class VertexPipelines(gcp.VertexService):
                 schedule=schedule, update_mask=field_mask_pb2.FieldMask(paths=mask)), service_account=sa)
             action = "updated"
         except VertexPipelineError as e:
-            # The refusal names the field or the mask; any other 400 (a bad cron, ...) is the user's to fix.
-            refused_field = isinstance(e.__cause__, gexc.BadRequest) and re.search(
-                r"create_?pipeline_?job_?request|update_?mask|field_?mask", e.__cause__.message or "", re.IGNORECASE)
-            if not refused_field:
+            # Decided by the status, never by the wording of the message, which the API does not promise: any
+            # INVALID_ARGUMENT / FAILED_PRECONDITION on the update (e.g. a service that will not swap the pipeline
+            # of a schedule) goes the replacement way, where CreateSchedule validates the same schedule afresh. If
+            # that refuses it too, the old schedule is resumed and the create's error, the user's to fix, raised.
+            if not isinstance(e.__cause__, (gexc.BadRequest, gexc.FailedPrecondition)):
                 raise
-            # The API will not swap the pipeline of a schedule: replace it without two ever running together.
-            log.warning("Vertex AI refused to change the pipeline of schedule %s in place; replacing it", target.name)
+            # Replace the schedule without two ever running together.
+            log.warning("Vertex AI refused to update schedule %s in place (%s); replacing it", target.name,
+                        e.__cause__.message)
             if target.state.name == "ACTIVE":
                 self._call(f"pause schedule {target.name}", lambda: self.schedule_client.pause_schedule(
                     name=target.name))

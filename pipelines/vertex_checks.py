@@ -141,13 +141,22 @@ def set_caching(spec: dict, enable_caching: bool | None) -> dict:
     return spec
 
 
+# A PipelineJob id "should be less than 128 characters, and valid characters are /[a-z][0-9]-/"
+# (googleapis/googleapis, google/cloud/aiplatform/v1/pipeline_service.proto:357-359 at f8291d2b). The Vertex AI
+# SDK's own check (`constants/pipeline.py`, `[a-z][-a-z0-9]{0,127}`) lets 128 through; the service's word wins.
+JOB_ID_MAX_CHARS = 127
+JOB_ID_RE = re.compile(rf"^[a-z][-a-z0-9]{{0,{JOB_ID_MAX_CHARS - 1}}}$")
+
+
 def make_job_id(pipeline_name: str, now: _dt.datetime | None = None) -> str:
-    """`{pipeline-name}-{YYYYMMDDHHMMSS}` (UTC), the id the Vertex AI SDK gives a run."""
+    """`{pipeline-name}-{YYYYMMDDHHMMSS}` (UTC), the id the Vertex AI SDK gives a run, with the name cut so that
+    the id stays under 128 characters."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
     base = re.sub(r"[^-0-9a-z]+", "-", pipeline_name.lower()).strip("-") or "pipeline"
     if not base[0].isalpha():
         base = "p-" + base
-    return f"{base[:113]}-{now.strftime('%Y%m%d%H%M%S')}"
+    stamp = now.strftime("%Y%m%d%H%M%S")
+    return f"{base[:JOB_ID_MAX_CHARS - len(stamp) - 1].rstrip('-')}-{stamp}"
 
 
 def vertex_run_parameters(parameter_values: dict | None, *, project: str, location: str) -> dict:

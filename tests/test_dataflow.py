@@ -12,7 +12,7 @@ pytest.importorskip("apache_beam")
 
 from components import data, params  # noqa: E402
 from components import preprocess as pp  # noqa: E402
-from components.gcp.errors import JobFailed, JobStopped  # noqa: E402
+from components.gcp.errors import JobError, JobFailed, JobStopped  # noqa: E402
 from components.stepcli import EXIT_PERMANENT, EXIT_RETRY  # noqa: E402
 from components.preprocess import beam as beam_lib  # noqa: E402
 from components.preprocess import dataflow  # noqa: E402
@@ -132,6 +132,19 @@ def test_a_failed_job_is_an_error_quoting_dataflow(image_folder, tmp_path):
     assert "ended JOB_STATE_FAILED" in message and "ImportError: no module named components" in message
     assert "https://console.cloud.google.com/dataflow/jobs/europe-west4/" in message
     assert failed.value.exit_code == EXIT_PERMANENT and standin.cancelled == []
+
+
+def test_a_job_name_clash_leaves_the_other_job_alone(image_folder, tmp_path):
+    """Dataflow answers a create whose name is active with that job; its clientRequestId is not ours."""
+    with DataflowStandIn(("JOB_STATE_RUNNING",) * 100_000) as standin:
+        settings = settings_for(standin, tmp_path)
+        jobs = dataflow.DataflowJobs("my-project", "europe-west4", api_endpoint=standin.url)
+        theirs, _ = dataflow.build_job(job_graph(image_folder, tmp_path, settings), settings)
+        theirs = jobs.create(theirs)
+        with pytest.raises(JobError, match=f"already an active job named preprocess-test-1 \\({theirs.id}"):
+            dataflow.launch(job_graph(image_folder, tmp_path, settings), settings, jobs)
+        assert list(standin.jobs) == [theirs.id] and standin.cancelled == []
+        assert [r.rpc for r in standin.requests] == ["CreateJob", "CreateJob"]  # never followed, never cancelled
 
 
 def test_sigterm_cancels_the_job(image_folder, tmp_path):

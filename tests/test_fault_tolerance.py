@@ -19,6 +19,7 @@ import pytest
 
 from components import train
 from tests.conftest import accuracy_of
+from tests.test_distributed import free_ports
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH = 6, 8  # ~1000 small steps: long enough to be interrupted several times, quick to run
@@ -27,10 +28,10 @@ EPOCHS, BATCH = 6, 8  # ~1000 small steps: long enough to be interrupted several
 class Attempt:
     """One training process; collects its log lines as they come."""
 
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], env: dict | None = None):
         self.process = subprocess.Popen([sys.executable, "-m", "components.train", *args], cwd=REPO_ROOT,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
         self.lines: list[str] = []
         self.changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -45,9 +46,13 @@ class Attempt:
 
     def wait_for_checkpoints(self, count: int, timeout: float = 120.0) -> bool:
         """Waits until `count` checkpoints were written in this attempt; False if the process ended first."""
+        return self.wait_until(lambda: len(self.saved_steps()) >= count, timeout)
+
+    def wait_until(self, condition, timeout: float = 120.0) -> bool:
+        """Waits until `condition()` holds (read under the lines' lock); False if the process ended first."""
         deadline = time.monotonic() + timeout
         with self.changed:
-            while len(self.saved_steps()) < count:
+            while not condition():
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     return False
                 self.changed.wait(0.1)
@@ -127,3 +132,31 @@ def test_killed_and_preempted_training_resumes_to_the_exact_step_count(small_dat
     print(f"resumed from steps {resumes} of {info['steps']}; test accuracy {resumed_accuracy:.4f} resumed, "
           f"{reference_accuracy:.4f} uninterrupted")
     assert abs(resumed_accuracy - reference_accuracy) <= 0.005, (resumed_accuracy, reference_accuracy)
+
+
+@pytest.mark.slow
+def test_a_peer_lost_before_the_epoch_loop_is_retryable(small_dataset, tmp_path):
+    """Two workers on loopback; worker 1 is killed as soon as its strategy is up, so the chief loses it while
+    building the model under the strategy (its first collective op), outside the epoch loop. The chief must exit
+    EXIT_RETRY, which a JobSet failure policy and a TFJob restart, not 1, and leave no FAILED marker.
+    (MultiWorkerMirroredStrategy's health check notices the lost peer within about a minute.)"""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    args = ["--dataset-dir", small_dataset, "--epochs", "1", "--batch-size", str(BATCH), "--model-dir",
+            str(tmp_path / "model"), "--backup-dir", str(tmp_path / "backup")]
+    workers = [Attempt(args, env={"TF_CONFIG": json.dumps({"cluster": {"worker": addresses},
+                                                           "task": {"type": "worker", "index": index}})})
+               for index in range(2)]
+    try:
+        up = workers[1].wait_until(lambda: any("MultiWorkerMirroredStrategy on" in line for line in workers[1].lines))
+        assert up, "\n".join(workers[1].lines[-20:])
+        workers[1].process.kill()
+        code = workers[0].finish(timeout=300)
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+    log = "\n".join(workers[0].lines[-20:])
+    assert code == train.EXIT_RETRY, log
+    assert re.search(r"preempted: Lost contact with a peer worker in (build|restore)", log), log
+    assert "starting at step" not in "\n".join(workers[0].lines), "the chief was lost outside the epoch loop"
+    assert not os.path.exists(tmp_path / "backup" / train.FAILED_MARKER)

@@ -410,6 +410,11 @@ def test_vertex_custom_job_runs_the_pools_and_succeeds(tmp_path):
         assert outcome.name.startswith("projects/proj/locations/us-central1/customJobs/")
         body = vertex.created_bodies[0]
         assert [int(p["replicaCount"]) for p in body["jobSpec"]["workerPoolSpecs"]] == [1, 2]
+        # On demand is STANDARD: ON_DEMAND is deprecated (googleapis/googleapis,
+        # google/cloud/aiplatform/v1/custom_job.proto:379 at f8291d2b).
+        # (The REST transport sends enums as numbers.)
+        from google.cloud import aiplatform_v1 as v1
+        assert v1.Scheduling.Strategy(body["jobSpec"]["scheduling"]["strategy"]) == v1.Scheduling.Strategy.STANDARD
         assert sorted(vertex.jobs[outcome.name].log_text().split("\n")) == ["", "chief 0", "worker 0", "worker 1"]
 
 

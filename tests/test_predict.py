@@ -511,6 +511,61 @@ def test_vertex_batch_prediction_gives_what_local_prediction_gives(vertex, image
         assert sum(1 for _ in f) == 13
 
 
+def test_instances_the_vertex_model_server_refused_are_reported_not_dropped(image_folder, tiny_model,
+                                                                          vertex_serving, tmp_path):
+    """A custom-trained model's job writes refused instances nowhere but as a count in
+    prediction.errors_stats-*: each is found missing from the results and reported in errors.jsonl."""
+    from tests.standins.vertex_api import VertexStandIn
+
+    folder = image_folder(per_class=3)
+    for name in ("black-1.png", "black-2.png"):
+        Image.fromarray(np.zeros((28, 28), np.uint8)).save(os.path.join(folder, "Bag", name))
+
+    def refuses_black_images(instances: list) -> list:
+        if any(not np.any(next(iter(i.values()))) for i in instances):
+            raise ValueError("the model server answered 500 for an all-black image")
+        return vertex_serving(instances)
+
+    with VertexStandIn(storage_root=str(tmp_path / "gcs"), serve=refuses_black_images) as vertex:
+        model = vertex.add_model("4242", "image-classifier")
+        out = str(tmp_path / "out")
+        result = predict_lib.vertex_batch_predict(
+            tiny_model, model, folder, out, client=vertex_client(vertex.api_endpoint), staging_uri="gs://b/run",
+            storage_root=str(tmp_path / "gcs"), poll_seconds=1, sleep=lambda s: None)
+        (job,) = vertex.batch_jobs()
+    assert job["completionStats"]["failedCount"] == "2"
+    assert (result.count, result.errors) == (9, 2)
+    errors = {e["uri"]: e["reason"] for e in rows(os.path.join(out, "errors.jsonl"))}
+    assert set(errors) == {os.path.join(folder, "Bag", name) for name in ("black-1.png", "black-2.png")}
+    assert all("Vertex AI returned no prediction" in reason and "answered 500 for an all-black image (2 instances)"
+               in reason for reason in errors.values())
+    assert len(rows(os.path.join(out, "predictions.jsonl"))) == 9
+
+
+def test_vertex_output_of_a_model_with_schemata_is_read_too(tmp_path):
+    """The layout batch_prediction_job.proto documents for a model with schemata: predictions_N.jsonl and, for
+    failed instances, errors_N.jsonl with the instance and a google.rpc.Status."""
+    results = tmp_path / "prediction-m-2026_01_01T00_00_00_000Z"
+    results.mkdir()
+    (results / "predictions_0001.jsonl").write_text(json.dumps({"key": "gs://b/a.png", "prediction": [0.9, 0.1]})
+                                                    + "\n")
+    (results / "errors_0001.jsonl").write_text(json.dumps({"instance": {"uri": "gs://b/b.png", "x": [0]},
+                                                           "error": {"code": 3, "message": "bad shape"}}) + "\n")
+    out = tmp_path / "out"
+    (out / "shards").mkdir(parents=True)  # as vertex_batch_predict makes it
+    totals = predict_lib.vertex.read_vertex_predictions(str(results), str(out), ["cat", "dog"],
+                                                        sent_keys=["gs://b/a.png", "gs://b/b.png", "gs://b/c.png"])
+    assert (totals["count"], totals["errors"], totals["missing"]) == (1, 2, 1)
+    errors = {}
+    for chunk in range(totals["chunks"]):
+        path = predict_lib.output.shard_paths(str(out), chunk)["errors"]
+        errors.update((e["uri"], e["reason"]) for e in rows(path))
+    assert errors["gs://b/b.png"] == "Vertex AI: bad shape"
+    assert errors["gs://b/c.png"].startswith("Vertex AI returned no prediction for it")
+    with pytest.raises(predict_lib.VertexBatchError, match="wrote none of its output files"):
+        predict_lib.vertex.read_vertex_predictions(str(tmp_path), str(out), ["cat", "dog"], sent_keys=[])
+
+
 def test_vertex_batch_job_failures_are_reported(vertex, image_folder, tiny_model, tmp_path):
     folder = image_folder(per_class=2)
     model = vertex.add_model("77", "image-classifier")

@@ -276,6 +276,38 @@ def test_schedule_failure_keeps_the_existing_schedule(kfp_api, client, package):
     assert not kfp_api.requests_to("DELETE", f"{P}/recurringruns/", prefix=True)
 
 
+@pytest.mark.parametrize("name", ["flowers+daisies", "flowers 100%", "flowers%2B"])
+def test_names_with_plus_or_percent_are_found(kfp_api, client, package, name):
+    """The server URL-unescapes a list filter once more (list_request_util.go:143 at 2.17.0): sent unescaped, '+'
+    would become a space, '%2B' a '+' and a lone '%' a 400. Every look-up by name must still find the name."""
+    look_alike = name.replace("+", " ").replace("%2B", "+")
+    if look_alike != name:  # what an unescaped filter would match instead
+        publish.upload_version(client, package, name=look_alike, version=look_alike)
+        publish.schedule(client, name=look_alike, pipeline_name=look_alike, cron="0 2 * * *", experiment=look_alike)
+    first = publish.upload_version(client, package, name=name, version=name)
+    again = publish.upload_version(client, package, name=name, version=name, if_exists="skip")
+    assert (again["created"], again["pipeline_id"], again["version_id"]) == \
+        (False, first["pipeline_id"], first["version_id"])
+    old = publish.schedule(client, name=name, pipeline_name=name, version=name, cron="0 3 * * *", experiment=name)
+    new = publish.schedule(client, name=name, pipeline_name=name, cron="0 4 * * *", experiment=name)
+    assert new["replaced"] == [old["recurring_run_id"]] and new["experiment_id"] == old["experiment_id"]
+    run = publish.start_run(client, pipeline_name=name, run_name="r1", experiment=name)
+    assert run["experiment_id"] == old["experiment_id"] and run["version_name"] == name
+    assert [e.display_name for e in client.list_experiments(page_size=100).experiments].count(name) == 1
+    assert publish.delete_schedule(client, name=name, experiment=name)["recurring_run_ids"] == \
+        [new["recurring_run_id"]]
+
+
+def test_stand_in_unescapes_filters_like_kfp(client):
+    """kfp.Client sends a filter as it is given; the stand-in reads it as the server does (one more unescape)."""
+    client.create_experiment("a b")
+    plain = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": "a+b"}]})
+    assert [e.display_name for e in client.list_experiments(filter=plain).experiments] == ["a b"]
+    broken = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": "100%"}]})
+    with pytest.raises(ApiException, match="invalid URL escape"):
+        client.list_experiments(filter=broken)
+
+
 def test_disable_then_delete_a_schedule_by_name(client, package):
     publish.upload_version(client, package, name="flowers", version="v1")
     info = publish.schedule(client, name="nightly", pipeline_name="flowers", cron="0 3 * * *", experiment="ops")

@@ -267,8 +267,11 @@ def test_vertex_batch_prediction_of_a_registered_model_runs_to_success(gcs):
     assert directory.startswith("gs://b/out/prediction-image-classifier-")  # the model's display name
     with open(gcs / directory[len("gs://"):] / "prediction.results-00000-of-00001") as f:
         rows = [json.loads(line) for line in f]
-    assert rows == [{"key": "a", "prediction": 3}, {"key": "b", "prediction": 3},
-                    {"key": "c", "error": {"code": 3, "message": "x must be a list, not 'three'"}}]
+    assert rows == [{"key": "a", "prediction": 3}, {"key": "b", "prediction": 3}]
+    # The refused instance is only counted, per message, as for a custom-trained model.
+    with open(gcs / directory[len("gs://"):] / "prediction.errors_stats-00000-of-00001") as f:
+        assert f.read() == repr(("Post request fails. Cannot get predictions. Error: x must be a list, not 'three'",
+                                 1)) + "\n"
     assert (job.completion_stats.successful_count, job.completion_stats.failed_count) == (2, 1)
 
 

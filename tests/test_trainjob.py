@@ -291,6 +291,43 @@ def test_a_preempted_node_restarts_every_node(k8s, tmp_path):
     assert {p.labels["jobset.sigs.k8s.io/restart-attempt"] for p in k8s.jobset_pods("ml")} == {"1"}
 
 
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+DEDICATED = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize("flavor_tolerations, kept", [
+    ([], True),  # no tolerations in the flavor: Kueue's patch leaves the pods' own alone
+    ([DEDICATED, GPU_TOLERATION, SPOT_TOLERATION], True),  # the flavor carries ours
+    ([DEDICATED, {"operator": "Exists"}], True),  # a toleration of every taint covers ours
+    ([DEDICATED], False),  # the flavor's list replaces ours: GPU and Spot tolerations gone
+    ([DEDICATED, GPU_TOLERATION], False),  # Spot's gone
+])
+def test_kueue_flavor_tolerations_and_ours(flavor_tolerations, kept):
+    """Kueue v0.19 admits a TrainJob by appending its runtime patch with the ResourceFlavor's tolerations, which
+    replace the pods' list (tests/standins/kueue.py): the launcher runs the job only when the GPU and Spot
+    tolerations survive, and otherwise stops at once, deleting it, and says what to add to the flavor."""
+    flavor = {"nodeLabels": {"cloud.google.com/gke-accelerator": "nvidia-l4"}, "tolerations": flavor_tolerations}
+    with KubernetesStandIn(kueue_flavors={"team-gpu": flavor}) as api:
+        api.add_runtime(launch.runtime_manifest())
+        manifest = launch.trainjob_manifest(gpu_job(2, command=script(ROLE)), "ml")
+        if kept:
+            assert launcher(api).run(manifest).state == "Complete"
+            pods = [p.pod_spec for p in api.jobset_pods("ml")]
+            assert len(pods) == 2
+            for pod in pods:
+                assert all(any(launch.trainjob._tolerates(t, wanted) for t in pod["tolerations"])
+                           for wanted in (GPU_TOLERATION, SPOT_TOLERATION)), pod["tolerations"]
+                assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+            return
+        with pytest.raises(launch.LaunchError, match=r"Kueue's ResourceFlavor .* drops .*cloud.google.com/gke-spot.*"
+                                                     r"Add these tolerations to the ResourceFlavor"):
+            launcher(api).run(manifest)
+        assert api.deleted == [("ml", "train-1")]
+        (created,) = [b for b in api.created_bodies if b["kind"] == "TrainJob"]
+        assert [p["manager"] for p in created["spec"]["runtimePatches"]] == [launch.trainjob.RUNTIME_PATCH_MANAGER]
+
+
 def test_a_permanent_failure_fails_at_once_with_the_reason(k8s):
     command = script("""
         import os, sys, time

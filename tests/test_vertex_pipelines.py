@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 
+import google.api_core.exceptions
 import pytest
 import yaml
 from google.auth.credentials import AnonymousCredentials
@@ -302,6 +303,30 @@ def test_taken_job_id_and_foreign_endpoint(standin, vertex_package):
         VertexPipelines(PROJECT, "global")
 
 
+def test_job_ids_stay_under_128_characters(standin, vertex_package, tmp_path):
+    """Vertex AI takes a pipeline_job_id of less than 128 characters (pipeline_service.proto:357-359): a long
+    pipeline name is cut so that the generated id fits, and a 128-character id is refused before it is sent."""
+    documents = load_documents(vertex_package)
+    documents[0]["pipelineInfo"]["name"] = "image-classification-" + "x" * 200
+    long_named = tmp_path / "long.yaml"
+    long_named.write_text(yaml.safe_dump_all(documents))
+    run = connect(standin).submit(str(long_named), pipeline_root=ROOT)
+    assert len(run.job_id) == 127 and re.fullmatch(r"image-classification-x+-\d{14}", run.job_id)
+
+    too_long = "a" * 128
+    with pytest.raises(ValueError, match="at most 127 characters"):
+        connect(standin).submit(vertex_package, pipeline_root=ROOT, job_id=too_long)
+    assert len(standin.calls("CreatePipelineJob")) == 1
+    # The stand-in refuses it as the service does, when a client skips the check.
+    client = aiplatform_v1.PipelineServiceClient(
+        credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": standin.api_endpoint})
+    job = aiplatform_v1.PipelineJob(pipeline_spec=documents[0], runtime_config={"gcs_output_directory": ROOT})
+    with pytest.raises(google.api_core.exceptions.BadRequest, match="less than 128 characters"):
+        client.create_pipeline_job(parent=f"projects/{PROJECT}/locations/{LOCATION}", pipeline_job=job,
+                                   pipeline_job_id=too_long)
+    assert len(standin.pipeline_jobs()) == 1
+
+
 # ---------------------------------------------------------------------------------------------- schedules
 
 
@@ -351,9 +376,13 @@ def test_updating_a_paused_schedule_keeps_it_paused(standin, vertex_package):
     assert (info.action, info.state, info.cron) == ("updated", "PAUSED", "0 5 * * *")
 
 
-def test_schedule_is_replaced_when_the_api_will_not_change_its_pipeline(vertex_package):
+@pytest.mark.parametrize("refusal", ["Updating create_pipeline_job_request of a schedule is not supported.",
+                                     "Request contains an invalid argument."])
+def test_schedule_is_replaced_when_the_api_will_not_change_its_pipeline(vertex_package, refusal):
+    """The refusal is told by its status (INVALID_ARGUMENT), whatever its text says."""
     with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION,
                        schedule_request_updatable=False) as standin:
+        standin.schedule_request_refusal = refusal
         pipelines = connect(standin)
         first = pipelines.schedule(vertex_package, cron="0 3 * * *", pipeline_root=ROOT,
                                    parameter_values={"epochs": 5})
@@ -366,6 +395,19 @@ def test_schedule_is_replaced_when_the_api_will_not_change_its_pipeline(vertex_p
                                                              "DeleteSchedule")]
         assert rpcs == ["CreateSchedule", "UpdateSchedule", "PauseSchedule", "CreateSchedule", "DeleteSchedule"], \
             "the old schedule is paused before the new one exists, so they never run side by side"
+
+
+def test_a_refused_replacement_resumes_the_old_schedule(vertex_package):
+    with VertexStandIn(project=PROJECT, project_number=PROJECT_NUMBER, location=LOCATION,
+                       schedule_request_updatable=False) as standin:
+        pipelines = connect(standin)
+        first = pipelines.schedule(vertex_package, cron="0 3 * * *", pipeline_root=ROOT, service_account=SA)
+        standin.deny_act_as(SA)
+        with pytest.raises(VertexPermissionError, match="actAs"):
+            pipelines.schedule(vertex_package, cron="0 6 * * *", pipeline_root=ROOT, service_account=SA)
+        (stored,) = standin.schedules()
+        assert (stored["name"], stored["state"], stored["cron"]) == (first.name, "ACTIVE", "0 3 * * *")
+        assert [r.rpc for r in standin.requests][-2:] == ["CreateSchedule", "ResumeSchedule"]
 
 
 def test_hand_made_duplicates_are_folded_into_one(standin, vertex_package):

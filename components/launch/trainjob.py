@@ -12,7 +12,9 @@ Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `comma
 (CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:
 the run's node selector and tolerations (GPU, Spot, node pool), the grace period, the service account and the
 pipeline's labels. With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
-Suspended) until the queue admits it, then adds a runtime patch of its own.
+Suspended) until the queue admits it, then adds a runtime patch of its own, whose ResourceFlavor tolerations
+replace ours: the launcher stops the job if that drops the GPU or Spot tolerations (`dropped_tolerations`,
+docs/kueue-trainjob.md).
 
 The step's service account needs create/get/delete on trainjobs, get/list on pods and get on pods/log in the
 namespace, and get on clustertrainingruntimes (manifests/trainer/launcher-rbac.yaml): the launcher reads the
@@ -40,6 +42,8 @@ RUNTIME_FILE = f"manifests/trainer/{RUNTIME_NAME}.yaml"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job Trainer's trainer step is
 # Who owns our runtime patch: Trainer's webhook wants a domain-prefixed path; the project's name stands in for it.
 RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
+# Kueue's own runtime patch (kubernetes-sigs/kueue v0.19.2, pkg/controller/jobs/trainjob/trainjob_controller.go:76).
+KUEUE_PATCH_MANAGER = "kueue.x-k8s.io/manager"
 FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")  # MLPolicySource members in v2.3.0
 TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
 
@@ -71,6 +75,43 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
             "metadata": {"name": job.name, "namespace": namespace, "labels": labels},
             "spec": {"runtimeRef": {"name": runtime, "apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime"},
                      "trainer": trainer, "runtimePatches": [patch]}}
+
+
+def _node_pod_patch(patch: dict) -> dict | None:
+    for rjob in patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", []):
+        if rjob.get("name") == NODE:
+            return rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+    return None
+
+
+def _tolerates(given: dict, wanted: dict) -> bool:
+    """Whether toleration `given` tolerates every taint that `wanted` tolerates (core/v1 Toleration semantics:
+    an empty key with Exists matches every key, an empty effect every effect)."""
+    if given.get("effect") and given.get("effect") != wanted.get("effect"):
+        return False
+    if given.get("operator") == "Exists":
+        return not given.get("key") or given.get("key") == wanted.get("key")
+    return (given.get("key") == wanted.get("key") and wanted.get("operator", "Equal") == "Equal"
+            and given.get("value", "") == wanted.get("value", ""))
+
+
+def dropped_tolerations(trainjob: dict) -> list[dict]:
+    """Our node pods' tolerations (GPU, Spot, ...) that the TrainJob's later runtime patches take away.
+
+    Trainer merges the runtime patches in order as strategic merge patches, and a pod's tolerations are one atomic
+    list (kubeflow/trainer v2.3.0 pkg/runtime/core/trainingruntime.go:251-272). Kueue's patch comes last and, once
+    the TrainJob is admitted, carries the ResourceFlavor's tolerations (kueue v0.19.2 trainjob_controller.go:253-273,
+    pkg/podset/podset.go:87-88): a flavor with tolerations replaces ours, unless its own tolerate the same taints;
+    a flavor without any leaves ours alone. See docs/kueue-trainjob.md."""
+    effective, ours = None, []
+    for patch in trainjob.get("spec", {}).get("runtimePatches", []):
+        pod = _node_pod_patch(patch)
+        if pod is None or "tolerations" not in pod:
+            continue
+        if patch.get("manager") == RUNTIME_PATCH_MANAGER:
+            ours = pod["tolerations"]
+        effective = pod["tolerations"]
+    return [t for t in ours if not any(_tolerates(given, t) for given in effective or [])]
 
 
 def trainjob_status(trainjob: dict) -> gcp.JobStatus:
@@ -147,6 +188,17 @@ class TrainJobLauncher(NodePodsLauncher):
         return super().create(manifest)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
+        dropped = dropped_tolerations(resource)
+        if dropped:  # the pods would wait for nodes they may not run on (GPU, Spot taints), for ever
+            kueue = next((p for p in resource["spec"].get("runtimePatches", [])
+                          if p.get("manager") == KUEUE_PATCH_MANAGER), None)
+            given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
+            by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+            raise LaunchError(
+                f"TrainJob {resource['metadata']['name']}: {by} replaces the node pods' tolerations and drops "
+                f"{dropped}, so the pods cannot run on the nodes the run chose. Add these tolerations to the "
+                f"ResourceFlavor's spec.tolerations, or give it none (docs/kueue-trainjob.md). The TrainJob was "
+                f"deleted.")
         return trainjob_status(resource)
 
     def restarts(self, trainjob: dict | None) -> int:

@@ -30,7 +30,9 @@ def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machi
     spec = v1.CustomJobSpec(
         worker_pool_specs=pools,
         # A restarted worker cannot rejoin a running all-reduce: restart them all (they resume from checkpoints).
-        scheduling=v1.Scheduling(strategy=v1.Scheduling.Strategy.SPOT if spot else v1.Scheduling.Strategy.ON_DEMAND,
+        # STANDARD, not ON_DEMAND: ON_DEMAND is `deprecated = true` in Scheduling.Strategy (googleapis/googleapis,
+        # google/cloud/aiplatform/v1/custom_job.proto:379 at f8291d2b), STANDARD (:385) is its on-demand successor.
+        scheduling=v1.Scheduling(strategy=v1.Scheduling.Strategy.SPOT if spot else v1.Scheduling.Strategy.STANDARD,
                                  restart_job_on_worker_restart=job.workers > 0),
     )
     if job.service_account:

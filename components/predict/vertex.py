@@ -51,9 +51,9 @@ def write_vertex_instances(source: str, instances_path: str, errors_path: str, i
     """Vertex AI batch prediction's input, built from any source this module reads: JSONL with one line per
     readable image, `{"uri": URI, INPUT_NAME: HxWxC pixels}`, decoded exactly as local prediction decodes them
     (the job's `instanceConfig.keyField` is `uri`, so predictions come back keyed by it). Inputs that cannot
-    be read go to `errors_path` with the reason. Returns {"instances": n, "errors": m}."""
+    be read go to `errors_path` with the reason. Returns {"instances": n, "errors": m, "keys": the n keys sent}."""
     where = resolve_source(source)
-    counts = {"instances": 0, "errors": 0}
+    counts = {"instances": 0, "errors": 0, "keys": []}
     workers = 32 if _is_remote(where.location) else 2 * (os.cpu_count() or 1)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool, \
             data.gfile().GFile(instances_path, "w") as instances, data.gfile().GFile(errors_path, "w") as errors:
@@ -64,6 +64,7 @@ def write_vertex_instances(source: str, instances_path: str, errors_path: str, i
                                         for key, image in zip(keys, images)))
                 errors.write("".join(json.dumps({"uri": uri, "reason": reason}) + "\n" for uri, reason in failures))
                 counts["instances"] += len(keys)
+                counts["keys"] += keys
                 counts["errors"] += len(failures)
     return counts
 
@@ -117,17 +118,62 @@ def run_vertex_batch_job(client, *, model: str, instances_uri: str, output_uri_p
     return followed.job
 
 
-def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list[str], *, top_k: int = 3,
-                            batch_size: int = 1024) -> dict:
-    """Writes this module's outputs (shards, errors) from a job's `prediction.results-*` files, whose lines are
-    `{"key": URI, "prediction": probabilities}` (or `"error"` for an instance the model refused)."""
-    files = sorted(data.gfile().glob(data.join(results_dir, "prediction.results-*")))
-    if not files:
-        raise VertexBatchError(f"The job wrote no prediction.results-* files under {results_dir}")
+# The files a BatchPredictionJob writes into `output_info.gcs_output_directory`. A model with instance and prediction
+# schemata gets `predictions_0001.jsonl, ...` and, for failed instances, `errors_0001.jsonl, ...`: each instance
+# followed by an `error` field, a google.rpc.Status (googleapis/googleapis, google/cloud/aiplatform/v1/
+# batch_prediction_job.proto:188-209 at f8291d2b). A custom-trained model without schemata, as ours is, gets
+# `prediction.results-NNNNN-of-NNNNN` with the instances that were predicted, and `prediction.errors_stats-NNNNN-of-
+# NNNNN`, which only counts the failures per error message (`('MESSAGE', COUNT)` lines, as Google's Cloud ML batch
+# prediction Dataflow pipeline writes them, `batch_prediction_pipeline.py`: Beam's Count.PerKey of its errors, then
+# WriteToText; its public copies carry no release tag, so any other line is kept whole); which instances failed is
+# only known by their absence from the results.
+RESULT_FILES = ("prediction.results-*", "predictions_*")
+ERROR_FILES = ("errors_*",)
+ERROR_STATS_FILES = ("prediction.errors_stats-*",)
+
+
+def _files(results_dir: str, patterns: tuple[str, ...]) -> list[str]:
+    return sorted(path for pattern in patterns for path in data.gfile().glob(data.join(results_dir, pattern)))
+
+
+def _error_stats(paths: list[str]) -> list[tuple[str, int | None]]:
+    """(message, count) per line of `prediction.errors_stats-*`; a line that is not such a pair is kept whole,
+    its count unknown."""
+    import ast
+
+    stats = []
+    for path in paths:
+        with data.gfile().GFile(path) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    message, count = ast.literal_eval(line.strip())
+                    stats.append((str(message), int(count)))
+                except (ValueError, SyntaxError, TypeError):
+                    stats.append((line.strip(), None))
+    return stats
+
+
+def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list[str], *, sent_keys: list[str],
+                            top_k: int = 3, batch_size: int = 1024) -> dict:
+    """Writes this module's outputs (shards, errors) from a job's output files (see RESULT_FILES): predictions
+    from the results files, whose lines are `{"key": URI, "prediction": probabilities}`, errors from an `"error"`
+    in them or in the per-instance error files, and every key of `sent_keys` (the instances sent) that came back
+    in neither as an error too, with the job's error summary (`prediction.errors_stats-*`) as its reason. So every
+    instance sent is counted once, as a prediction or as an error; none is dropped."""
+    results, error_files = _files(results_dir, RESULT_FILES), _files(results_dir, ERROR_FILES)
+    stats = _error_stats(_files(results_dir, ERROR_STATS_FILES))
+    if not (results or error_files or stats):
+        raise VertexBatchError(f"The job wrote none of its output files ({', '.join(RESULT_FILES + ERROR_FILES)}, "
+                               f"{ERROR_STATS_FILES[0]}) under {results_dir}")
     top_k = min(top_k, len(class_names))
-    totals = {"count": 0, "errors": 0, "inputs": 0}
-    for index, path in enumerate(files):
-        writer = ChunkWriter(output_dir, index, class_names, top_k)
+    totals = {"count": 0, "errors": 0, "inputs": 0, "chunks": 0}
+    answered: set[str] = set()
+
+    def chunk(lines, label: str, extra=lambda: ()) -> None:
+        """One output chunk from result or error lines, then the (key, reason) errors `extra()` gives."""
+        writer = ChunkWriter(output_dir, totals["chunks"], class_names, top_k)
         keys, rows = [], []
 
         def flush():
@@ -136,29 +182,58 @@ def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list
                 keys.clear()
                 rows.clear()
 
-        with data.gfile().GFile(path) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                entry = json.loads(line)
-                key = entry.get("key") or json.dumps(entry.get("instance"))[:200]
-                prediction = entry.get("prediction")
-                if isinstance(prediction, dict) and len(prediction) == 1:  # a signature with one named output
-                    prediction = next(iter(prediction.values()))
-                if "error" in entry or not isinstance(prediction, list) or len(prediction) != len(class_names):
-                    error = entry.get("error") or {}
-                    writer.error(key, f"Vertex AI: {error.get('message', error) or 'no prediction'}")
-                    continue
-                keys.append(key)
-                rows.append(prediction)
-                if len(keys) >= batch_size:
-                    flush()
+        for entry in lines:
+            key = entry.get("key") or (entry.get("instance") or {}).get("uri") or \
+                json.dumps(entry.get("instance", entry))[:200]
+            answered.add(key)
+            prediction = entry.get("prediction")
+            if isinstance(prediction, dict) and len(prediction) == 1:  # a signature with one named output
+                prediction = next(iter(prediction.values()))
+            if "error" in entry or not isinstance(prediction, list) or len(prediction) != len(class_names):
+                error = entry.get("error") or {}
+                writer.error(key, f"Vertex AI: {error.get('message', error) or 'no prediction'}")
+                continue
+            keys.append(key)
+            rows.append(prediction)
+            if len(keys) >= batch_size:
+                flush()
         flush()
-        writer.commit({"chunk": index, "fingerprint": f"vertex:{path}", "inputs": writer.count + writer.errors})
-        for key, value in (("count", writer.count), ("errors", writer.errors), ("inputs", writer.count + writer.errors)):
-            totals[key] += value
-    totals["chunks"] = len(files)
+        for key, reason in extra():
+            writer.error(key, reason)
+        writer.commit({"chunk": totals["chunks"], "fingerprint": f"vertex:{label}",
+                       "inputs": writer.count + writer.errors})
+        for name, value in (("count", writer.count), ("errors", writer.errors),
+                            ("inputs", writer.count + writer.errors)):
+            totals[name] += value
+        totals["chunks"] += 1
+
+    for path in results:
+        chunk(_jsonl(path), path)
+    summary = "; ".join(f"{message} ({count if count is not None else '?'} instances)"
+                        for message, count in stats) or "the job reported no error for it"
+    reason = f"Vertex AI returned no prediction for it ({ERROR_STATS_FILES[0]}: {summary})"
+    missing: list[str] = []
+
+    def unanswered() -> list[tuple[str, str]]:  # after the per-instance error files were read
+        missing.extend(key for key in sent_keys if key not in answered)
+        return [(key, reason) for key in missing]
+
+    if error_files or any(key not in answered for key in sent_keys):
+        chunk((entry for path in error_files for entry in _jsonl(path)), ",".join(error_files) or "missing",
+              extra=unanswered)
+    counted = sum(count or 0 for _, count in stats)
+    if stats and counted != len(missing):
+        log.warning("predict: the job's error summary counts %d failed instances, %d sent instances came back "
+                    "without a prediction; all %d are reported as errors", counted, len(missing), len(missing))
+    totals["missing"] = len(missing)
     return totals
+
+
+def _jsonl(path: str):
+    with data.gfile().GFile(path) as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
 
 
 def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_dir: str, *, client,
@@ -201,7 +276,10 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
                                accelerator_count=accelerator_count, replicas=replicas, max_replicas=max_replicas,
                                poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep)
     totals = read_vertex_predictions(local(job.output_info.gcs_output_directory), output_dir,
-                                     classifier_info.class_names, top_k=top_k)
+                                     classifier_info.class_names, sent_keys=built["keys"], top_k=top_k)
+    stats = job.completion_stats
+    log.info("predict: the job predicted %d instances, %d failed (%d of them came back only as a count); %d "
+             "not finished", stats.successful_count, stats.failed_count, totals["missing"], stats.incomplete_count)
     _remove_stale_shards(output_dir, totals["chunks"])
     # Inputs that never became instances are errors too: they lead errors.jsonl.
     _copy_lines([data.join(output_dir, "instance-errors.jsonl")]

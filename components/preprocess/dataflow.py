@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from components import data
+from components.gcp.errors import JobError
 from components.gcp.jobs import Followed, JobStatus, Phase, follow_job, sigterm_stops
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,14 @@ def launch(pipeline, settings: DataflowSettings, jobs: DataflowJobs, *, sleep: C
     with sigterm_stops():
         created = jobs.create(job)
         url = console_url(settings.project, settings.region, created.id)
+        if created.client_request_id and created.client_request_id != job.client_request_id:
+            # A name clash: Dataflow answers with the active job of that name instead of creating ours. Beam's
+            # apiclient tells them apart by the clientRequestId it set (apache/beam v2.77.0, sdks/python/
+            # apache_beam/runners/dataflow/internal/apiclient.py:476-479 and :911-923); so do we, and neither
+            # follow nor cancel a job that is someone else's.
+            raise JobError(f"Dataflow did not create the job: there is already an active job named {created.name} "
+                           f"({created.id}, {url}), submitted by someone else. It was left alone; run the step "
+                           f"again (its job name carries the time) or wait for that job to end.")
         log.info("preprocess: Dataflow job %s (%s) submitted; follow it at %s", created.name, created.id, url)
 
         def describe(current, status: JobStatus) -> str:

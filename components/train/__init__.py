@@ -15,7 +15,8 @@ have seen, and runs exactly the planned number of steps. Exit codes of `main()` 
 every step's CLI keeps the same contract, components/stepcli.py):
 
     0    trained (or found already trained in backup_dir: the model is written again)
-    143  preempted (SIGTERM; a checkpoint was saved) or a peer worker was lost: retry, it resumes
+    143  preempted (SIGTERM; a checkpoint was saved) or a peer worker was lost, in any phase (start-up, restore,
+         training, export): retry, it resumes
     137  killed (SIGKILL, out of memory): retry, it resumes from the last periodic checkpoint
     2    bad input or settings, or the loss became NaN/inf: permanent, retrying cannot help
     1    an unexpected error (a bug): permanent

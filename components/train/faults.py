@@ -4,6 +4,7 @@ checkpoint directory of a task."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable, Iterator
 
 from components import data
 from components.stepcli import EXIT_PERMANENT, EXIT_RETRY
@@ -60,6 +62,21 @@ class PreemptionWatch:
             signal.signal(signal.SIGTERM, self._previous)
         return False
 
+
+
+@contextlib.contextmanager
+def peer_loss_is_preemption(where: Callable[[], str]) -> Iterator[None]:
+    """Turns TensorFlow's errors for a peer worker gone away (a preempted node, a restarted pod: its collective
+    ops fail, or MultiWorkerMirroredStrategy's health check aborts them) into Preempted, so the attempt exits
+    EXIT_RETRY and the whole job restarts and resumes, rather than 1, which a JobSet failure policy or a TFJob's
+    ExitCode restart policy takes as permanent. `where()` names the phase (or step) for the message."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError) as e:
+        raise Preempted(f"Lost contact with a peer worker in {where()}: {str(e).splitlines()[0]}") from e
 
 
 def check_not_failed_before(backup_dir: str | None) -> None:

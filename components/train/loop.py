@@ -40,7 +40,8 @@ from typing import Any, Callable
 from components import augment as augment_lib
 from components import data
 from components.train.cluster import ClusterRole, choose_strategy, cluster_role, strategy_name
-from components.train.faults import NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before
+from components.train.faults import (NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before,
+                                     peer_loss_is_preemption)
 from components.train.inputs import TrainInput, make_eval_dataset
 from components.train import models
 from components.train import pretrained as pretrained_lib
@@ -107,13 +108,16 @@ class TrainingLoop:
         self.history: dict[str, list[float]] = {}
         self.scratch: str | None = None  # a non-chief worker's throwaway output
         self.train_seconds = 0.0
+        self.phase = ""  # the phase `run()` is in, for the message of a lost peer
 
     def run(self) -> TrainResult:
-        self.prepare()
-        self.build()
-        self.restore()
-        self.run_epochs()
-        return self.export()
+        # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
+        # runs collective ops too (the strategy's start, variables created and restored under it, the export).
+        with peer_loss_is_preemption(lambda: f"step {self.step}" if self.phase == "run_epochs" else self.phase):
+            for phase in (self.prepare, self.build, self.restore, self.run_epochs, self.export):
+                self.phase = phase.__name__
+                result = phase()
+        return result
 
     # ------------------------------------------------------------------------------------------ prepare
 
@@ -347,15 +351,10 @@ class TrainingLoop:
             else tf.summary.create_noop_writer()
         start = time.monotonic()
         self.last_save = time.monotonic()
-        try:
-            with PreemptionWatch() as watch, self.writer.as_default():
-                log.info("train: starting at step %d of %d", self.step, plan.total_steps)
-                while self.step < plan.total_steps:
-                    self.run_epoch(watch, validation)
-        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
-                tf.errors.CancelledError) as e:
-            # A peer worker went away (preempted node, restarted pod): the whole job restarts and resumes.
-            raise Preempted(f"Lost contact with a peer worker at step {self.step}: {str(e).splitlines()[0]}") from e
+        with PreemptionWatch() as watch, self.writer.as_default():
+            log.info("train: starting at step %d of %d", self.step, plan.total_steps)
+            while self.step < plan.total_steps:
+                self.run_epoch(watch, validation)
         self.train_seconds = time.monotonic() - start
 
     def run_epoch(self, watch: PreemptionWatch, validation) -> None:

@@ -1,8 +1,9 @@
 """A stand-in for the Dataflow jobs REST API (v1b3), on 127.0.0.1.
 
 It follows the public Dataflow REST reference, v1b3, for `projects.locations.jobs` (create, get, update) and
-`projects.locations.jobs.messages` (list), with its `Job` resource and `JobState` values; errors use Google's JSON
-error body (shared stand-in base, base.py).
+`projects.locations.jobs.messages` (list), with its `Job` resource and `JobState` values (googleapis/googleapis at
+f8291d2b, google/dataflow/v1beta3/jobs.proto:55-95 the routes, :781 JobState; messages.proto:46 the route, :73
+JobMessageImportance); errors use Google's JSON error body (shared stand-in base, base.py).
 
     POST /v1b3/projects/{p}/locations/{l}/jobs                    create (JOB_STATE_QUEUED, then as scripted)
     GET  /v1b3/projects/{p}/locations/{l}/jobs/{id}               get
@@ -12,9 +13,11 @@ error body (shared stand-in base, base.py).
 
 No job really runs: each `get` moves a job one step along its script (`script`: the states it goes through,
 JOB_STATE_PENDING -> JOB_STATE_RUNNING -> JOB_STATE_DONE by default; a test sets another, e.g. one that ends
-JOB_STATE_FAILED with `error_messages`). Create checks what Dataflow refuses: no name or a bad one, no environment,
-a job name already running. `google.cloud.dataflow_v1beta3.JobsV1Beta3Client(transport="rest")` talks to it
-unchanged, with `client_options={"api_endpoint": standin.url}`.
+JOB_STATE_FAILED with `error_messages`). Create checks what Dataflow refuses: no name or a bad one, no environment; a
+job name that is already active gets that job back, with its own `clientRequestId` (the field: googleapis/googleapis
+google/dataflow/v1beta3/jobs.proto:232-239 at f8291d2b; the clash answer: see `_create`).
+`google.cloud.dataflow_v1beta3.JobsV1Beta3Client(transport="rest")` talks to it unchanged, with
+`client_options={"api_endpoint": standin.url}`.
 """
 
 from __future__ import annotations
@@ -83,7 +86,10 @@ class DataflowStandIn(StandIn):
             raise ApiError("INVALID_ARGUMENT", "The workflow could not be created: the job has no environment")
         running = [j for j in self.jobs.values() if j["name"] == name and j["currentState"] not in TERMINAL]
         if running:
-            raise ApiError("ALREADY_EXISTS", f"There is already an active job named {name} with id: {running[0]['id']}")
+            # The service answers a name clash with the active job of that name, not an error: Beam's apiclient
+            # notices it only by its clientRequestId differing from the one it sent (apache/beam v2.77.0,
+            # sdks/python/apache_beam/runners/dataflow/internal/apiclient.py:911-923).
+            return running[0]
         self.created.append(json.loads(json.dumps(body)))
         self._next_id += 1
         job_id = f"2026-11-24_00_00_00-{self._next_id:019d}"

@@ -30,7 +30,8 @@ container's `env`. Pods are named `{job}-{type}-{index}` as the operator names t
 for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 without a chief) exits 0.
 Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed. Behind the TrainJob and JobSet
 endpoints run the "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts
-a JobSet pod's node down as a Spot VM preemption does.
+a JobSet pod's node down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a
+ResourceFlavor first (kueue.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Callable
 
 from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
 from tests.standins.jobsets import JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid, jobset_problems
+from tests.standins.kueue import QUEUE_LABEL, admit_trainjob
 from tests.standins.trainer import (FRAMEWORK_POLICIES, TRAINER_GROUP, TRAINER_VERSION, TrainJobRun, runtime_problems,
                                     trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
@@ -165,9 +167,10 @@ class KubernetesStandIn(StandIn):
 
     name = "Kubernetes"
 
-    def __init__(self, run_containers: bool = True):
+    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None):
         super().__init__()
         self.run_containers = run_containers
+        self.kueue_flavors = kueue_flavors or {}  # Kueue's LocalQueue name -> its ResourceFlavor's spec (kueue.py)
         self.jobs: dict[tuple[str, str], TFJob] = {}
         self.trainjobs: dict[tuple[str, str], TrainJobRun] = {}
         self.jobsets: dict[tuple[str, str], JobSetRun] = {}
@@ -298,6 +301,9 @@ class KubernetesStandIn(StandIn):
                                             f"{policies[0]} policy)")
         self.created_bodies.append(json.loads(json.dumps(body)))
         body["metadata"]["uid"] = str(uuid.uuid4())
+        queue = body["metadata"].get("labels", {}).get(QUEUE_LABEL)
+        if queue in self.kueue_flavors:
+            admit_trainjob(body, runtime, self.kueue_flavors[queue])
         jobset_body, problems = trainjob_jobset(body, runtime)
         if problems:
             raise _denied("; ".join(problems))

@@ -8,23 +8,30 @@ the uploaded packages the way the real server does). It follows the public API d
 v2beta1 protos and their swagger (backend/api/v2beta1/*.proto, backend/api/v2beta1/swagger/ in
 kubeflow/pipelines); routes are named after their RPCs (``CreateRun``, ``UploadPipelineVersion``...).
 
-Behaviour copied from the KFP backend (backend/src/apiserver, 2.x):
+Behaviour copied from the KFP backend (kubeflow/pipelines; file:line at tag 2.17.0, under backend/src/):
 
 - JSON uses proto field names and leaves out empty/zero fields; the one exception is
   ``ListRecurringRunsResponse.recurringRuns``, which is camelCase in the proto itself.
 - gRPC-gateway endpoints answer errors as ``{"code": <grpc code>, "message", "details"}`` with the
-  HTTP status of that code (ALREADY_EXISTS -> 409, INVALID_ARGUMENT -> 400, NOT_FOUND -> 404); the
-  two multipart upload endpoints answer ``{"error_message", "error_details"}`` instead.
-- Pipeline names are unique, version names are unique within their pipeline (409 otherwise).
-  ``POST /pipelines/upload`` names the first version after the pipeline; ``POST /pipelines``
-  creates a pipeline without any version.
-- ``created_at`` has one-second resolution; sorting breaks ties by id, as the SQL store does.
-- A "Default" experiment exists from the start; runs without an experiment land there.
+  HTTP status of that code (ALREADY_EXISTS -> 409, INVALID_ARGUMENT -> 400, NOT_FOUND -> 404: the codes of
+  common/util/error.go:185-197); the two multipart upload endpoints answer ``{"error_message", "error_details"}``
+  instead (apiserver/server/pipeline_upload_server.go:426).
+- Pipeline names are unique, version names are unique within their pipeline (409 otherwise:
+  apiserver/storage/pipeline_store.go:757, :966). ``POST /pipelines/upload`` names the first version after the
+  pipeline; ``POST /pipelines`` creates a pipeline without any version.
+- ``created_at`` has one-second resolution (``CreatedAtInSec``, apiserver/model/pipeline.go:35); sorting breaks
+  ties by id, as the SQL store does.
+- A "Default" experiment exists from the start; runs without an experiment land there
+  (apiserver/resource/resource_manager.go:2009, :2107).
 - Recurring runs: display names are not unique; a ``pipeline_version_reference`` without a version
   id means "latest version at each trigger" (KFP >= 2.5); cron is parsed like robfig/cron v1
-  ``Parse``: 5 or 6 fields with seconds FIRST, so a standard 5-field cron is silently read as
-  "sec min hour dom month"; name filters are case-insensitive.
+  ``Parse`` (crd/controller/scheduledworkflow/util/cron_schedule.go:84): 5 or 6 fields with seconds FIRST, so a
+  standard 5-field cron is silently read as "sec min hour dom month"; name filters are case-insensitive (the
+  MySQL columns' default collation).
 - Run parameters are checked against the pipeline spec's root inputs (unknown or missing -> 400).
+- List filters are URL-unescaped once more after the query string is decoded (Go's ``url.QueryUnescape``:
+  ``+`` is a space, a stray ``%`` is a 400), as ``parseAPIFilter`` does (apiserver/server/
+  list_request_util.go:139-165).
 
 Test hooks (not part of KFP): ``requests`` records every request and ``fail_next`` scripts errors
 (base.py); ``run_outcomes`` maps a run's display name to its final state, reached over successive
@@ -47,7 +54,7 @@ import re
 import time
 import uuid
 from typing import Any, Callable
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from tests.standins.base import ApiError, Request, StandIn, grpc_gateway_error, rfc3339, route
 
@@ -521,17 +528,19 @@ def _parse_package(filename: str, data: bytes, fallback: str) -> tuple[dict, dic
 
 
 def _parse_filter(raw: str) -> list[tuple[str, str, Any]]:
-    """Decode a v2beta1 Filter (JSON, possibly URL-encoded once more) into (key, op, value) triples."""
+    """Decode a v2beta1 Filter into (key, op, value) triples as the API server does: the decoded query value is
+    URL-unescaped once more, Go's ``url.QueryUnescape`` (``+`` is a space, a ``%`` not followed by two hex digits
+    is an error), then read as JSON (kubeflow/pipelines 2.17.0, backend/src/apiserver/server/
+    list_request_util.go:139-165 ``parseAPIFilter``; pipeline_server.go:555 does the same for pipelines)."""
     if not raw:
         return []
-    for text in (raw, unquote(raw)):
-        try:
-            spec = json.loads(text)
-            break
-        except ValueError:
-            continue
-    else:
-        raise ApiError("INVALID_ARGUMENT", f"Invalid filter: failed to parse {raw!r}")
+    if re.search(r"%(?![0-9A-Fa-f]{2})", raw):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid input error: failed to parse valid filter from {raw!r}: "
+                                           f"invalid URL escape")
+    try:
+        spec = json.loads(unquote_plus(raw))
+    except ValueError:
+        raise ApiError("INVALID_ARGUMENT", f"Invalid input error: failed to parse valid filter from {raw!r}") from None
     predicates = []
     for p in spec.get("predicates", []):
         op = p.get("operation")

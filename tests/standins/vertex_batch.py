@@ -13,13 +13,18 @@ resource (google.cloud.aiplatform.v1). Tests point `aiplatform_v1.JobServiceClie
   the `modelVersionId` the reference resolved to.
 - `GET v1/{name=projects/*/locations/*/batchPredictionJobs/*}`: the job moves PENDING -> RUNNING -> SUCCEEDED as
   it is polled (`batch_polls`: GETs spent PENDING, then RUNNING). On success it has run: it read the JSONL
-  instances, sent them (without the key field) to `serve`, the model server, and wrote
-  `prediction.results-00000-of-00001` under `OUTPUT_PREFIX/prediction-MODEL_DISPLAY_NAME-TIMESTAMP/`, one line per
-  instance, `{"key": K, "prediction": P}` with a key field (`{"instance": I, "prediction": P}` without),
-  `{"key": K, "error": {"code", "message"}}` for an instance the server refused (`serve` raised ValueError);
-  `completionStats` counts them. A job whose instances cannot be read, or that has no model server to go to,
-  ends `JOB_STATE_FAILED` saying so; `fail_next_batch_job(message)` (or `fail_next(..., rpc=BATCH_RESULT)`) makes
-  the next job created end `JOB_STATE_FAILED` with that error.
+  instances, sent them (without the key field) to `serve`, the model server, and wrote what the service writes
+  for a custom-trained model without schemata into `outputInfo.gcsOutputDirectory`,
+  `OUTPUT_PREFIX/prediction-MODEL_DISPLAY_NAME-TIMESTAMP/` (the directory: batch_prediction_job.proto:188-191 and
+  249-255 in googleapis/googleapis at f8291d2b): `prediction.results-00000-of-00001`, one line per predicted
+  instance, `{"key": K, "prediction": P}` with a key field (`{"instance": I, "prediction": P}` without); and, when
+  the model server refused instances (`serve` raised ValueError), `prediction.errors_stats-00000-of-00001` with one
+  `('MESSAGE', COUNT)` line per error message and no instance (Google's Cloud ML batch prediction Dataflow pipeline,
+  `batch_prediction_pipeline.py`: `Count.PerKey` of its errors, written with WriteToText; no tagged public copy:
+  the failed instances are known only by their absence from the results).
+  `completionStats` counts both (completion_stats.proto: successful, failed, incomplete). A job whose instances cannot
+  be read, or that has no model server to go to, ends `JOB_STATE_FAILED` saying so; `fail_next_batch_job(message)` (or
+  `fail_next(..., rpc=BATCH_RESULT)`) makes the next job created end `JOB_STATE_FAILED` with that error.
 - `POST v1/{name=...}:cancel`: a job not yet ended becomes `JOB_STATE_CANCELLED`.
 
 gs:// is a folder here: gs://BUCKET/PATH is STORAGE_ROOT/BUCKET/PATH (as Vertex AI Pipelines' /gcs mount shows it).
@@ -27,6 +32,7 @@ gs:// is a folder here: gs://BUCKET/PATH is STORAGE_ROOT/BUCKET/PATH (as Vertex 
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -167,7 +173,7 @@ class BatchPredictionService(VertexService):
         directory = f"{job['outputConfig']['gcsDestination']['outputUriPrefix'].rstrip('/')}/" \
                     f"prediction-{model_display_name}-{stamp}"
         os.makedirs(self._local(directory), exist_ok=True)
-        succeeded = failed = 0
+        succeeded, failures = 0, collections.Counter()
         with open(os.path.join(self._local(directory), "prediction.results-00000-of-00001"), "w") as out:
             for instance in instances:
                 key = instance.pop(key_field, None) if key_field else None
@@ -175,11 +181,14 @@ class BatchPredictionService(VertexService):
                 try:
                     prediction = self.serve([instance])[0]
                 except ValueError as e:
-                    out.write(json.dumps({**head, "error": {"code": 3, "message": str(e)}}) + "\n")
-                    failed += 1
+                    failures[f"Post request fails. Cannot get predictions. Error: {e}"] += 1
                 else:
                     out.write(json.dumps({**head, "prediction": prediction}) + "\n")
                     succeeded += 1
+        if failures:  # the failed instances themselves are not written anywhere: only a count per message
+            with open(os.path.join(self._local(directory), "prediction.errors_stats-00000-of-00001"), "w") as out:
+                out.writelines(f"{(message, count)!r}\n" for message, count in failures.items())
         job["outputInfo"] = {"gcsOutputDirectory": directory}
-        job["completionStats"] = {"successfulCount": str(succeeded), "failedCount": str(failed)}
+        job["completionStats"] = {"successfulCount": str(succeeded), "failedCount": str(sum(failures.values())),
+                                  "incompleteCount": "0"}
         return None

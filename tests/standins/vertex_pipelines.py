@@ -1,7 +1,9 @@
 """Vertex AI PipelineService and ScheduleService, as parts of the Vertex AI stand-in (vertex_api.py).
 
 Follows the public v1 REST reference for `projects.locations.pipelineJobs` and `projects.locations.schedules` and
-the google.cloud.aiplatform.v1 PipelineJob / Schedule protos:
+the google.cloud.aiplatform.v1 protos (googleapis/googleapis at f8291d2b, google/cloud/aiplatform/v1/:
+pipeline_service.proto:112-130 the routes, :357-359 the job id rule; schedule_service.proto:45-126 the routes,
+:160 the list filter, :298-311 UpdateSchedule's rules):
 
 - PipelineService: `POST v1/{parent}/pipelineJobs` (`pipelineJobId` optional: a numeric id otherwise; 409 when
   taken), `GET v1/{name=.../pipelineJobs/*}`. The body is checked as Vertex AI Pipelines checks it: a
@@ -21,7 +23,8 @@ the google.cloud.aiplatform.v1 PipelineJob / Schedule protos:
   `POST ...:pause` (ACTIVE only), `POST ...:resume` (PAUSED only, `catchUp`), `DELETE` (a done Operation with
   `DeleteOperationMetadata`, as the real API answers). Schedule ids are numeric; `nextRunTime` is computed from
   the cron (with its `TZ=`/`CRON_TZ=` prefix). `schedule_request_updatable=False` makes `UpdateSchedule` refuse
-  the `create_pipeline_job_request` path (INVALID_ARGUMENT), for clients that must cope with that.
+  the `create_pipeline_job_request` path (INVALID_ARGUMENT, with the text in `schedule_request_refusal`: the
+  service's wording is not published, so clients must not depend on it), for clients that must cope with that.
   `trigger_schedule(name)` starts the run a cron tick would start (a pipeline job with `scheduleName`).
 - `deny_act_as(service_account)`: creating a job or schedule that runs as that service account answers 403
   `iam.serviceAccounts.actAs`, as it does for a caller without roles/iam.serviceAccountUser on it.
@@ -41,7 +44,9 @@ from tests.standins.vertex_common import API, LOCATION, VertexService, filter_te
 # Answers whose enums are written as numbers when the client asks for `$alt=json;enum-encoding=int`.
 PIPELINE_RPCS = {"CreatePipelineJob", "GetPipelineJob", "CreateSchedule", "GetSchedule", "ListSchedules",
                  "UpdateSchedule", "PauseSchedule", "ResumeSchedule", "DeleteSchedule"}
-PIPELINE_JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,127}$")
+# "less than 128 characters, and valid characters are /[a-z][0-9]-/" (googleapis/googleapis,
+# google/cloud/aiplatform/v1/pipeline_service.proto:357-359 at f8291d2b).
+PIPELINE_JOB_ID_RE = re.compile(r"^[a-z][-a-z0-9]{0,126}$")
 SERVICE_ACCOUNT_RE = re.compile(r"^[^@\s]+@[^@\s]+\.gserviceaccount\.com$")
 PIPELINE_TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 # Schedule fields UpdateSchedule takes (snake_case; camelCase paths are accepted too) and its output-only ones.
@@ -61,6 +66,8 @@ class PipelineService(VertexService):
     def _init_pipelines(self, pipeline_polls: tuple[int, int], schedule_request_updatable: bool) -> None:
         self.pipeline_polls = pipeline_polls  # GETs a pipeline job spends PENDING, then RUNNING
         self.schedule_request_updatable = schedule_request_updatable
+        # The service's text for such a refusal is not published; clients must not depend on it (tests vary it).
+        self.schedule_request_refusal = "Updating create_pipeline_job_request of a schedule is not supported."
         self._pipeline_jobs: dict[str, dict] = {}  # job id -> {"job": PipelineJob JSON, "polls", "outcome"}
         self._pipeline_outcomes: list[dict] = []  # scripted outcomes for the next pipeline jobs
         self._schedules: dict[str, dict] = {}  # schedule id -> Schedule JSON
@@ -112,7 +119,8 @@ class PipelineService(VertexService):
             request = schedule["createPipelineJobRequest"]
             stamp = self._moment()
             base = re.sub(r"[^-a-z0-9]+", "-", request["pipelineJob"]["pipelineSpec"]["pipelineInfo"]["name"].lower())
-            job_id = f"{base.strip('-')}-{stamp.strftime('%Y%m%d%H%M%S')}{len(self._pipeline_jobs):03d}"
+            suffix = f"-{stamp.strftime('%Y%m%d%H%M%S')}{len(self._pipeline_jobs):03d}"
+            job_id = f"{base.strip('-')[:127 - len(suffix)]}{suffix}"
             job = self._new_pipeline_job(job_id, copy.deepcopy(request["pipelineJob"]))
             job["scheduleName"] = schedule["name"]
             schedule["startedRunCount"] = str(int(schedule.get("startedRunCount", "0")) + 1)
@@ -208,7 +216,7 @@ class PipelineService(VertexService):
         job_id = req.arg("pipelineJobId") or req.arg("pipeline_job_id")
         if job_id:
             if not PIPELINE_JOB_ID_RE.match(job_id):
-                raise ApiError("INVALID_ARGUMENT", f"Invalid pipeline_job_id {job_id!r}: at most 128 characters of "
+                raise ApiError("INVALID_ARGUMENT", f"Invalid pipeline_job_id {job_id!r}: less than 128 characters of "
                                                    f"[a-z0-9-], starting with a letter.")
             if job_id in self._pipeline_jobs:
                 raise ApiError("ALREADY_EXISTS", f"PipelineJob {self._location_path()}/pipelineJobs/{job_id} already "
@@ -363,7 +371,7 @@ class PipelineService(VertexService):
             if snake not in SCHEDULE_UPDATABLE:
                 raise ApiError("INVALID_ARGUMENT", f"Invalid update_mask path {path!r} for Schedule.")
             if snake == "create_pipeline_job_request" and not self.schedule_request_updatable:
-                raise ApiError("INVALID_ARGUMENT", "Updating create_pipeline_job_request of a schedule is not supported.")
+                raise ApiError("INVALID_ARGUMENT", self.schedule_request_refusal)
             key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), snake)
             value = body.get(key)
             if snake == "allow_queueing":  # a flag: false is a value, not an unset field
