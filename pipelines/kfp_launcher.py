@@ -135,8 +135,8 @@ def task_artifacts(spec: dict) -> dict[str, dict]:
 
 def pod_transfers(spec: dict, artifact_uri: Callable[[str, str], str | None],
                   local_path: Callable[[str, str], str | None], store: Store) -> dict[str, PodTransfers]:
-    """For each task of `spec` whose outputs exist (`artifact_uri(task, output)` is None for a task that did not
-    run), what its pod downloads and uploads. `local_path(task, output)` is where the step wrote the output."""
+    """For each task of `spec` that ran (`artifact_uri(task, output)` is None for one that did not), what its pod
+    downloads and uploads. `local_path(task, output)` is where the step wrote the output."""
     result = {}
     for task, artifacts in task_artifacts(spec).items():
         outputs = {name: artifact_uri(task, name) for name in artifacts["outputs"]}
