@@ -142,7 +142,8 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
     Param("data_root", str, "",
           "Where the data-heavy steps write shards and predictions, outside the artifacts KFP copies into each pod "
           "(a gs:// folder, or a path every step mounts); the artifacts hold a manifest pointing there. Empty: beside "
-          "the artifacts on a KFP backend with a gs:// pipeline root, in them on Vertex AI and local runs.", _data_root),
+          "the artifacts on a KFP backend with a gs:// pipeline root, in them on Vertex AI and local runs.",
+          _data_root),
     Param("predict_images", str, "",
           "Images to classify: a folder, glob, manifest or TFRecord shards, local or gs:// (empty: 10 test images "
           "per class)."),
