@@ -48,14 +48,20 @@ class Listing:
         return sum(size for name, size in self.sizes.items() if name == key or name.startswith(key + "/"))
 
 
+@dataclasses.dataclass
 class LocalTree:
-    """Artifacts kept as local files or folders (kfp.local runs), measured as the launcher would list them."""
+    """Artifacts kept as local files or folders (a kfp.local run), measured as the launcher would list them; URIs
+    under `uri_root` (as if the run's pipeline root were there) are the files under `local_root`."""
+
+    uri_root: str = ""
+    local_root: str = ""
 
     def bytes_under(self, uri: str) -> int:
-        if os.path.isfile(uri):
-            return os.path.getsize(uri)
+        path = self.local_root + uri[len(self.uri_root):] if self.uri_root and uri.startswith(self.uri_root) else uri
+        if os.path.isfile(path):
+            return os.path.getsize(path)
         return sum(os.path.getsize(os.path.join(folder, name))
-                   for folder, _, names in os.walk(uri) for name in names)
+                   for folder, _, names in os.walk(path) for name in names)
 
 
 @dataclasses.dataclass(frozen=True)

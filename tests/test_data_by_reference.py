@@ -17,6 +17,7 @@ from tests.conftest import write_png
 
 MB = 1 << 20
 LIMIT = 10 * MB
+RUN_URI = "gs://bucket/pipeline-root/image-classification/run-1"  # where a KFP backend would keep the run
 
 
 def write_idx(path: str, array: np.ndarray) -> None:
@@ -82,8 +83,9 @@ def test_the_data_lives_under_the_data_root_and_the_artifacts_point_there(large_
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", config.TRAIN_LAUNCHERS)
 def test_no_pod_copies_more_than_10_mb_for_any_train_launcher(large_run, tmp_path, launcher):
-    """Each pod of the run as a KFP backend would run it, the launcher's rule applied to the artifacts the steps
-    wrote. A cluster launcher's task has the train task's inputs and outputs (its job copies the model back)."""
+    """Each pod of the run as a KFP backend with a gs:// pipeline root would run it: the launcher's rule applied to
+    the artifacts the steps wrote. A cluster launcher's task has the train task's inputs and outputs (its job copies
+    the model back)."""
     import yaml
 
     _, summary = large_run
@@ -93,15 +95,22 @@ def test_no_pod_copies_more_than_10_mb_for_any_train_launcher(large_run, tmp_pat
     compiled, ran = training.task_names(settings), training.task_names()  # the local run trained in train-op
     role_of = {task: role for role, task in compiled.items()}
 
-    def local_path(task: str, output: str) -> str | None:  # None: the task did not run
-        task_dir = os.path.join(summary["run_dir"], ran[role_of[task]])
-        return os.path.join(task_dir, output) if os.path.isdir(task_dir) else None
+    store = kfp_launcher.LocalTree(uri_root=RUN_URI, local_root=summary["run_dir"])
 
-    moved = kfp_launcher.pod_transfers(spec, local_path, local_path, kfp_launcher.LocalTree())
+    def artifact_uri(task: str, output: str) -> str | None:  # None: the task did not run
+        local_task = ran[role_of[task]]
+        return f"{RUN_URI}/{local_task}/{output}" if os.path.isdir(os.path.join(summary["run_dir"], local_task)) \
+            else None
+
+    moved = kfp_launcher.pod_transfers(spec, artifact_uri, artifact_uri, store)
     assert set(moved) == set(compiled.values())
     for task, pod in moved.items():
         assert pod.bytes < LIMIT, (task, [(t.artifact, t.bytes) for t in pod.downloads + pod.uploads])
-    assert {t.artifact for t in moved[compiled["train"]].downloads} == {"dataset", "augmented"}
+    train = moved[compiled["train"]]
+    assert {(t.artifact, t.note) for t in train.downloads} == {("dataset", "copied whole"),
+                                                              ("augmented", "copied whole")}
+    assert all(t.bytes > 1000 for t in train.downloads)  # the manifests are counted
+    assert next(t.bytes for t in train.uploads if t.artifact == "model") > 100_000
 
 
 def test_a_dataset_published_by_reference_reads_as_the_original(small_dataset, tmp_path):
