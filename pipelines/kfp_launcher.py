@@ -14,7 +14,9 @@ Copying an artifact is `objectstore.DownloadBlob` (backend/src/v2/objectstore/ob
 object listed under the artifact's key whose key is that key or below `key/` (`isBlobKeyUnderPrefix`, 171-174),
 i.e. the whole folder. After the step succeeds, `uploadOutputArtifacts` (778-856) uploads every output
 artifact's local path whole (`UploadBlob`, object_store.go:111-144, recursive), except `oci://` ones (819);
-an output whose local path does not exist uploads nothing (824-833).
+an output whose local path does not exist uploads nothing (824-833). Where the backend keeps the steps' logs, the
+launcher also uploads the step's output log as the `executor-logs` artifact (getLogWriter, 628-653); the model leaves it
+out: this project's steps log throttled progress lines, not a line per image.
 
 `pod_transfers` applies that rule to a compiled pipeline: for each task, what its pod would download and upload,
 given where each artifact lives and how large it is (a `Store`). Tests use it to show that the data-heavy steps
