@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 
 from components import data, params, stepcli
@@ -269,9 +268,7 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
         # Nothing to materialise: training reads the original shards (and applies the policy when online).
         # The split points at the original shards, so readers of this manifest find them too.
         original = manifest["splits"]["train"]
-        location = original["path"] if "://" in original["path"] or os.path.isabs(original["path"]) else \
-            data.join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), original["path"])
-        out["splits"] = {"train": {**original, "path": location, PASSTHROUGH: True}}
+        out["splits"] = {"train": {**original, "path": data.locate(dataset_dir, original["path"]), PASSTHROUGH: True}}
         data.write_json(data.join(output_dir, data.MANIFEST), out)
         return AugmentResult(output_dir, mode, copies, train_count, time.monotonic() - start)
 

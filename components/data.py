@@ -280,11 +280,19 @@ class ShardWriter:
                 "class_counts": {str(k): v for k, v in sorted(self.class_counts.items())}}
 
 
+def locate(dataset_dir: str, path: str) -> str:
+    """A manifest's path: relative ones are inside the dataset directory; absolute paths and URIs point elsewhere
+    (augment's pass-through, data written by reference under a data root: components/datadir.py)."""
+    if "://" in path or os.path.isabs(path):
+        return path
+    return join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), path)
+
+
 def split_files(dataset_dir: str, split: str) -> list[str]:
-    """The shard files of a split, resolving splits that live in another dataset (augment's pass-through)."""
+    """The shard files of a split, resolving splits that live elsewhere (see `locate`)."""
     manifest = read_manifest(dataset_dir)
     info = manifest["splits"][split]
-    base = info["path"] if "://" in info["path"] or os.path.isabs(info["path"]) else join(dataset_dir, info["path"])
+    base = locate(dataset_dir, info["path"])
     files = sorted(gfile().glob(join(base, info["pattern"])))
     if not files:
         raise DataError(f"No {split} shards found under {base} (pattern {info['pattern']})")

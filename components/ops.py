@@ -20,15 +20,17 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
                   card: Output[HTML], classes: str = "", runner: str = "local", image: str = "", project: str = "",
                   location: str = "", dataflow_temp_location: str = "", dataflow_staging_location: str = "",
                   dataflow_service_account: str = "", dataflow_network: str = "", dataflow_subnetwork: str = "",
-                  dataflow_max_workers: int = 0, dataflow_machine_type: str = "") -> NamedTuple(
+                  dataflow_max_workers: int = 0, dataflow_machine_type: str = "", data_root: str = "",
+                  by_reference: bool = False) -> NamedTuple(
         "Counts", train=int, validation=int, test=int, rejected=int):
     """Reads the source (idx files, an image folder, a CSV/JSONL manifest or tfds:NAME) into sharded TFRecords for
     train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason. With
     runner=dataflow the same preprocessing runs as an Apache Beam job on Dataflow (workers on `image`), followed
-    and cancelled with the run, writing to the same dataset."""
+    and cancelled with the run, writing to the same dataset. With `data_root` or `by_reference` the shards are
+    written outside the artifact, which holds their manifest (components/datadir.py)."""
     import collections
 
-    from components import stepcli
+    from components import datadir, stepcli
     from components.preprocess import dataset_card, preprocess
 
     stepcli.setup_logging(force=True)
@@ -41,10 +43,14 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
             staging_location=dataflow_staging_location, service_account=dataflow_service_account,
             network=dataflow_network, subnetwork=dataflow_subnetwork, max_workers=dataflow_max_workers,
             machine_type=dataflow_machine_type, sdk_container_image=image)
+    where = datadir.bulk_dir(dataset.uri, dataset.path, data_root=data_root, by_reference=by_reference)
     # Dataflow's workers write the dataset themselves: its gs:// URI, not this pod's mount of it.
-    result = preprocess(source, dataset.uri if dataflow else dataset.path, validation_fraction=validation_fraction,
+    result = preprocess(source, dataset.uri if dataflow and where == dataset.path else where,
+                        validation_fraction=validation_fraction,
                         test_fraction=test_fraction, image_size=image_size, channels=channels, limit=limit or None,
                         min_shards=min_shards, classes=classes or None, runner=runner, dataflow=dataflow)
+    if where != dataset.path:
+        datadir.publish_dataset(where, dataset.path)
     for split, count in result.counts.items():
         stats.log_metric(f"images_{split}", count)
     stats.log_metric("rejected", result.rejected)
@@ -52,26 +58,31 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
         stats.log_metric(f"rejected: {reason}", count)
     with open(card.path, "w") as f:
         f.write(dataset_card(dataset.path))
-    dataset.metadata.update({"class_names": result.class_names, "image_shape": result.image_shape, **result.counts})
+    dataset.metadata.update({"class_names": result.class_names, "image_shape": result.image_shape, **result.counts,
+                             "data_dir": where})
     Counts = collections.namedtuple("Counts", ["train", "validation", "test", "rejected"])
     return Counts(result.counts["train"], result.counts["validation"], result.counts["test"], result.rejected)
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, augmented: Output[Dataset],
-               preview: Output[HTML]):
+               preview: Output[HTML], data_root: str = "", by_reference: bool = False):
     """Writes augmented training shards (offline), or hands the policy to training (online); the preview shows
-    originals next to their augmented copies."""
-    from components import stepcli
+    originals next to their augmented copies. With `data_root` or `by_reference` the shards are written outside
+    the artifact, which holds their manifest (components/datadir.py)."""
+    from components import datadir, stepcli
     from components.augment import AugmentPolicy, augment, policy_preview
 
     stepcli.setup_logging(force=True)
     chosen = AugmentPolicy.from_json(policy)
-    result = augment(dataset.path, augmented.path, copies=copies, mode=mode, policy=chosen)
+    where = datadir.bulk_dir(augmented.uri, augmented.path, data_root=data_root, by_reference=by_reference)
+    result = augment(dataset.path, where, copies=copies, mode=mode, policy=chosen)
+    if where != augmented.path:
+        datadir.publish_dataset(where, augmented.path)
     with open(preview.path, "w") as f:
         f.write(policy_preview(dataset.path, chosen, note="" if mode == "online" or copies else
                                "Not applied in this run: offline mode with 0 copies passes the data through."))
-    augmented.metadata.update({"mode": mode, "copies": copies, "train": result.train_count})
+    augmented.metadata.update({"mode": mode, "copies": copies, "train": result.train_count, "data_dir": where})
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
@@ -218,23 +229,27 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
-def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predictions: Output[Dataset]) -> int:
+def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predictions: Output[Dataset],
+               data_root: str = "", by_reference: bool = False) -> int:
     """Classifies every image of a folder, glob, manifest or TFRecord shards (local or gs://), streamed in
-    chunks written as they finish; with no source, 10 test images per class.
+    chunks written as they finish; with no source, 10 test images per class. With `data_root` or `by_reference`
+    the predictions are written outside the artifact, which holds their summary (components/datadir.py).
 
     Returns the number of predictions.
     """
-    import os
-
-    from components import stepcli
+    from components import data, datadir, stepcli
     from components.predict import export_samples, predict
 
     stepcli.setup_logging(force=True)
+    where = datadir.bulk_dir(predictions.uri, predictions.path, data_root=data_root, by_reference=by_reference)
     if not images:
-        images = os.path.join(predictions.path, "inputs")
+        images = data.join(where, "inputs")
         export_samples(dataset.path, images, per_class=10)
-    result = predict(model.path, images, predictions.path)
-    predictions.metadata.update({"count": result.count, "errors": result.errors, "source": images})
+    result = predict(model.path, images, where)
+    if where != predictions.path:
+        datadir.publish_predictions(where, predictions.path)
+    predictions.metadata.update({"count": result.count, "errors": result.errors, "source": images,
+                                 "data_dir": where})
     return result.count
 
 

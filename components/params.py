@@ -82,6 +82,13 @@ def _model_name(value: str) -> str | None:
     return name_problem(value)
 
 
+def _data_root(value: str) -> str | None:
+    # Each step runs in its own pod (its own working directory): a relative path would differ from step to step.
+    if not value or value.startswith("gs://") or value.startswith("/"):
+        return None
+    return f"must be a gs:// folder or an absolute path that every step mounts (got {value!r})"
+
+
 def _default_recipe() -> str:
     from components.train.recipes import DEFAULT_RECIPE
 
@@ -132,6 +139,11 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
           lambda value: None if value <= 1 else f"must be in [0, 1], or negative for no such check (got {value})"),
     Param("tolerance", float, 0.005, "A model may trail the champion's accuracy by this much and still be blessed.",
           _between(0, 1)),
+    Param("data_root", str, "",
+          "Where the data-heavy steps write shards and predictions, outside the artifacts KFP copies into each pod "
+          "(a gs:// folder, or a path every step mounts); the artifacts hold a manifest pointing there. Empty: beside "
+          "the artifacts on a KFP backend with a gs:// pipeline root, in them on Vertex AI and local runs.",
+          _data_root),
     Param("predict_images", str, "",
           "Images to classify: a folder, glob, manifest or TFRecord shards, local or gs:// (empty: 10 test images "
           "per class)."),

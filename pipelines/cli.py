@@ -51,6 +51,12 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--train-namespace", default="kubeflow",
                        help="namespace of the TrainJob/JobSet/TFJob (default: %(default)s)")
     group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the training job")
+    group.add_argument("--gcs-fuse-pvc", default="",
+                       help="PersistentVolumeClaim of a bucket mounted with the GCS FUSE CSI driver "
+                            "(manifests/gcsfuse/): mounted into the data-heavy steps, data_root defaults to "
+                            f"MOUNT/{config.DATA_ROOT_UNDER_MOUNT} (docs/data-by-reference.md)")
+    group.add_argument("--gcs-fuse-mount", default=config.GCS_FUSE_MOUNT,
+                       help="where --gcs-fuse-pvc is mounted (default: %(default)s)")
 
 
 def add_host_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -74,7 +80,8 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
                                    predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
                                    train_namespace=args.train_namespace, train_runtime=args.train_runtime,
-                                   kueue_queue=args.kueue_queue)
+                                   kueue_queue=args.kueue_queue, gcs_fuse_pvc=args.gcs_fuse_pvc,
+                                   gcs_fuse_mount=args.gcs_fuse_mount)
 
 
 def add_parameter_options(parser: argparse.ArgumentParser) -> None:
@@ -204,7 +211,9 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         "blessed": evaluation["blessed"],
         "decision": evaluation["decision"],
         "registered": registered,
-        "predictions": {"path": os.path.join(predictions, "predictions.jsonl"), "count": prediction_summary["count"],
+        # Predictions written by reference (data_root) are where their summary says.
+        "predictions": {"path": prediction_summary.get("predictions_jsonl")
+                        or os.path.join(predictions, "predictions.jsonl"), "count": prediction_summary["count"],
                         "errors": prediction_summary["errors"]},
         "artifacts": artifacts,
         "run_dir": run_dir,

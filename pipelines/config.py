@@ -25,6 +25,11 @@ CPU_IMAGE_NAME = "cpu"
 GPU_IMAGE_NAME = "gpu"
 
 TARGETS = ("kfp", "vertex")
+GCS_FUSE_MOUNT = "/mnt/gcs"  # not under /gcs/, where the KFP launcher downloads gs:// artifacts (LocalPathForURI)
+# The annotation that makes GKE inject the GCS FUSE CSI driver's sidecar into a pod
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver-pv).
+GCS_FUSE_ANNOTATION = ("gke-gcsfuse/volumes", "true")
+DATA_ROOT_UNDER_MOUNT = "kfp-data"
 # Where training runs: "pod" trains in the pipeline task's own pod; "trainjob" launches a Kubeflow Trainer v2
 # TrainJob (chief + workers) on the cluster, "jobset" the same pods as a JobSet where Trainer v2 is not installed,
 # "tfjob" a legacy Kubeflow Training Operator v1 TFJob; "vertex-job" launches a Vertex AI CustomJob with worker pools.
@@ -64,6 +69,10 @@ class PipelineSettings:
     train_namespace: str = "kubeflow"  # where the training job is created (the pipeline's namespace on Kubeflow)
     train_runtime: str = DEFAULT_TRAIN_RUNTIME  # the TrainJob's ClusterTrainingRuntime (train_launcher=trainjob)
     kueue_queue: str = ""  # Kueue LocalQueue for the GPU pods and the TFJob (empty: not queued by Kueue)
+    # A bucket mounted into the data-heavy steps with the GCS FUSE CSI driver: the PersistentVolumeClaim bound to it
+    # (manifests/gcsfuse/) and where it is mounted; the run's data_root defaults to a folder of that mount.
+    gcs_fuse_pvc: str = ""
+    gcs_fuse_mount: str = GCS_FUSE_MOUNT
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -73,7 +82,28 @@ class PipelineSettings:
         if self.target == "vertex" and self.train_launcher in CLUSTER_LAUNCHERS:
             raise ValueError(f"--train-launcher {self.train_launcher} creates a job on the Kubernetes cluster that "
                              "runs the pipeline; on Vertex AI use pod or vertex-job")
+        if self.gcs_fuse_pvc:
+            if self.target != "kfp":
+                raise ValueError("--gcs-fuse-pvc mounts a PersistentVolumeClaim of the cluster, which only a KFP "
+                                 "backend has; on Vertex AI Pipelines artifacts already live on a GCS FUSE mount")
+            if self.train_launcher != "pod":
+                raise ValueError(f"--gcs-fuse-pvc mounts the bucket into the pipeline's own pods; the nodes of "
+                                 f"--train-launcher {self.train_launcher} do not mount it, so they could not read "
+                                 "the shards there. Use --train-launcher pod, or no mount and a gs:// data_root")
+            if not self.gcs_fuse_mount.startswith("/") or self.gcs_fuse_mount.rstrip("/") in ("", "/gcs"):
+                raise ValueError(f"--gcs-fuse-mount must be an absolute path other than / and /gcs (where the KFP "
+                                 f"launcher puts gs:// artifacts), got {self.gcs_fuse_mount!r}")
         check_accelerator(self.train_accelerator)
         check_accelerator(self.predict_accelerator)
         if self.train_gpus < 0 or self.predict_gpus < 0:
             raise ValueError("GPU counts must be >= 0")
+
+    @property
+    def by_reference(self) -> bool:
+        """On a KFP backend the launcher copies artifacts whole in and out of each pod, so the data-heavy steps
+        write their data beside the artifacts (components/datadir.py); Vertex AI mounts them (GCS FUSE)."""
+        return self.target == "kfp"
+
+    @property
+    def default_data_root(self) -> str:
+        return f"{self.gcs_fuse_mount.rstrip('/')}/{DATA_ROOT_UNDER_MOUNT}" if self.gcs_fuse_pvc else ""

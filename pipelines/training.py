@@ -70,6 +70,19 @@ def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, 
     return task.set_container_image(settings.images.cpu).set_cpu_request(cpu).set_memory_request(memory)
 
 
+def on_data(task: dsl.PipelineTask, settings: config.PipelineSettings) -> dsl.PipelineTask:
+    """A data-heavy step: with --gcs-fuse-pvc, the bucket's PersistentVolumeClaim mounted at --gcs-fuse-mount and
+    the annotation that has GKE add the GCS FUSE CSI driver's sidecar. The KFP driver turns the mount into the pod's
+    volume and volumeMount (backend/src/v2/driver/k8s.go:156-172, makeVolumeMountPatch 1111-1170 at 2.17.0); the
+    Argo compiler puts the annotation on the pod (compiler/argocompiler/container.go:376-390)."""
+    if settings.gcs_fuse_pvc:
+        from kfp import kubernetes
+
+        kubernetes.mount_pvc(task, pvc_name=settings.gcs_fuse_pvc, mount_path=settings.gcs_fuse_mount)
+        kubernetes.add_pod_annotation(task, *config.GCS_FUSE_ANNOTATION)
+    return task
+
+
 def task_names(settings: config.PipelineSettings | None = None) -> dict[str, str]:
     """Each step's KFP task name, by role. KFP names a task after its component (preprocess_op ->
     "preprocess-op"), and a run keeps each task's artifacts under that name (kfp.local: RUN_DIR/TASK/OUTPUT)."""
@@ -110,6 +123,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         min_accuracy: float = params.default("min_accuracy"),
         min_class_recall: float = params.default("min_class_recall"),
         tolerance: float = params.default("tolerance"),
+        data_root: str = settings.default_data_root,  # compile-time default: a folder of the GCS FUSE mount
         predict_images: str = params.default("predict_images"),
         registry: str = params.default("registry"),
         registry_root: str = params.default("registry_root"),
@@ -138,12 +152,12 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             dataflow_temp_location=dataflow_temp_location, dataflow_staging_location=dataflow_staging_location,
             dataflow_service_account=dataflow_service_account, dataflow_network=dataflow_network,
             dataflow_subnetwork=dataflow_subnetwork, dataflow_max_workers=dataflow_max_workers,
-            dataflow_machine_type=dataflow_machine_type)
-        on_cpu(prep.set_display_name("Preprocess"), settings, "2", "4G")
+            dataflow_machine_type=dataflow_machine_type, data_root=data_root, by_reference=settings.by_reference)
+        on_data(on_cpu(prep.set_display_name("Preprocess"), settings, "2", "4G"), settings)
 
         aug = ops.augment_op(dataset=prep.outputs["dataset"], copies=augment_copies, mode=augment_mode,
-                             policy=augment_policy)
-        on_cpu(aug.set_display_name("Augment"), settings, "2", "4G")
+                             policy=augment_policy, data_root=data_root, by_reference=settings.by_reference)
+        on_data(on_cpu(aug.set_display_name("Augment"), settings, "2", "4G"), settings)
 
         placement = ops.placement_op(accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
                                      node_pool=train_node_pool, known_accelerators=config.ACCELERATORS)
@@ -159,6 +173,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
             on_train_gpu(train, settings, placement)
+            on_data(train, settings)
         elif settings.train_launcher in config.CLUSTER_LAUNCHERS:
             # The task says where the nodes run as the training pod's task does; KFP hands that to the launcher
             # (dsl.TaskConfig passthrough) instead of applying it to the launcher's own small pod.
@@ -188,11 +203,12 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             min_class_recall=min_class_recall, tolerance=tolerance, registry=registry, registry_root=registry_root,
             model_name=model_name, project=project, location=location)
         # Evaluation reads the registry's current champion: never serve it from the cache.
-        on_cpu(evaluate.set_display_name("Evaluate"), settings, "2", "8G").set_caching_options(False)
+        on_data(on_cpu(evaluate.set_display_name("Evaluate"), settings, "2", "8G"), settings)
+        evaluate.set_caching_options(False)
 
         predict = ops.predict_op(model=train.outputs["model"], dataset=prep.outputs["dataset"],
-                                 images=predict_images)
-        predict.set_display_name("Batch predict").set_cpu_request("4").set_memory_request("16G")
+                                 images=predict_images, data_root=data_root, by_reference=settings.by_reference)
+        on_data(predict.set_display_name("Batch predict").set_cpu_request("4").set_memory_request("16G"), settings)
         on_gpu(predict, settings, settings.predict_accelerator, settings.predict_gpus)
 
         with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (a pipeline condition)

@@ -61,14 +61,15 @@ def dataset_card(dataset_dir: str, *, rejected_examples: int = 20) -> str:
                    + "".join(f"<tr><td>{esc(r)}</td><td>{n}</td></tr>" for r, n in
                              sorted(manifest["rejected_by_reason"].items(), key=lambda kv: -kv[1]))
                    + "</table>")
-        rows = list(itertools.islice(data.iter_jsonl(data.join(dataset_dir, data.REJECTED)), rejected_examples))
+        rejected_path = data.locate(dataset_dir, manifest.get("rejected_file", data.REJECTED))
+        rows = list(itertools.islice(data.iter_jsonl(rejected_path), rejected_examples))
         out.append(f"<p>First {len(rows)} (all in <code>{data.REJECTED}</code>):</p><table>"
                    "<tr><th>uri</th><th>reason</th><th>detail</th></tr>"
                    + "".join(f"<tr><td><code>{esc(r['uri'])}</code></td><td>{esc(r['reason'])}</td>"
                              f"<td>{esc(r.get('detail', ''))}</td></tr>" for r in rows) + "</table>")
     if manifest.get("empty_classes"):
         out.append(f"<p>Classes with no images: {esc(', '.join(manifest['empty_classes']))}</p>")
-    samples_path = data.join(dataset_dir, (manifest.get("samples") or {}).get("file", SAMPLES_FILE))
+    samples_path = data.locate(dataset_dir, (manifest.get("samples") or {}).get("file", SAMPLES_FILE))
     if data.gfile().exists(samples_path):
         from PIL import Image
 

@@ -4,6 +4,8 @@
   tests/schemas/ (source and release in tests/schemas/README.md). Unknown fields are refused, as
   `kubectl apply` (field validation Strict) refuses them, unless the schema preserves unknown fields. CEL rules
   (`x-kubernetes-validations`) are not evaluated; the stand-in writes the few it relies on by hand.
+- `resource_problems`: a built-in resource (Pod, PersistentVolume, PersistentVolumeClaim...) against the Kubernetes
+  OpenAPI schema of KUBERNETES_VERSION, with the `kubernetes-validate` package (offline, strict).
 - `job_problems`: a Job template (what a JobSet's replicated job holds) as a `batch/v1` Job, against the Kubernetes
   OpenAPI schema of KUBERNETES_VERSION, with the `kubernetes-validate` package (offline, strict), plus the
   podFailurePolicy rules the Job API validates in code (k8s.io/kubernetes pkg/apis/batch/validation).
@@ -82,17 +84,23 @@ def crd_problems(body: dict) -> list[str]:
     return problems
 
 
-def job_problems(job_template: dict, name: str = "job") -> list[str]:
-    """What the API server would refuse in a Job made from `job_template` ({metadata, spec})."""
+def resource_problems(resource: dict) -> list[str]:
+    """What the API server would refuse in a built-in resource (a Pod, PersistentVolume, Job...) against the
+    Kubernetes OpenAPI schema of KUBERNETES_VERSION (kubernetes-validate, strict: unknown fields refused)."""
     import kubernetes_validate
 
+    try:
+        kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{_path(e.path) or '<root>'}: {e.message}"]
+    return []
+
+
+def job_problems(job_template: dict, name: str = "job") -> list[str]:
+    """What the API server would refuse in a Job made from `job_template` ({metadata, spec})."""
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {**job_template.get("metadata", {}), "name": name},
            "spec": job_template.get("spec", {})}
-    problems = []
-    try:
-        kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as e:
-        problems.append(f"{_path(e.path) or '<root>'}: {e.message}")
+    problems = resource_problems(job)
     spec = job["spec"]
     policy = spec.get("podFailurePolicy")
     if policy is not None:

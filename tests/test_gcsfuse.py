@@ -1,0 +1,121 @@
+"""The GCS FUSE option (`pipectl compile --gcs-fuse-pvc`): the bucket's claim mounted into the data-heavy steps with
+the GCS FUSE annotation, as the KFP backend turns the compiled YAML into pods, valid against the Kubernetes schemas
+together with the PersistentVolume and claim of manifests/gcsfuse/; and data passed by reference on a KFP backend."""
+
+import os
+
+import pytest
+import yaml
+
+from pipelines import cli, config, training
+from tests.conftest import REPO_ROOT
+from tests.standins.validation import resource_problems
+
+MANIFEST = os.path.join(REPO_ROOT, "manifests", "gcsfuse", "training-data.yaml")
+DATA_STEPS = {"preprocess-op", "augment-op", "train-op", "evaluate-op", "predict-op"}
+
+
+def compile_yaml(tmp_path, settings: config.PipelineSettings) -> tuple[dict, dict]:
+    path = training.compile_pipeline(str(tmp_path / "pipeline.yaml"), settings)
+    with open(path) as f:
+        spec, *platform = yaml.safe_load_all(f)
+    executors = platform[0]["platforms"]["kubernetes"]["deploymentSpec"]["executors"] if platform else {}
+    return spec, executors
+
+
+def cluster_objects() -> dict[str, dict]:
+    with open(MANIFEST) as f:
+        text = f.read().replace("BUCKET", "acme-training-data").replace("NAMESPACE", "kubeflow")
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
+
+
+def pod_of(spec: dict, executors: dict, task: str) -> dict:
+    """The parts of the pod a KFP 2.17.0 backend makes for `task` that the option sets: the volume and mount per
+    PVC mount (backend/src/v2/driver/k8s.go:156-172 and makeVolumeMountPatch, 1111-1170: both named after the
+    claim), and the pod annotations (compiler/argocompiler/container.go:376-390, the executor template's metadata)."""
+    config_ = executors.get(f"exec-{task}", {})
+    mounts = config_.get("pvcMount", [])
+    claims = [m["pvcNameParameter"]["runtimeValue"]["constant"] for m in mounts]
+    container = spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": task, "namespace": "kubeflow",
+                     "annotations": config_.get("podMetadata", {}).get("annotations", {})},
+        "spec": {"serviceAccountName": "pipeline-runner",
+                 "containers": [{"name": "main", "image": container["image"],
+                                 "volumeMounts": [{"name": claim, "mountPath": m["mountPath"]}
+                                                  for claim, m in zip(claims, mounts)]}],
+                 "volumes": [{"name": claim, "persistentVolumeClaim": {"claimName": claim}} for claim in claims]},
+    }
+
+
+def test_the_data_heavy_steps_mount_the_bucket_with_the_gcs_fuse_sidecar(tmp_path):
+    objects = cluster_objects()
+    claim = objects["PersistentVolumeClaim"]["metadata"]["name"]
+    spec, executors = compile_yaml(tmp_path, config.PipelineSettings(gcs_fuse_pvc=claim))
+    for task in training.task_names().values():
+        pod = pod_of(spec, executors, task)
+        if task not in DATA_STEPS:
+            assert pod["spec"]["volumes"] == [] and pod["metadata"]["annotations"] == {}, task
+            continue
+        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}, task
+        assert pod["spec"]["volumes"] == [{"name": claim, "persistentVolumeClaim": {"claimName": claim}}], task
+        assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": claim, "mountPath": "/mnt/gcs"}], task
+        assert resource_problems(pod) == [], task
+    # The steps write their data under the mount unless the run says otherwise.
+    assert spec["root"]["inputDefinitions"]["parameters"]["data_root"]["defaultValue"] == "/mnt/gcs/kfp-data"
+
+
+def test_the_volume_and_claim_are_valid_and_bound_to_each_other():
+    objects = cluster_objects()
+    volume, claim = objects["PersistentVolume"], objects["PersistentVolumeClaim"]
+    assert resource_problems(volume) == [] and resource_problems(claim) == []
+    assert volume["spec"]["csi"] == {"driver": "gcsfuse.csi.storage.gke.io", "volumeHandle": "acme-training-data"}
+    assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
+    assert volume["spec"]["claimRef"] == {"namespace": claim["metadata"]["namespace"],
+                                          "name": claim["metadata"]["name"]}
+    # A static binding matches class, access modes and capacity (the driver's docs/usage.md).
+    assert volume["spec"]["storageClassName"] == claim["spec"]["storageClassName"]
+    assert volume["spec"]["accessModes"] == claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert volume["spec"]["capacity"]["storage"] == claim["spec"]["resources"]["requests"]["storage"]
+
+
+def test_a_misspelt_field_is_caught_by_the_schema_check():
+    volume = cluster_objects()["PersistentVolume"]
+    volume["spec"]["csi"] = {"drvier": "gcsfuse.csi.storage.gke.io", "volumeHandle": "b"}
+    assert resource_problems(volume)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    (dict(target="vertex"), "only a KFP backend has"),
+    (dict(train_launcher="trainjob"), "do not mount it"),
+    (dict(gcs_fuse_mount="/gcs"), "must be an absolute path other than"),
+    (dict(gcs_fuse_mount="data"), "must be an absolute path other than"),
+])
+def test_settings_the_mount_cannot_serve_are_refused(settings, problem):
+    with pytest.raises(ValueError, match=problem):
+        config.PipelineSettings(gcs_fuse_pvc="training-data", **settings)
+
+
+def test_pipectl_compile_takes_the_option(tmp_path):
+    out = tmp_path / "pipeline.yaml"
+    assert cli.main(["compile", "--output", str(out), "--gcs-fuse-pvc", "training-data",
+                     "--gcs-fuse-mount", "/mnt/bucket"]) == 0
+    platform = list(yaml.safe_load_all(out.read_text()))[1]["platforms"]["kubernetes"]["deploymentSpec"]
+    assert platform["executors"]["exec-predict-op"]["pvcMount"][0]["mountPath"] == "/mnt/bucket"
+
+
+def step_inputs(spec: dict, task: str) -> dict:
+    return spec["root"]["dag"]["tasks"][task]["inputs"]["parameters"]
+
+
+@pytest.mark.parametrize("target, by_reference", [("kfp", True), ("vertex", False)])
+def test_data_by_reference_on_a_kfp_backend_only(tmp_path, target, by_reference):
+    """On a KFP backend the data-heavy steps write beside their artifacts (the launcher would copy them whole);
+    Vertex AI mounts the artifacts, so they stay in them there."""
+    spec, _ = compile_yaml(tmp_path, config.PipelineSettings(target=target))
+    for task in ("preprocess-op", "augment-op", "predict-op"):
+        inputs = step_inputs(spec, task)
+        assert inputs["by_reference"] == {"runtimeValue": {"constant": by_reference}}, task
+        assert inputs["data_root"] == {"componentInputParameter": "data_root"}, task
+    assert spec["root"]["inputDefinitions"]["parameters"]["data_root"]["defaultValue"] == ""
