@@ -38,8 +38,8 @@ def available_cpus() -> int:
 
 def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
-    """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding) rows and one array of the
-    good images: a single array crosses a process boundary far cheaper than one per image."""
+    """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding, source) rows and one array
+    of the good images: a single array crosses a process boundary far cheaper than one per image."""
     examples = [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
                 if item.problem else
                 per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
@@ -50,7 +50,8 @@ def decode_batch(items: list[Item], height: int, width: int, channels: int,
 def _batched(examples: list[Example], height: int, width: int, channels: int) -> tuple[list[tuple], np.ndarray]:
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
-    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
+    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding,
+             (e.source_size, e.source_bytes, e.reencoded)) for e in examples], images
 
 
 def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
@@ -147,7 +148,9 @@ class TensorFlowDecoder:
                     stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG",
                                                              raw)
                     examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
-                                                 stored=stored, encoding=encoding)
+                                                 stored=stored, encoding=encoding,
+                                                 source_size=(height, width) if encoding == data.SOURCE else None,
+                                                 source_bytes=len(raw))
                 else:
                     examples[position] = per_image.decode_contents(item, raw, height, width, channels)
         return examples
@@ -156,11 +159,12 @@ class TensorFlowDecoder:
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
-    for uri, label, split, key, reason, detail, stored, encoding in rows:
+    for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded) in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
         else:
-            yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding)
+            yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding,
+                          source_size=source_size, source_bytes=source_bytes, reencoded=reencoded)
             next_image += 1
 
 
