@@ -355,7 +355,18 @@ def decode_to_shape(contents, image_shape):
     return resize_to_shape(image, image_shape)
 
 
-def resize_to_shape(image, image_shape):
+@functools.lru_cache(maxsize=8)
+def file_decoder(image_shape: tuple[int, int, int]):
+    """decode_to_shape as a function traced once, for decoding files one at a time outside tf.data (eagerly, its
+    conds and switch cost tens of ms a call): bytes -> uint8 numpy array."""
+    import tensorflow as tf
+
+    decode = tf.function(lambda contents: decode_to_shape(contents, list(image_shape)),
+                         input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
+    return lambda contents: decode(tf.constant(contents)).numpy()
+
+
+def resize_to_shape(image, image_shape, *, antialias: bool = True):
     """uint8 HxWxC of any size -> `image_shape`: bilinear with antialiasing (a box wide enough to average every
     source pixel when shrinking), rounded; an image already of that size is returned as it is."""
     import tensorflow as tf
@@ -364,7 +375,7 @@ def resize_to_shape(image, image_shape):
     image = tf.ensure_shape(image, [None, None, channels])
 
     def resize():
-        resized = tf.image.resize(image, [height, width], method="bilinear", antialias=True)
+        resized = tf.image.resize(image, [height, width], method="bilinear", antialias=antialias)
         return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
 
     same = tf.logical_and(tf.equal(tf.shape(image)[0], height), tf.equal(tf.shape(image)[1], width))
@@ -374,7 +385,9 @@ def resize_to_shape(image, image_shape):
 def decode_crop_to_shape(contents, image_shape, crop_box):
     """A crop of a JPEG or PNG file's bytes at `image_shape`: crop_box is [top, left, height, width] in the
     file's pixels (int32). JPEGs decode only the crop's blocks (tf.io.decode_and_crop_jpeg, the ImageNet input
-    pipelines' op); then `resize_to_shape`."""
+    pipelines' op); then plain bilinear resizing, as those pipelines do for their training crops: antialiasing a
+    crop of up to 1792 px down to 224 measured 11 ms against 0.6 ms, more than the decode itself, for a random
+    augmentation that needs no exact pixels (evaluation and prediction keep the antialiased rule)."""
     import tensorflow as tf
 
     channels = image_shape[2]
@@ -384,7 +397,7 @@ def decode_crop_to_shape(contents, image_shape, crop_box):
                     lambda: tf.slice(tf.io.decode_png(contents, channels=channels),
                                      tf.stack([crop_box[0], crop_box[1], 0]),
                                      tf.stack([crop_box[2], crop_box[3], channels])))
-    return resize_to_shape(image, image_shape)
+    return resize_to_shape(image, image_shape, antialias=False)
 
 
 def source_shape(contents, channels: int):

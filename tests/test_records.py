@@ -114,7 +114,8 @@ def test_files_tensorflow_would_read_otherwise_are_reencoded_once_and_counted(tm
     rgba = np.dstack([photo(rng, 96), np.full((96, 96), 128, np.uint8)])
     Image.fromarray(rgba).save(root / "alpha.png")
     Image.fromarray(photo(rng, 96)).save(root / "bitmap.bmp")
-    Image.fromarray(photo(rng, 400)[:300]).save(root / "large.jpg", quality=92)
+    Image.fromarray(photo(rng, 600)[:450]).save(root / "large.jpg", quality=92)
+    Image.fromarray(photo(rng, 500)[:300]).save(root / "below_twice.jpg", quality=92)
     os.makedirs(tmp_path / "photos" / "others")
     Image.fromarray(photo(rng, 96)).save(tmp_path / "photos" / "others" / "kept.jpg", quality=92)
     out = str(tmp_path / "out")
@@ -122,13 +123,15 @@ def test_files_tensorflow_would_read_otherwise_are_reencoded_once_and_counted(tm
                   validation_fraction=0.0, test_fraction=0.0)
     sources = data.read_manifest(out)["source_files"]
     assert sources["reencoded"] == {"other colour mode": 2, "EXIF orientation": 1, "other format": 1,
-                                    "larger than max_side": 1}, sources
-    assert sources["kept_bytes_as_is"] == 1 and sources["largest"] == [300, 400] and sources["max_side"] == 256
+                                    "at least twice max_side": 1}, sources
+    assert sources["kept_bytes_as_is"] == 2 and sources["largest"] == [450, 600] and sources["max_side"] == 256
     stored = record_bytes(out)
     for name in ("cmyk.jpg", "rotated.jpg", "alpha.png", "bitmap.bmp", "large.jpg"):
         with open(root / name, "rb") as f:
             assert stored[str(root / name)] != f.read(), name
-    assert Image.open(__import__("io").BytesIO(stored[str(root / "large.jpg")])).size == (256, 192)
+    assert Image.open(__import__("io").BytesIO(stored[str(root / "large.jpg")])).size == (300, 225)  # DCT 1/2
+    with open(root / "below_twice.jpg", "rb") as f:
+        assert stored[str(root / "below_twice.jpg")] == f.read()
     assert Image.open(__import__("io").BytesIO(stored[str(root / "rotated.jpg")])).size == (96, 64)  # turned
     read = stored_images(out)
     for path in [root / name for name in ("cmyk.jpg", "rotated.jpg", "alpha.png", "bitmap.bmp", "large.jpg")] + [

@@ -206,7 +206,7 @@ def decode_contents(contents: bytes, height: int, width: int, channels: int, *, 
         import tensorflow as tf
 
         try:
-            return data.decode_to_shape(tf.constant(contents), [height, width, channels]).numpy()
+            return data.file_decoder((height, width, channels))(contents)
         except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
             pass  # corrupt or truncated: PIL says why
     return data.decode_image(contents, height, width, channels)

@@ -90,11 +90,13 @@ class PixelStats:
     def __init__(self, channels: int):
         self.channels = channels
         self.histogram = np.zeros(256 * channels, np.int64)
-        self._offsets = (np.arange(channels, dtype=np.int64) * 256) if channels > 1 else None
 
     def add(self, image: np.ndarray) -> None:
-        values = image.ravel() if self._offsets is None else (image.reshape(-1, self.channels) + self._offsets).ravel()
-        self.histogram += np.bincount(values, minlength=256 * self.channels)
+        """Adds the pixels of uint8 arrays (...xC): one bincount per channel, over its strided view (no int64 copy
+        of the whole batch with channel offsets added: 8x its bytes)."""
+        flat = image.reshape(-1, self.channels)
+        for channel in range(self.channels):
+            self.histogram[channel * 256:(channel + 1) * 256] += np.bincount(flat[:, channel], minlength=256)
 
     def to_json(self) -> dict:
         per_channel = self.histogram.reshape(self.channels, 256)

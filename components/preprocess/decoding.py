@@ -221,6 +221,10 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
 # Below this many inputs one worker is used: measuring would cost more than it could save.
 MEASURE_MIN_INPUTS = 1000
 MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
+# Files above this size on average are photos: a few hundred of them already take seconds to decode, so below
+# MEASURE_MIN_INPUTS they are decoded by one thread per CPU (PIL releases the GIL while decoding, resizing and
+# encoding: 2 threads win on 480x480 JPEGs, see planned_decode) rather than by one worker.
+PHOTO_BYTES = 32 << 10
 # Worker processes take a second or two to start: they are only tried when the run would take longer than this.
 PROCESSES_WORTH_SECONDS = 10.0
 
@@ -280,12 +284,25 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
     plans = candidate_plans(source, cpus)
     shape = dict(height=height, width=width, channels=channels, check_extension=check_extension)
     if len(plans) == 1 or expected < MEASURE_MIN_INPUTS:
-        yield from parallel_decode(items, **shape, **plans[0])
+        few = plans[0] if len(plans) == 1 or not _photos(items) else {"workers": cpus, "use_processes": False}
+        yield from parallel_decode(items, **shape, **few)
         return
     prefix = list(itertools.islice(items(), _sample_size(expected)))
     best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)
     yield from decoded
     yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
+
+
+def _photos(items: Callable[[], Iterable[Item]], sample: int = 16) -> bool:
+    """Whether the first local files average more than PHOTO_BYTES."""
+    sizes = []
+    for item in itertools.islice(items(), sample):
+        if not item.problem and "://" not in item.uri:
+            try:
+                sizes.append(os.path.getsize(item.uri))
+            except OSError:
+                pass
+    return bool(sizes) and sum(sizes) / len(sizes) > PHOTO_BYTES
 
 
 def _sample_size(expected: int) -> int:

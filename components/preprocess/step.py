@@ -150,6 +150,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, t
     tally = Tally(len(src.class_names), channels)
     seen_content = ContentIndex()
     train_images: list[np.ndarray] = []  # pixel statistics are taken a batch at a time (one bincount)
+    buffered = 0  # their bytes: bincount's int64 copy is 8x that
     progress = Progress(total, "preprocess")
     seen = 0
     with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as rejected_file:
@@ -178,9 +179,10 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, t
                 tally.source_files.add(ex.source_size, ex.source_bytes, ex.reencoded)
             if split == "train":
                 train_images.append(ex.image)
-                if len(train_images) >= 512:
+                buffered += ex.image.nbytes
+                if buffered >= 4 << 20:
                     tally.pixel_stats.add(np.stack(train_images))
-                    train_images = []
+                    train_images, buffered = [], 0
                 if tally.wants_sample(ex.label):
                     tally.samples[ex.label].append(ex.image if ex.stored is None else
                                                    per_image.stored_pixels(ex.stored, ex.encoding,

@@ -116,12 +116,13 @@ def decode_rate(root: str, workers: int, use_processes: bool, use_tensorflow: bo
     return count / (time.monotonic() - start)
 
 
-def peak_memory(root: str, out: str) -> dict:
+def peak_memory(root: str, out: str, extra_args: list[str] = ()) -> dict:
     """Runs preprocess in a child process and samples the RSS of it and its decode workers every 20 ms."""
     import psutil
 
     shutil.rmtree(out, ignore_errors=True)
-    child = subprocess.Popen([sys.executable, "-m", "components.preprocess", "--source", root, "--output-dir", out],
+    child = subprocess.Popen([sys.executable, "-m", "components.preprocess", "--source", root, "--output-dir", out,
+                              *extra_args],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc = psutil.Process(child.pid)
     peak = {"main_mb": 0.0, "total_mb": 0.0}
