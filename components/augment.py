@@ -307,7 +307,8 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
     total = train_count * (copies + 1)
     # Copies are stored as the originals are: raw stays raw, JPEG datasets stay JPEG, PNG or mixed ones get PNG.
     encoding = data.manifest_encoding(manifest)
-    copy_encoding = data.PNG if encoding == data.ENCODED else encoding
+    # Copies are pixels at the dataset's size: PNG in a mixed dataset, JPEG beside source records (photos)
+    copy_encoding = {data.ENCODED: data.PNG, data.SOURCE: data.JPEG}.get(encoding, encoding)
     image_bytes = height * width * channels // (1 if encoding == data.RAW else 4)
     writer = data.ShardWriter(output_dir, "train", data.num_shards_for(total, image_bytes, min_shards=min_shards),
                               encoding=copy_encoding)

@@ -123,3 +123,17 @@ def test_the_photo_recipe_trains_from_the_source_pixels_in_both_modes(photo_data
                 expected = augment_lib.augment_source(tf.constant(contents[pick]), pick, 1, policy, [64, 64, 3])
                 np.testing.assert_array_equal(images[position].numpy(), expected.numpy().astype(np.float32))
                 assert labels[position] == stored[contents[pick]]
+
+
+def test_the_card_and_offline_copies_of_a_source_dataset(photo_dataset, tmp_path):
+    _, dataset = photo_dataset
+    card = pp.dataset_card(dataset)
+    assert "as the source files' bytes" in card and "4 at least twice max_side" in card and "max_side 256" in card
+    out = str(tmp_path / "augmented")
+    augment_lib.augment(dataset, out, copies=1, policy=augment_lib.AugmentPolicy.from_json("photo"), min_shards=1)
+    assert data.read_manifest(out)["image_encoding"] == data.SOURCE  # the originals as they are, copies as JPEG
+    originals = {r for r, _ in data.read_records(dataset, "train").as_numpy_iterator()}
+    copied = {r for r, _ in data.read_records(out, "train").as_numpy_iterator()}
+    assert originals <= copied and len(copied) == 2 * len(originals)
+    images, _ = data.load_split_arrays(out, "train")
+    assert images.shape == (2 * len(originals), 64, 64, 3)

@@ -110,8 +110,9 @@ class Decoder:
     `data.decode_image`). For models of source datasets (from 64 px), JPEGs and PNGs of other sizes that
     TensorFlow reads alike (`tensorflow_reads_alike`) are decoded and resized in the same batches with the readers'
     rule, `data.decode_to_shape`, as evaluation and training read them. Raw pixels of the exact size are taken
-    as they are (TFRecord sources). Everything else (other sizes and modes, 16-bit, palettes, transparency, other formats, corrupt files) goes to
-    `data.decode_image` in a thread pool, which converts what it can and gives the reason for what it cannot.
+    as they are (TFRecord sources). Everything else (other sizes and modes below 64 px, 16-bit, palettes,
+    transparency, EXIF rotation, other formats, corrupt files) goes to `data.decode_image` in a thread pool, which
+    converts what it can and gives the reason for what it cannot.
     """
 
     def __init__(self, image_shape: list[int], pool: concurrent.futures.Executor, *, raw_ok: bool = False):

@@ -12,8 +12,9 @@ photo's own are upsampled (they compress a little better than a camera's sensor 
   - preprocess to 224x224 RGB (decode check, hash, split, shards of the files' bytes) against
     keras.utils.image_dataset_from_directory(image_size=(224, 224)) iterated once; and the shards' bytes
     against the sources';
-  - one epoch of the training input with the photo recipe (random resized crop from the source pixels, flip;
-    memory mode, the shards loaded inside the clock) against image_dataset_from_directory with the same
+  - two epochs of the training input with the photo recipe (random resized crop from the source pixels, flip;
+    memory mode; the first epoch includes loading the shards and tracing) against image_dataset_from_directory
+    with the same
     augmentation as Keras layers (RandomZoom in by up to 0.72 of each side, the recipe's 8% of the area, and
     RandomFlip), which crop the 224x224 thumbnail;
   - batch prediction of the folder (components.predict) against image_dataset_from_directory + model.predict,
