@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from tests.benchmarks.ingest import peak_memory
+from tests.benchmarks.ingest import peak_memory, print_memory
 
 PHOTO_DIR = "/usr/share/backgrounds/mate"
 CAMERA_SIZES = ((320, 240), (640, 480), (1024, 768), (1600, 1200), (2048, 1536), (4000, 3000))
@@ -269,13 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     growth = None
     if memory:
         print("\nPeak memory of a preprocess process on 320x240 photos to 224x224 (RSS, MB)")
-        print(f"{'photos':>8} {'main':>8} {'main+workers':>13} {'seconds':>8}")
-        for n, m in memory.items():
-            print(f"{n:8d} {m['main_mb']:8.0f} {m['total_mb']:13.0f} {m['seconds']:8.1f}")
-        first, last = memory[memory_counts[0]], memory[memory_counts[-1]]
-        growth = last["total_mb"] - first["total_mb"]
-        print(f"growth from {memory_counts[0]} to {memory_counts[-1]} photos: {growth:+.0f} MB "
-              f"({100 * growth / first['total_mb']:+.1f}%)")
+        growth = print_memory(memory, "photos")
     return {"photos": args.photos, "source_mb": round(source_bytes / 1e6, 1), "shard_mb": round(shard_bytes / 1e6, 1),
             "images_per_s": {k: round(v, 1) for k, v in best.items()},
             "ratios": {k: round(best[k + " ours"] / best[k + " base"], 2)
