@@ -137,3 +137,23 @@ def test_the_card_and_offline_copies_of_a_source_dataset(photo_dataset, tmp_path
     assert originals <= copied and len(copied) == 2 * len(originals)
     images, _ = data.load_split_arrays(out, "train")
     assert images.shape == (2 * len(originals), 64, 64, 3)
+
+
+def test_the_exported_model_serves_image_files_with_the_readers_rule(photo_dataset, tmp_path):
+    """The SavedModel's file endpoint gives a file the probabilities that its pixels, as evaluation and batch
+    prediction decode them, get from the pixel endpoint."""
+    import tensorflow as tf
+
+    from components.train import train
+    from components.train.model import SERVE_IMAGE_FILES
+
+    root, dataset = photo_dataset
+    train(dataset, str(tmp_path / "model"), epochs=1, batch_size=8)
+    loaded = tf.saved_model.load(str(tmp_path / "model" / "saved_model"))
+    files = sorted(str(p) for p in __import__("pathlib").Path(root).rglob("*.jpg"))[:4]
+    contents = [open(f, "rb").read() for f in files]
+    by_files = loaded.signatures[SERVE_IMAGE_FILES](tf.constant(contents))
+    pixels = np.stack([source_pixels(f, [64, 64, 3]) for f in files]).astype(np.float32)
+    by_pixels = loaded.signatures["serving_default"](tf.constant(pixels))
+    (files_out,), (pixels_out,) = by_files.values(), by_pixels.values()
+    np.testing.assert_allclose(files_out.numpy(), pixels_out.numpy(), atol=1e-6)
