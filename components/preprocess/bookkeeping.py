@@ -176,7 +176,8 @@ class SourceStats:
 
     def to_json(self, max_side: int) -> dict:
         return {"policy": "keep each JPEG/PNG file's bytes; re-encode other formats, colour modes TensorFlow does "
-                          "not decode alike, EXIF-rotated files and files with a side above max_side (scaled to it)",
+                          "not decode alike, EXIF-rotated files, and files with a side of at least twice max_side "
+                          "(scaled down by a power of two, to at least max_side)",
                 "max_side": max_side, "count": self.count, "kept_bytes_as_is": self.kept_bytes_as_is,
                 "reencoded": dict(sorted(self.reencoded.items())), "source_bytes": self.source_bytes,
                 "mean_megapixels": round(self.pixels / max(self.count, 1) / 1e6, 3),
