@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data browser run test compile bench clean
+.PHONY: help install data photos browser run test compile bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -36,6 +36,18 @@ data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missi
 	echo "or run the pipeline on other data: $(BIN)/pipectl run --local --data DIR_OR_tfds:NAME"; \
 	exit 1
 
+photos: ## install the photographs of the photos benchmark (Debian's mate-backgrounds) when missing
+	@if [ -d /usr/share/backgrounds/mate/nature ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ]; then \
+	    echo "Installing the benchmark's photographs (mate-backgrounds)..."; \
+	    $$SUDO apt-get install -y -q mate-backgrounds >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q mate-backgrounds >/dev/null; } && exit 0; \
+	  fi; \
+	fi; \
+	echo "mate-backgrounds is not installed and could not be installed here: the photos benchmark will be skipped."
+
 browser: ## install Debian's chromium for the report's browser tests when missing (they skip without it)
 	@if command -v chromium >/dev/null 2>&1; then exit 0; fi; \
 	if command -v apt-get >/dev/null 2>&1; then \
@@ -54,7 +66,7 @@ run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; res
 test: install browser ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: install ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
+bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)
 
 compile: $(BIN)/pipectl ## compile the pipeline to pipeline.yaml

@@ -132,7 +132,7 @@ def augment_image(image, index, copy, policy: AugmentPolicy):
     import tensorflow as tf
 
     height, width, channels = image.shape
-    seed = tf.stack([tf.cast(policy.seed, tf.int64) * 1_000_003 + tf.cast(copy, tf.int64), tf.cast(index, tf.int64)])
+    seed = _seed(index, copy, policy)
     u = tf.random.stateless_uniform([8], seed=seed, minval=-1.0, maxval=1.0)
     x = tf.cast(image, tf.float32)
     if policy.random_resized_crop:
@@ -179,19 +179,47 @@ def augment_image(image, index, copy, policy: AugmentPolicy):
     return tf.cast(tf.clip_by_value(tf.round(x), 0.0, 255.0), tf.uint8)
 
 
-def _random_resized_crop(x, seed, policy: AugmentPolicy):
-    """A random box of the image (area and aspect ratio in the policy's ranges), resized back to the image size.
+def _seed(index, copy, policy: AugmentPolicy):
+    import tensorflow as tf
+
+    return tf.stack([tf.cast(policy.seed, tf.int64) * 1_000_003 + tf.cast(copy, tf.int64), tf.cast(index, tf.int64)])
+
+
+def augment_source(contents, index, copy, policy: AugmentPolicy, image_shape):
+    """`augment_image` for a source record (a JPEG/PNG file's bytes, any size; data.SOURCE): the random resized
+    crop is drawn on the file's own pixels and only its blocks are decoded (data.decode_crop_to_shape: the
+    ImageNet input pipelines' decode_and_crop_jpeg), then resized to `image_shape`; the rest of the policy runs at
+    that size. Without a crop the file is decoded with the readers' rule (data.decode_to_shape)."""
+    if not policy.random_resized_crop:
+        image = data.decode_to_shape(contents, image_shape)
+        return image if policy.is_identity else augment_image(image, index, copy, policy)
+    begin, size = _crop_box(data.source_shape(contents, image_shape[2]), _seed(index, copy, policy) + 5, policy)
+    image = data.decode_crop_to_shape(contents, image_shape, [begin[0], begin[1], size[0], size[1]])
+    rest = dataclasses.replace(policy, random_resized_crop=False)
+    return image if rest.is_identity else augment_image(image, index, copy, rest)
+
+
+def _crop_box(shape, seed, policy: AugmentPolicy):
+    """(begin, size) of a random box of an image of `shape` (area and aspect ratio in the policy's ranges).
 
     The box comes from tf.image's stateless sampler (the Inception recipe's own op): its aspect ratio is drawn
     uniformly in the range, 10 draws at most, and the whole image when none fits."""
     import tensorflow as tf
 
-    height, width, channels = x.shape
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.constant([height, width, channels], tf.int32), tf.zeros([1, 0, 4], tf.float32), seed=seed,
+        shape, tf.zeros([1, 0, 4], tf.float32), seed=seed,
         min_object_covered=0.0, aspect_ratio_range=(policy.crop_aspect_min, policy.crop_aspect_max),
         area_range=(policy.crop_scale_min, policy.crop_scale_max), max_attempts=10,
         use_image_if_no_bounding_boxes=True)
+    return begin, size
+
+
+def _random_resized_crop(x, seed, policy: AugmentPolicy):
+    """A random box of the image (`_crop_box`), resized back to the image size."""
+    import tensorflow as tf
+
+    height, width, channels = x.shape
+    begin, size = _crop_box(tf.constant([height, width, channels], tf.int32), seed, policy)
     crop = tf.slice(x, begin, size)
     return tf.ensure_shape(tf.image.resize(crop[None], [height, width], method="bilinear")[0],
                            [height, width, channels])
@@ -276,7 +304,8 @@ def augment(dataset_dir: str, output_dir: str, *, copies: int = 0, policy: Augme
     total = train_count * (copies + 1)
     # Copies are stored as the originals are: raw stays raw, JPEG datasets stay JPEG, PNG or mixed ones get PNG.
     encoding = data.manifest_encoding(manifest)
-    copy_encoding = data.PNG if encoding == data.ENCODED else encoding
+    # Copies are pixels at the dataset's size: PNG in a mixed dataset, JPEG beside source records (photos)
+    copy_encoding = {data.ENCODED: data.PNG, data.SOURCE: data.JPEG}.get(encoding, encoding)
     image_bytes = height * width * channels // (1 if encoding == data.RAW else 4)
     writer = data.ShardWriter(output_dir, "train", data.num_shards_for(total, image_bytes, min_shards=min_shards),
                               encoding=copy_encoding)

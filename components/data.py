@@ -19,6 +19,12 @@ How `image` holds the pixels is the manifest's `image_encoding`:
               store the source's compression noise at ~5x the size (224x224 photo-like images: 15.6 KB as
               JPEG, 87 KB as PNG) for no accuracy
     encoded   a mix of the two (a folder of PNGs and JPEGs), told apart by their first bytes
+    source    image files (a folder or manifest of them, from 64 px): each JPEG or PNG file's bytes as they are,
+              at the file's own size; re-encoded once only what TensorFlow's decoders cannot read to the same
+              pixels (other formats, CMYK/palette/alpha/16-bit, EXIF-rotated) or what is larger than the
+              manifest's `max_side` (scaled to fit it). Readers decode and resize to `image_shape` with
+              `decode_to_shape`, the one rule shared by evaluation, training and batch prediction; training's
+              random resized crop decodes only its crop of the source (`decode_crop_to_shape`). docs/photos.md
 
 A 224x224 RGB photo is 150,528 bytes raw and a tenth of that as JPEG, so for photos the encoded form cuts the
 shards (and the read I/O) several times; tf.data decodes them in parallel on the way to the model. Every reader
@@ -51,11 +57,14 @@ SPLITS = ("train", "validation", "test")
 TARGET_SHARD_BYTES = 128 << 20  # within the 100-200 MB that object stores and tf.data readers like
 
 # Record image encodings (see the module docstring) and when each is used.
-RAW, PNG, JPEG, ENCODED = "raw", "png", "jpeg", "encoded"
-IMAGE_ENCODINGS = (RAW, PNG, JPEG, ENCODED)
+RAW, PNG, JPEG, ENCODED, SOURCE = "raw", "png", "jpeg", "encoded", "source"
+IMAGE_ENCODINGS = (RAW, PNG, JPEG, ENCODED, SOURCE)
+# Source records: files with a side above max_side are scaled down to it once, in preprocess. The photo recipe's
+# smallest crop (8% of the area) is 0.28 of each side: at 4x the model's size it still holds about the model's
+# pixels, so no crop is upsampled much, while a 4000x3000 camera JPEG shrinks to a 896x672 one.
+SOURCE_MAX_SIDE_FACTOR = 4
 ENCODED_MIN_SIZE = 64
-JPEG_QUALITY = 95
-LOSSY_FORMATS = ("JPEG", "MPO", "WEBP")  # PIL format names whose pixels already went through lossy compression
+from components.images import JPEG_QUALITY, LOSSY_FORMATS  # noqa: E402 (images imports nothing from here)
 
 
 def gfile():
@@ -154,11 +163,11 @@ def num_shards_for(num_images: int, image_bytes: int, *, min_shards: int = 1, ur
 
 
 def record_encoding(image_size: int, source_format: str | None = None) -> str:
-    """How one record's image is stored: raw below ENCODED_MIN_SIZE px, else JPEG for a lossy source format
-    (PIL's name, e.g. "JPEG") and PNG for anything exact (other files, idx and tfds arrays: None)."""
+    """How one record's image is stored: raw below ENCODED_MIN_SIZE px, else the source file for image files
+    (`source_format` is PIL's name, e.g. "JPEG") and PNG for decoded arrays (idx and tfds: None)."""
     if image_size < ENCODED_MIN_SIZE:
         return RAW
-    return JPEG if source_format in LOSSY_FORMATS else PNG
+    return PNG if source_format is None else SOURCE
 
 
 def dataset_encoding(used: Iterable[str]) -> str:
@@ -168,7 +177,7 @@ def dataset_encoding(used: Iterable[str]) -> str:
         return kinds.pop()
     if RAW in kinds:
         raise ValueError(f"raw and encoded records cannot share a dataset ({sorted(kinds)})")
-    return ENCODED
+    return SOURCE if SOURCE in kinds else ENCODED  # source records' reader takes PNGs/JPEGs of any size
 
 
 def manifest_encoding(manifest: dict) -> str:
@@ -305,6 +314,8 @@ def decode_record_image(image_bytes, image_shape, encoding: str):
     import tensorflow as tf
 
     height, width, channels = image_shape
+    if encoding == SOURCE:
+        return decode_to_shape(image_bytes, image_shape)
     if encoding == RAW:
         image = tf.io.decode_raw(image_bytes, tf.uint8)
     elif encoding == PNG:
@@ -312,12 +323,99 @@ def decode_record_image(image_bytes, image_shape, encoding: str):
     elif encoding == JPEG:  # the exact integer DCT, as PIL decoded the sources preprocess took as they were
         image = tf.io.decode_jpeg(image_bytes, channels=channels, dct_method="INTEGER_ACCURATE")
     elif encoding == ENCODED:
-        image = tf.cond(tf.equal(tf.strings.substr(image_bytes, 0, 3), b"\xff\xd8\xff"),
+        image = tf.cond(_is_jpeg(image_bytes),
                         lambda: tf.io.decode_jpeg(image_bytes, channels=channels, dct_method="INTEGER_ACCURATE"),
                         lambda: tf.io.decode_png(image_bytes, channels=channels))
     else:
         raise DataError(f"Unknown image_encoding {encoding!r} (known: {', '.join(IMAGE_ENCODINGS)})")
     return tf.reshape(image, [height, width, channels])
+
+
+def _is_jpeg(contents):
+    import tensorflow as tf
+
+    return tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff")
+
+
+DCT_RATIOS = (1, 2, 4, 8)  # the scales libjpeg decodes at (1/ratio), as tf.io.decode_jpeg's `ratio`
+
+
+def decode_to_shape(contents, image_shape):
+    """The resize rule: a JPEG or PNG file's bytes (scalar string tensor, any size) -> uint8 HxWxC at
+    `image_shape`. JPEGs decode at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides at least the
+    target's, then `resize_to_shape`. Evaluation, training without a crop and batch prediction all decode
+    through this function, so one file gives the same pixels in each (tests/test_photos.py checks)."""
+    import tensorflow as tf
+
+    height, width, channels = image_shape
+
+    def jpeg():
+        size = tf.io.extract_jpeg_shape(contents)
+        # libjpeg's scaled size is ceil(side / ratio); ratios that keep both sides >= the target's form a prefix
+        fits = [tf.logical_and((size[0] + r - 1) // r >= height, (size[1] + r - 1) // r >= width)
+                for r in DCT_RATIOS[1:]]
+        index = tf.add_n([tf.cast(f, tf.int32) for f in fits])
+        branches = [lambda r=r: tf.io.decode_jpeg(contents, channels=channels, ratio=r,
+                                                  dct_method="INTEGER_ACCURATE") for r in DCT_RATIOS]
+        return tf.switch_case(index, branches)
+
+    image = tf.cond(_is_jpeg(contents), jpeg, lambda: tf.io.decode_png(contents, channels=channels))
+    return resize_to_shape(image, image_shape)
+
+
+@functools.lru_cache(maxsize=8)
+def file_decoder(image_shape: tuple[int, int, int]):
+    """decode_to_shape as a function traced once, for decoding files one at a time outside tf.data (eagerly, its
+    conds and switch cost tens of ms a call): bytes -> uint8 numpy array."""
+    import tensorflow as tf
+
+    decode = tf.function(lambda contents: decode_to_shape(contents, list(image_shape)),
+                         input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
+    return lambda contents: decode(tf.constant(contents)).numpy()
+
+
+def resize_to_shape(image, image_shape, *, antialias: bool = True):
+    """uint8 HxWxC of any size -> `image_shape`: bilinear with antialiasing (a box wide enough to average every
+    source pixel when shrinking), rounded; an image already of that size is returned as it is."""
+    import tensorflow as tf
+
+    height, width, channels = image_shape
+    image = tf.ensure_shape(image, [None, None, channels])
+
+    def resize():
+        resized = tf.image.resize(image, [height, width], method="bilinear", antialias=antialias)
+        return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
+
+    same = tf.logical_and(tf.equal(tf.shape(image)[0], height), tf.equal(tf.shape(image)[1], width))
+    return tf.reshape(tf.cond(same, lambda: image, resize), [height, width, channels])
+
+
+def decode_crop_to_shape(contents, image_shape, crop_box):
+    """A crop of a JPEG or PNG file's bytes at `image_shape`: crop_box is [top, left, height, width] in the
+    file's pixels (int32). JPEGs decode only the crop's blocks (tf.io.decode_and_crop_jpeg, the ImageNet input
+    pipelines' op); then plain bilinear resizing, as those pipelines do for their training crops: antialiasing a
+    crop of up to 1792 px down to 224 measured 11 ms against 0.6 ms, more than the decode itself, for a random
+    augmentation that needs no exact pixels (evaluation and prediction keep the antialiased rule)."""
+    import tensorflow as tf
+
+    channels = image_shape[2]
+    image = tf.cond(_is_jpeg(contents),
+                    lambda: tf.io.decode_and_crop_jpeg(contents, crop_box, channels=channels,
+                                                       dct_method="INTEGER_ACCURATE"),
+                    lambda: tf.slice(tf.io.decode_png(contents, channels=channels),
+                                     tf.stack([crop_box[0], crop_box[1], 0]),
+                                     tf.stack([crop_box[2], crop_box[3], channels])))
+    return resize_to_shape(image, image_shape, antialias=False)
+
+
+def source_shape(contents, channels: int):
+    """[height, width, channels] (int32) of a JPEG or PNG file's bytes, from its header (no pixels decoded)."""
+    import tensorflow as tf
+
+    return tf.cond(_is_jpeg(contents),
+                   lambda: tf.concat([tf.io.extract_jpeg_shape(contents)[:2], [channels]], 0),
+                   lambda: tf.concat([tf.reverse(tf.io.decode_raw(tf.strings.substr(contents, 16, 8), tf.int32,
+                                                                  little_endian=False), [0]), [channels]], 0))
 
 
 def record_parser(manifest: dict, *, with_uri: bool = False):
@@ -422,8 +520,8 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 # Image files (decoding, reading, listing, PNG/grid helpers) live in components/images.py; readers use them from here.
 from components.images import (  # noqa: E402,F401
     CORRUPT, EMPTY_FILE, IMAGE_EXTENSIONS, IMAGE_FORMATS, MAX_IMAGE_PIXELS, NOT_AN_IMAGE, TOO_LARGE, UNREADABLE,
-    UNSUPPORTED_FORMAT, UNSUPPORTED_MODE, ImageError, decode_image, decode_image_file, encode_png, list_files,
-    read_bytes, tile)
+    UNSUPPORTED_FORMAT, UNSUPPORTED_MODE, ImageError, decode_image, decode_image_file, decode_source, encode_png,
+    list_files, read_bytes, tile)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -433,7 +531,7 @@ from components.images import (  # noqa: E402,F401
 class Classifier:
     """A trained model ready for inference: raw uint8/float pixels in, class probabilities out."""
 
-    predict_proba: object  # callable: float32 NxHxWxC (0-255) -> N x classes numpy array
+    predict_proba: object  # callable: uint8 or float32 NxHxWxC (0-255) -> N x classes numpy array
     image_shape: list[int]
     class_names: list[str]
     source: str
@@ -464,7 +562,8 @@ def load_classifier(model_dir: str) -> Classifier:
         def probabilities(images):
             return tf.nn.softmax(model(images, training=False), axis=-1)
 
-        return Classifier(lambda x: probabilities(tf.convert_to_tensor(x, tf.float32)).numpy(),
+        # uint8 batches cross into TensorFlow as they are and are cast there: a quarter of the bytes to copy
+        return Classifier(lambda x: probabilities(tf.cast(tf.convert_to_tensor(x), tf.float32)).numpy(),
                           list(info["image_shape"]), list(info["class_names"]), keras_path)
     saved = join(model_dir, "saved_model") if gfile().exists(join(model_dir, "saved_model")) else model_dir
     if not gfile().exists(join(saved, "saved_model.pb")):
@@ -480,5 +579,5 @@ def load_classifier(model_dir: str) -> Classifier:
     if gfile().exists(info_path):
         with gfile().GFile(info_path) as f:
             class_names = json.load(f)["class_names"]
-    return Classifier(lambda x: serve(tf.convert_to_tensor(x, tf.float32))[output_key].numpy(),
+    return Classifier(lambda x: serve(tf.cast(tf.convert_to_tensor(x), tf.float32))[output_key].numpy(),
                       list(spec.shape[1:]), class_names, saved)

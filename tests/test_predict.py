@@ -116,7 +116,7 @@ def test_mixed_folder_predicts_every_image_and_reports_every_failure(mixed_folde
     # The same answer as the model gives on training's decoder, whichever path decoded the image.
     for row in predicted:
         with open(row["uri"], "rb") as f:
-            pixels = data.decode_image(f.read(), *classifier.image_shape)
+            pixels = decode.decode_contents(f.read(), *classifier.image_shape)
         expected = classifier.predict_proba(pixels[None].astype(np.float32))[0]
         assert row["class_index"] == int(expected.argmax()), row["uri"]
         assert row["confidence"] == pytest.approx(float(expected.max()), abs=2e-6), row["uri"]

@@ -80,7 +80,10 @@ def test_beam_runner_writes_encoded_records_for_large_images(image_folder, tmp_p
     root = image_folder(per_class=4)
     local = pp.preprocess(root, str(tmp_path / "local"), image_size=64, channels=3, workers=1, min_shards=1)
     beam = pp.preprocess(root, str(tmp_path / "beam"), image_size=64, channels=3, min_shards=1, runner="beam")
-    assert data.read_manifest(str(tmp_path / "beam"))["image_encoding"] == data.PNG
+    manifest = data.read_manifest(str(tmp_path / "beam"))
+    assert manifest["image_encoding"] == data.SOURCE
+    assert manifest["source_files"] == data.read_manifest(str(tmp_path / "local"))["source_files"]
+    assert manifest["source_files"]["count"] == sum(beam.counts.values())
     assert local.counts == beam.counts
     assert records_by_split(str(tmp_path / "local")) == records_by_split(str(tmp_path / "beam"))
 

@@ -46,6 +46,45 @@ def jpeg_shape(contents: bytes) -> tuple[int, int, int] | None:
     return None
 
 
+def exif_orientation(contents: bytes) -> int:
+    """The EXIF orientation (1-8) of a JPEG's bytes, 1 when it has none: read from the APP1 segment's first IFD,
+    without decoding anything (TensorFlow's decoders do not apply it; files with another orientation go to PIL)."""
+    i, n = 2, len(contents)
+    while i + 4 <= n and contents[i] == 0xFF:
+        marker = contents[i + 1]
+        if marker == 0xDA or 0xD0 <= marker <= 0xD9:
+            return 1
+        length = int.from_bytes(contents[i + 2:i + 4], "big")
+        if marker == 0xE1 and contents[i + 4:i + 10] == b"Exif\0\0":
+            tiff = contents[i + 10:i + 2 + length]
+            order = "little" if tiff[:2] == b"II" else "big"
+            try:
+                ifd = int.from_bytes(tiff[4:8], order)
+                for entry in range(int.from_bytes(tiff[ifd:ifd + 2], order)):
+                    at = ifd + 2 + 12 * entry
+                    if int.from_bytes(tiff[at:at + 2], order) == 0x0112:
+                        return int.from_bytes(tiff[at + 8:at + 10], order) or 1
+            except (IndexError, ValueError):
+                return 1
+            return 1
+        i += 2 + length
+    return 1
+
+
+def tensorflow_reads_alike(contents: bytes) -> bool:
+    """Whether TensorFlow's decoders give the pixels PIL's path (data.decode_image) would before resizing: JPEGs
+    of 1 or 3 components without EXIF rotation, 8-bit grayscale or RGB PNGs without transparency. These are the
+    files preprocess keeps as they are (images.keep_problem)."""
+    if contents.startswith(b"\xff\xd8\xff"):
+        shape = jpeg_shape(contents)
+        return shape is not None and shape[2] in (1, 3) and exif_orientation(contents) == 1
+    if contents.startswith(PNG_MAGIC) and len(contents) > 26 and contents[12:16] == b"IHDR":
+        depth, colour = contents[24], contents[25]
+        data_at = contents.find(b"IDAT")
+        return depth == 8 and colour in (0, 2) and b"tRNS" not in contents[:data_at if data_at > 0 else 4096]
+    return False
+
+
 def read_input(uri: str) -> bytes | str:
     """The bytes of a file, or the reason it cannot be read (local files skip TensorFlow's file layer: 6x cheaper)."""
     if isinstance(uri, Unlisted):
@@ -68,9 +107,12 @@ class Decoder:
     The fast path decodes, with TensorFlow's C++ decoders over a whole batch in parallel, the images that need
     no conversion: 8-bit PNGs of the model's size and colour type, and JPEGs of the model's size and number of
     components (with the exact integer DCT, as Pillow uses; both decode to the same pixels as
-    `data.decode_image`). Raw pixels of the exact size are taken as they are (TFRecord sources). Everything
-    else (other sizes and modes, 16-bit, palettes, transparency, other formats, corrupt files) goes to
-    `data.decode_image` in a thread pool, which converts what it can and gives the reason for what it cannot.
+    `data.decode_image`). For models of source datasets (from 64 px), JPEGs and PNGs of other sizes that
+    TensorFlow reads alike (`tensorflow_reads_alike`) are decoded and resized in the same batches with the readers'
+    rule, `data.decode_to_shape`, as evaluation and training read them. Raw pixels of the exact size are taken
+    as they are (TFRecord sources). Everything else (other sizes and modes below 64 px, 16-bit, palettes,
+    transparency, EXIF rotation, other formats, corrupt files) goes to `data.decode_image` in a thread pool, which
+    converts what it can and gives the reason for what it cannot.
     """
 
     def __init__(self, image_shape: list[int], pool: concurrent.futures.Executor, *, raw_ok: bool = False):
@@ -97,6 +139,10 @@ class Decoder:
 
         self._png = batch_decoder(lambda c: tf.io.decode_png(c, channels=channels))
         self._jpeg = batch_decoder(lambda c: tf.io.decode_jpeg(c, channels=channels, dct_method="INTEGER_ACCURATE"))
+        self._source = batch_decoder(lambda c: data.decode_to_shape(c, shape))
+        # Models of source datasets (from data.ENCODED_MIN_SIZE px) were trained on the readers' rule; smaller ones
+        # on preprocess's PIL decode (raw records), which the slow path is.
+        self.sources = data.record_encoding(self.width, "file") == data.SOURCE
         self._errors = (tf.errors.InvalidArgumentError, tf.errors.UnknownError)
 
     def slow(self, contents: bytes) -> np.ndarray | str:
@@ -108,24 +154,26 @@ class Decoder:
     def route(self, contents: bytes) -> str:
         if contents.startswith(self.png_head):
             return "png"
-        if contents.startswith(b"\xff\xd8\xff") and jpeg_shape(contents) == tuple(self.shape):
-            return "jpeg"
         if len(contents) == self.raw_size and not contents.startswith((PNG_MAGIC, b"\xff\xd8\xff")):
             return "raw"
+        if contents.startswith(b"\xff\xd8\xff") and jpeg_shape(contents) == tuple(self.shape):
+            return "jpeg" if exif_orientation(contents) == 1 else "slow"
+        if self.sources and tensorflow_reads_alike(contents):
+            return "source"
         return "slow"
 
     def decode(self, items: list[tuple[str, bytes | str]]) -> tuple[list[str], np.ndarray, list[tuple[str, str]]]:
         """(keys of the decoded images, their pixels uint8 NxHxWxC in input order, (key, reason) of failures)."""
         images = np.empty([len(items), *self.shape], np.uint8)
         decoded = np.zeros(len(items), bool)
-        routes: dict[str, list[int]] = {"png": [], "jpeg": [], "raw": [], "slow": []}
+        routes: dict[str, list[int]] = {"png": [], "jpeg": [], "source": [], "raw": [], "slow": []}
         reasons: dict[int, str] = {}
         for position, (_, contents) in enumerate(items):
             if isinstance(contents, str):
                 reasons[position] = contents
             else:
                 routes[self.route(contents)].append(position)
-        for kind, fast in (("png", self._png), ("jpeg", self._jpeg)):
+        for kind, fast in (("png", self._png), ("jpeg", self._jpeg), ("source", self._source)):
             positions = routes[kind]
             if not positions:
                 continue
@@ -150,9 +198,18 @@ class Decoder:
 
 
 def decode_contents(contents: bytes, height: int, width: int, channels: int, *, raw_ok: bool = False) -> np.ndarray:
-    """The slow path, and the reference: training's decoder; raw pixels of the exact size when `raw_ok`."""
+    """The reference, one file at a time: what training's readers make of the file as a source record (the rule,
+    data.decode_to_shape, for files TensorFlow reads alike; PIL's data.decode_image for the others, which
+    preprocess re-encodes); raw pixels of the exact size when `raw_ok`."""
     if raw_ok and len(contents) == height * width * channels and not contents.startswith((PNG_MAGIC, b"\xff\xd8\xff")):
         return np.frombuffer(contents, np.uint8).reshape(height, width, channels)
+    if data.record_encoding(width, "file") == data.SOURCE and tensorflow_reads_alike(contents):
+        import tensorflow as tf
+
+        try:
+            return data.file_decoder((height, width, channels))(contents)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
+            pass  # corrupt or truncated: PIL says why
     return data.decode_image(contents, height, width, channels)
 
 

@@ -113,7 +113,7 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
                         writer.error(uri, reason)
                     progress.errors += len(errors)
                     if keys:
-                        progress.predicted(writer.write(keys, classifier.predict_proba(images.astype(np.float32))))
+                        progress.predicted(writer.write(keys, classifier.predict_proba(images)))
             finally:
                 batches.close()
                 writer.close()

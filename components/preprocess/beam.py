@@ -33,7 +33,7 @@ import numpy as np
 
 from components import data
 from components.preprocess import per_image
-from components.preprocess.bookkeeping import PixelStats
+from components.preprocess.bookkeeping import PixelStats, SourceStats
 from components.preprocess.inputs import Source
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ def _decode(line: str, settings: BeamSettings):
                                                                                             ex.detail)))
         return
     stored = ex.image.tobytes() if ex.stored is None else ex.stored
-    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, _histogram(ex.image, settings.channels))
+    source = (ex.source_size, ex.source_bytes, ex.reencoded) if ex.source_size else None
+    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, _histogram(ex.image, settings.channels), source)
 
 
 def _dedup(keyed, settings: BeamSettings):
@@ -82,10 +83,10 @@ def _dedup(keyed, settings: BeamSettings):
 
     key, elements = keyed
     ordered = sorted(elements, key=lambda e: e[0])
-    ordinal, uri, label, source_split, stored, encoding, histogram = ordered[0]
+    ordinal, uri, label, source_split, stored, encoding, histogram, source = ordered[0]
     split = per_image.assign_split(key, source_split, settings.validation_fraction, settings.test_fraction)
     record = data.encode_example(stored, label, uri)
-    yield split, ordinal, label, record, stored, encoding, histogram
+    yield split, ordinal, label, record, stored, encoding, histogram, source
     for other_ordinal, other_uri, other_label, *_ in ordered[1:]:
         reason, detail = per_image.duplicate_rejection(other_label, label, split, settings.class_names)
         yield beam.pvalue.TaggedOutput("rejected", (other_ordinal, other_label,
@@ -130,6 +131,11 @@ def build_graph(pipeline, *, inputs_path: str, output_dir: str, work_dir: str, s
                  | "Pixels: sum" >> beam.CombineGlobally(lambda hs: np.sum(list(hs), axis=0) if hs else [])
                  | "Pixels: row" >> beam.Map(lambda h: {"histogram": [int(v) for v in h]}))
     _write_json_lines(histogram, data.join(work_dir, "pixels.jsonl"), "Pixels")
+    sources = (kept | "Sources: one" >> beam.Filter(lambda k: k[7] is not None)
+               | "Sources: row" >> beam.Map(lambda k: SourceStats.row_of(*k[7]))
+               | "Sources: sum" >> beam.CombineGlobally(SourceStats.combine)
+               | "Sources: json" >> beam.Map(lambda row: {"row": row}))
+    _write_json_lines(sources, data.join(work_dir, "sources.jsonl"), "Sources")
     samples = (kept | "Samples: train" >> beam.Filter(lambda k: k[0] == "train" and k[2] < settings.sample_classes)
                | "Samples: by class" >> beam.Map(lambda k: (k[2], (k[1], base64.b64encode(k[4]).decode(), k[5])))
                | "Samples: first" >> beam.combiners.Top.SmallestPerKey(settings.samples_per_class,
@@ -231,6 +237,8 @@ def gather(output_dir: str, work_dir: str, shards: dict[str, int], class_names: 
     pixels = _read_lines(data.join(work_dir, "pixels.jsonl"))
     if pixels and pixels[0]["histogram"]:
         tally.pixel_stats.histogram += np.asarray(pixels[0]["histogram"], np.int64)
+    for row in _read_lines(data.join(work_dir, "sources.jsonl")):
+        tally.source_files = SourceStats.from_row(row["row"])
     shape = [settings.image_size, settings.image_size, channels]
     for row in _read_lines(data.join(work_dir, "samples.jsonl")):
         tally.samples[row["label"]] = [per_image.stored_pixels(base64.b64decode(stored), encoding, shape)

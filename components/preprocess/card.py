@@ -13,7 +13,21 @@ from components.preprocess.step import SAMPLES_FILE
 
 
 _STORED = {data.RAW: "as raw pixels", data.PNG: "as PNG", data.JPEG: f"as JPEG (quality {data.JPEG_QUALITY})",
+           data.SOURCE: "as the source files' bytes (JPEG/PNG of any size, re-encoded only where needed)",
            data.ENCODED: "as PNG or JPEG (after the source files)"}
+
+
+def _source_files(sources: dict | None) -> str:
+    """The source records' line: how many files kept their bytes, how many were re-encoded and why."""
+    if not sources:
+        return ""
+    import html
+
+    why = ", ".join(f"{n} {reason}" for reason, n in sources["reencoded"].items()) or "none"
+    return (f"<p>Source files: {sources['count']}, {sources['kept_bytes_as_is']} stored as they are; re-encoded: "
+            f"{html.escape(why)} (max_side {sources['max_side']}); sizes {sources['smallest'][1]}x"
+            f"{sources['smallest'][0]} to {sources['largest'][1]}x{sources['largest'][0]}, "
+            f"{sources['mean_megapixels']} Mpx on average, {sources['source_bytes'] / 1e6:.1f} MB.</p>")
 
 
 def _png_data_uri(image: np.ndarray) -> str:
@@ -39,6 +53,7 @@ def dataset_card(dataset_dir: str, *, rejected_examples: int = 20) -> str:
         f"<p>Source <code>{esc(manifest['source'])}</code> ({esc(manifest['source_kind'])}); "
         f"images {height}x{width}x{channels} uint8, stored {_STORED[data.manifest_encoding(manifest)]}; "
         f"{len(names)} classes.</p>",
+        _source_files(manifest.get("source_files")),
         "<h2>Images per split and class</h2><table><tr><th>class</th>"
         + "".join(f"<th>{esc(s)}</th>" for s in splits) + "</tr>",
     ]

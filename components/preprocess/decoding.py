@@ -38,8 +38,8 @@ def available_cpus() -> int:
 
 def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
-    """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding) rows and one array of the
-    good images: a single array crosses a process boundary far cheaper than one per image."""
+    """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding, source) rows and one array
+    of the good images: a single array crosses a process boundary far cheaper than one per image."""
     examples = [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
                 if item.problem else
                 per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
@@ -50,7 +50,8 @@ def decode_batch(items: list[Item], height: int, width: int, channels: int,
 def _batched(examples: list[Example], height: int, width: int, channels: int) -> tuple[list[tuple], np.ndarray]:
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
-    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding) for e in examples], images
+    return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding,
+             (e.source_size, e.source_bytes, e.reencoded)) for e in examples], images
 
 
 def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
@@ -147,7 +148,9 @@ class TensorFlowDecoder:
                     stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG",
                                                              raw)
                     examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
-                                                 stored=stored, encoding=encoding)
+                                                 stored=stored, encoding=encoding,
+                                                 source_size=(height, width) if encoding == data.SOURCE else None,
+                                                 source_bytes=len(raw))
                 else:
                     examples[position] = per_image.decode_contents(item, raw, height, width, channels)
         return examples
@@ -156,11 +159,12 @@ class TensorFlowDecoder:
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
-    for uri, label, split, key, reason, detail, stored, encoding in rows:
+    for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded) in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
         else:
-            yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding)
+            yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding,
+                          source_size=source_size, source_bytes=source_bytes, reencoded=reencoded)
             next_image += 1
 
 
@@ -217,6 +221,10 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
 # Below this many inputs one worker is used: measuring would cost more than it could save.
 MEASURE_MIN_INPUTS = 1000
 MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
+# Files above this size on average are photos: a few hundred of them already take seconds to decode, so below
+# MEASURE_MIN_INPUTS they are decoded by one thread per CPU (PIL releases the GIL while decoding, resizing and
+# encoding: 2 threads win on 480x480 JPEGs, see planned_decode) rather than by one worker.
+PHOTO_BYTES = 32 << 10
 # Worker processes take a second or two to start: they are only tried when the run would take longer than this.
 PROCESSES_WORTH_SECONDS = 10.0
 
@@ -276,12 +284,25 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
     plans = candidate_plans(source, cpus)
     shape = dict(height=height, width=width, channels=channels, check_extension=check_extension)
     if len(plans) == 1 or expected < MEASURE_MIN_INPUTS:
-        yield from parallel_decode(items, **shape, **plans[0])
+        few = plans[0] if len(plans) == 1 or not _photos(items) else {"workers": cpus, "use_processes": False}
+        yield from parallel_decode(items, **shape, **few)
         return
     prefix = list(itertools.islice(items(), _sample_size(expected)))
     best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)
     yield from decoded
     yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
+
+
+def _photos(items: Callable[[], Iterable[Item]], sample: int = 16) -> bool:
+    """Whether the first local files average more than PHOTO_BYTES."""
+    sizes = []
+    for item in itertools.islice(items(), sample):
+        if not item.problem and "://" not in item.uri:
+            try:
+                sizes.append(os.path.getsize(item.uri))
+            except OSError:
+                pass
+    return bool(sizes) and sum(sizes) / len(sizes) > PHOTO_BYTES
 
 
 def _sample_size(expected: int) -> int:

@@ -25,7 +25,10 @@ class Example:
     reason: str = ""
     detail: str = ""
     stored: bytes | None = None  # the record's image bytes when encoded (PNG/JPEG); None: the raw pixels
-    encoding: str = "raw"  # data.RAW / PNG / JPEG
+    encoding: str = "raw"  # data.RAW / PNG / SOURCE
+    source_size: tuple[int, int] | None = None  # (height, width) of a source file
+    source_bytes: int = 0  # its size in bytes
+    reencoded: str = ""  # why a source record holds re-encoded bytes (images.REENCODE_REASONS), "" if it does not
 
 
 @dataclasses.dataclass

@@ -56,15 +56,20 @@ def exact_format(raw: bytes, height: int, width: int, channels: int) -> str | No
 
 def stored_form(image: np.ndarray, image_size: int, source_format: str | None,
                 raw: bytes | None = None) -> tuple[bytes | None, str]:
-    """(bytes a record stores, encoding): for raw datasets None (the pixels are the bytes, taken when the
-    record is built), else PNG/JPEG bytes (see data.record_encoding): the source file itself when it already is
-    exactly that (`exact_format`: no second JPEG generation, no encoding time), else the pixels encoded."""
+    """(bytes a record stores, encoding) for pixels decoded without `decode_source`'s policy: for raw datasets
+    None (the pixels are the bytes, taken when the record is built), else the source file itself when it already
+    is exactly the record's image (`exact_format`), else the pixels encoded as PNG."""
     encoding = data.record_encoding(image_size, source_format)
     if encoding == data.RAW:
         return None, encoding
-    if raw is not None and exact_format(raw, *image.shape) == encoding.upper():
+    if raw is not None and exact_format(raw, *image.shape) == (source_format or "").upper():
         return raw, encoding
-    return data.encode_image(image, encoding), encoding
+    return data.encode_image(image, data.PNG), encoding
+
+
+def max_side(image_size: int) -> int:
+    """The longest side a source record keeps (data.SOURCE_MAX_SIDE_FACTOR)."""
+    return data.SOURCE_MAX_SIDE_FACTOR * image_size
 
 
 def decode_file(uri: str, label: int, split: str | None, height: int, width: int, channels: int,
@@ -83,13 +88,19 @@ def decode_file(uri: str, label: int, split: str | None, height: int, width: int
 
 
 def decode_contents(item: Item, raw: bytes, height: int, width: int, channels: int) -> Example:
-    """Decodes, conforms and encodes the bytes of one file (see decode_file)."""
+    """Decodes the bytes of one file (every file is decoded: what cannot be is rejected here) and decides what its
+    record stores: below data.ENCODED_MIN_SIZE the pixels, else the file's bytes as they are or re-encoded once
+    (images.decode_source's policy)."""
     try:
-        image, source_format = data.decode_image_file(raw, height, width, channels)
+        if data.record_encoding(width, "file") == data.RAW:
+            image, _ = data.decode_image_file(raw, height, width, channels)
+            return Example(item.uri, item.label, item.split, content_key(raw), image)
+        source = data.decode_source(raw, height, width, channels, max_side=max_side(width))
     except data.ImageError as e:
         return Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
-    stored, encoding = stored_form(image, width, source_format, raw)
-    return Example(item.uri, item.label, item.split, content_key(raw), image, stored=stored, encoding=encoding)
+    return Example(item.uri, item.label, item.split, content_key(raw), source.pixels,
+                   stored=raw if source.reencoded is None else source.reencoded, encoding=data.SOURCE,
+                   source_size=source.source_size, source_bytes=len(raw), reencoded=source.why)
 
 
 def conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:
@@ -145,7 +156,9 @@ def rejected_row(uri: str, reason: str, detail: str) -> dict:
 
 
 def stored_pixels(stored: bytes, encoding: str, image_shape: list[int]) -> np.ndarray:
-    """The pixels a record holds, as readers will see them (for the card's samples)."""
+    """The pixels a record holds, as readers will see them (for the card's samples; a source record as PIL
+    decodes it: the readers' rule to within a level or two, at a fraction of the cost of TensorFlow one file at a
+    time)."""
     if encoding == data.RAW:
         return np.frombuffer(stored, np.uint8).reshape(image_shape)
     return data.decode_image(stored, image_shape[0], image_shape[1], image_shape[2])

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from components import data, params
-from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress
+from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress, SourceStats
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
 from components.preprocess import per_image
@@ -70,6 +70,7 @@ class Tally:
     rejected_by_class: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
     samples: list = dataclasses.field(default_factory=list)  # per class (up to CARD_MAX_CLASSES): pixel arrays
     pixel_stats: PixelStats | None = None
+    source_files: SourceStats = dataclasses.field(default_factory=SourceStats)  # source records only
 
     def __post_init__(self):
         self.pixel_stats = self.pixel_stats or PixelStats(self.channels)
@@ -149,6 +150,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, t
     tally = Tally(len(src.class_names), channels)
     seen_content = ContentIndex()
     train_images: list[np.ndarray] = []  # pixel statistics are taken a batch at a time (one bincount)
+    buffered = 0  # their bytes: bincount's int64 copy is 8x that
     progress = Progress(total, "preprocess")
     seen = 0
     with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as rejected_file:
@@ -173,11 +175,14 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, t
             split = per_image.assign_split(ex.key, ex.split, validation_fraction, test_fraction)
             seen_content.add(ex.key, ex.label << 2 | split_ids[split])
             writers[split].write_record(per_image.record(ex), ex.label, ex.encoding)
+            if ex.source_size:
+                tally.source_files.add(ex.source_size, ex.source_bytes, ex.reencoded)
             if split == "train":
                 train_images.append(ex.image)
-                if len(train_images) >= 512:
+                buffered += ex.image.nbytes
+                if buffered >= 4 << 20:
                     tally.pixel_stats.add(np.stack(train_images))
-                    train_images = []
+                    train_images, buffered = [], 0
                 if tally.wants_sample(ex.label):
                     tally.samples[ex.label].append(ex.image if ex.stored is None else
                                                    per_image.stored_pixels(ex.stored, ex.encoding,
@@ -245,5 +250,7 @@ def finish(source: str, src, output_dir: str, image_shape: list[int], splits: di
         "samples": {"file": SAMPLES_FILE, "per_class": SAMPLES_PER_CLASS, "classes": len(samples)},
         "empty_classes": [src.class_names[c] for c in empty],
     }
+    if encoding == data.SOURCE:
+        manifest["source_files"] = tally.source_files.to_json(per_image.max_side(image_shape[1]))
     data.write_json(data.join(output_dir, data.MANIFEST), manifest)
     return manifest

@@ -22,8 +22,10 @@ def _parse_fn(image_shape, encoding: str = "raw"):
     return data.record_parser({"image_shape": list(image_shape), "image_encoding": encoding})
 
 
-def _read_files(files: list[str], image_shape, *, seed: int | None = None, encoding: str = "raw"):
-    """(image uint8, label int32) records of some shard files, in a fixed order (or a seeded file order)."""
+def _read_files(files: list[str], image_shape, *, seed: int | None = None, encoding: str = "raw",
+                decode: bool = True):
+    """(image uint8, label int32) records of some shard files, in a fixed order (or a seeded file order);
+    (stored image bytes, label int32) without `decode`."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(files)
@@ -31,6 +33,10 @@ def _read_files(files: list[str], image_shape, *, seed: int | None = None, encod
         ds = ds.shuffle(len(files), seed=seed)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not decode:
+        spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+        return ds.map(lambda record: (lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32)))(
+            tf.io.parse_single_example(record, spec)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.map(_parse_fn(image_shape, encoding), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
@@ -60,6 +66,9 @@ class TrainInput:
         manifest = data.read_manifest(train_dir)
         self.total_count = manifest["splits"]["train"]["count"]
         self.encoding = data.manifest_encoding(manifest)
+        # Source records (camera-sized files) with online augmentation are held and read as their bytes: each
+        # step decodes what it needs (only the crop's blocks for the random resized crop), from all the pixels.
+        self.source_bytes = self.encoding == data.SOURCE and self.policy is not None
         if len(files) >= num_pipelines:
             self.files, self.record_shard = files[pipeline_id::num_pipelines], None
         else:
@@ -68,6 +77,8 @@ class TrainInput:
                         num_pipelines, num_pipelines)
             self.files, self.record_shard = files, (pipeline_id, num_pipelines)
         share_bytes = self.total_count / num_pipelines * math.prod(self.image_shape)
+        if self.source_bytes:
+            share_bytes = manifest["splits"]["train"].get("bytes", share_bytes * num_pipelines) / num_pipelines
         if mode == "auto":
             mode = "memory" if share_bytes <= MEMORY_INPUT_LIMIT_BYTES else "stream"
         if mode not in ("memory", "stream"):
@@ -78,7 +89,10 @@ class TrainInput:
             self._load()
 
     def _records(self, seed: int | None = None):
-        ds = _read_files(self.files, self.image_shape, seed=seed, encoding=self.encoding)
+        if self.source_bytes:  # (file bytes, label): decoded by augment_source
+            ds = _read_files(self.files, self.image_shape, seed=seed, encoding=data.SOURCE, decode=False)
+        else:
+            ds = _read_files(self.files, self.image_shape, seed=seed, encoding=self.encoding)
         if self.record_shard:
             ds = ds.shard(self.record_shard[1], self.record_shard[0])
         return ds
@@ -105,6 +119,9 @@ class TrainInput:
         images, labels = [], []
         if self.encoding == data.RAW:
             batches = records.batch(8192).map(parse_batch)
+        elif self.source_bytes:  # the files' bytes, decoded per step
+            batches = records.batch(8192).map(lambda r: (lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32)))(
+                tf.io.parse_example(r, spec)))
         else:  # PNG/JPEG: decoded record by record, in parallel
             batches = records.map(parse_encoded, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(8192)
         for image_batch, label_batch in batches.as_numpy_iterator():
@@ -114,14 +131,36 @@ class TrainInput:
             raise data.DataError(f"This worker's share of the training shards is empty ({len(self.files)} files)")
         with tf.device("/CPU:0"):  # host memory: the input pipeline runs on the CPU and feeds the accelerators
             self.images, self.labels = tf.constant(np.concatenate(images)), tf.constant(np.concatenate(labels))
-        log.info("train: %d training images held in memory (%.0f MB)", int(self.labels.shape[0]),
-                 self.images.shape.num_elements() / 1e6)
+        held = (float(tf.reduce_sum(tf.strings.length(self.images))) if self.source_bytes else
+                self.images.shape.num_elements())
+        log.info("train: %d training images held in memory (%.0f MB%s)", int(self.labels.shape[0]), held / 1e6,
+                 ", as their source files" if self.source_bytes else "")
+
+    def _source_examples(self, epoch: int, first_batch: int, num_batches: int, batch: int):
+        """Memory mode of source records: the same seeded permutation as for pixels, each example decoded and
+        augmented in its own parallel map call (a file's decode is the work here, not the gather)."""
+        import tensorflow as tf
+
+        contents, labels, shape, policy = self.images, self.labels, self.image_shape, self.policy
+        count = int(labels.shape[0])
+        order = tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=[self.seed, epoch])
+
+        def example(position):
+            pick = tf.gather(order, position % count)
+            image = augment_lib.augment_source(tf.gather(contents, pick), pick, epoch + 1, policy, shape)
+            return tf.cast(image, tf.float32), tf.gather(labels, pick)
+
+        return (tf.data.Dataset.range(first_batch * batch, (first_batch + num_batches) * batch)
+                .map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                .batch(batch, drop_remainder=True))
 
     def dataset(self, epoch: int, first_batch: int, num_batches: int, batch: int):
         """Batches [first_batch, first_batch + num_batches) of `epoch`, each of `batch` examples."""
         import tensorflow as tf
 
-        if self.mode == "memory":
+        if self.mode == "memory" and self.source_bytes:
+            ds = self._source_examples(epoch, first_batch, num_batches, batch)
+        elif self.mode == "memory":
             images, labels = self.images, self.labels
             count = int(labels.shape[0])
             order = tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64),
@@ -139,7 +178,11 @@ class TrainInput:
                 gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         else:
             ds = self._records(seed=self.seed + epoch).enumerate()
-            if self.policy is not None:
+            if self.source_bytes:
+                ds = ds.map(lambda i, ex: (augment_lib.augment_source(ex[0], i, epoch + 1, self.policy,
+                                                                      self.image_shape), ex[1]),
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            elif self.policy is not None:
                 ds = ds.map(lambda i, ex: (augment_lib.augment_image(ex[0], i, epoch + 1, self.policy), ex[1]),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             else:

@@ -71,9 +71,16 @@ def resolve_jit(requested: str, gpus: list) -> bool:
 
 
 
+# The SavedModel's signature for JPEG/PNG file bytes (models of source datasets, from 64 px): the readers' resize
+# rule, data.decode_to_shape, inside the model, so a server given the files sees the pixels evaluation saw.
+SERVE_IMAGE_FILES = "serve_image_files"
+
+
 def write_model(model, image_shape, num_classes: int, model_dir: str, model_name: str = "reference-cnn") -> None:
     """Writes model.keras and saved_model/ in float32, whatever precision training used: the same network
-    (`model_name`, see components/train/models.py) built again in float32 with the trained weights."""
+    (`model_name`, see components/train/models.py) built again in float32 with the trained weights. The
+    SavedModel serves pixels ("serving_default") and, for models of source datasets, image files
+    (SERVE_IMAGE_FILES)."""
     import keras
     import tensorflow as tf
 
@@ -84,5 +91,14 @@ def write_model(model, image_shape, num_classes: int, model_dir: str, model_name
     tf.io.gfile.makedirs(model_dir)
     export.save(data.join(model_dir, "model.keras"))
     inference = keras.Sequential([export, keras.layers.Softmax(name="probabilities")], name="inference")
+    archive = keras.export.ExportArchive()  # what inference.export does, plus the image-file endpoint
+    archive.track(inference)
+    archive.add_endpoint("serve", lambda pixels: inference(pixels, training=False),  # also "serving_default"
+                         input_signature=[tf.TensorSpec([None, *image_shape], tf.float32)])
+    if data.record_encoding(image_shape[1], "file") == data.SOURCE:
+        archive.add_endpoint(SERVE_IMAGE_FILES, lambda contents: inference(tf.map_fn(
+            lambda one: tf.cast(data.decode_to_shape(one, list(image_shape)), tf.float32), contents,
+            fn_output_signature=tf.TensorSpec(image_shape, tf.float32)), training=False),
+            input_signature=[tf.TensorSpec([None], tf.string)])
     with contextlib.redirect_stdout(sys.stderr):
-        inference.export(data.join(model_dir, "saved_model"), verbose=False)
+        archive.write_out(data.join(model_dir, "saved_model"), verbose=False)

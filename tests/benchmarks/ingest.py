@@ -116,12 +116,13 @@ def decode_rate(root: str, workers: int, use_processes: bool, use_tensorflow: bo
     return count / (time.monotonic() - start)
 
 
-def peak_memory(root: str, out: str) -> dict:
+def peak_memory(root: str, out: str, extra_args: list[str] = ()) -> dict:
     """Runs preprocess in a child process and samples the RSS of it and its decode workers every 20 ms."""
     import psutil
 
     shutil.rmtree(out, ignore_errors=True)
-    child = subprocess.Popen([sys.executable, "-m", "components.preprocess", "--source", root, "--output-dir", out],
+    child = subprocess.Popen([sys.executable, "-m", "components.preprocess", "--source", root, "--output-dir", out,
+                              *extra_args],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc = psutil.Process(child.pid)
     peak = {"main_mb": 0.0, "total_mb": 0.0}
@@ -150,6 +151,19 @@ def peak_memory(root: str, out: str) -> dict:
     result = json.loads(stdout)
     return {**{k: round(v, 1) for k, v in peak.items()}, "images": sum(result["counts"].values()),
             "seconds": round(seconds, 1)}
+
+
+def print_memory(memory: dict[int, dict], what: str) -> float:
+    """Prints peak_memory results by count; returns the growth (MB) from the first count to the last."""
+    print(f"{what:>8} {'main':>8} {'main+workers':>13} {'seconds':>8}")
+    for n, m in memory.items():
+        print(f"{n:8d} {m['main_mb']:8.0f} {m['total_mb']:13.0f} {m['seconds']:8.1f}")
+    counts = list(memory)
+    first, last = memory[counts[0]], memory[counts[-1]]
+    growth = last["total_mb"] - first["total_mb"]
+    print(f"growth from {counts[0]} to {counts[-1]} {what}: {growth:+.0f} MB "
+          f"({100 * growth / first['total_mb']:+.1f}%)")
+    return growth
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -206,14 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'baseline: image_dataset_from_directory x1':44} {photos['baseline']:10.0f} {1.0:11.2f}x")
         print(f"{'ours: preprocess (decode+split+write shards)':44} {photos['ours']:10.0f} "
               f"{photos['ours'] / photos['baseline']:11.2f}x")
-    print(f"\nPeak memory of a preprocess process (RSS, MB)")
-    print(f"{'images':>8} {'main':>8} {'main+workers':>13} {'seconds':>8}")
-    for n, m in memory.items():
-        print(f"{n:8d} {m['main_mb']:8.0f} {m['total_mb']:13.0f} {m['seconds']:8.1f}")
-    first, last = memory[memory_counts[0]], memory[memory_counts[-1]]
-    growth = last["total_mb"] - first["total_mb"]
-    print(f"growth from {memory_counts[0]} to {memory_counts[-1]} images: {growth:+.0f} MB "
-          f"({100 * growth / first['total_mb']:+.1f}%)")
+    print("\nPeak memory of a preprocess process (RSS, MB)")
+    growth = print_memory(memory, "images")
     return {"images": args.images, "cpus": cpus, "baseline_images_per_s": round(baseline, 1),
             "ours_images_per_s": round(ours, 1), "speedup": round(ours / baseline, 2),
             "decode_only_images_per_s": {k: round(v, 1) for k, v in decode.items()},
