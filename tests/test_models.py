@@ -254,8 +254,11 @@ def test_fine_tuning_a_registered_model_loads_it_caches_it_and_records_its_diges
     lineage = loop.model_lineage()
     with open(os.path.join(champion, "model.keras"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    assert lineage == {"name": "reference-cnn", "pretrained": {"source": champion, "sha256": digest},
-                       "freeze_epochs": 0, "fine_tune_layers": 0}
+    assert lineage == {"name": "reference-cnn", "pretrained": {
+        "source": champion, "sha256": digest, "source_model": {
+            "name": "reference-cnn", "num_classes": 10, "image_shape": [28, 28, 1],
+            "class_names": json.load(open(os.path.join(champion, "training.json")))["class_names"]}},
+        "freeze_epochs": 0, "fine_tune_layers": 0}
 
 
 def test_weights_of_another_architecture_are_refused_naming_both(small_dataset, rgb32, tmp_path):

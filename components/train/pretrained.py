@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
+import re
 import tempfile
 import warnings
 import zipfile
@@ -32,9 +34,23 @@ class Weights:
     path: str | None = None
     sha256: str | None = None
     covers: str = ""  # "model" (the whole classifier, head included) or "backbone"; "" for none
+    # What the source says it was trained as (training.json beside it: model name, class names, image shape), and
+    # how many classes its own head had when only its backbone was taken (the head is new).
+    source_model: dict | None = None
+    source_classes: int | None = None
 
     def lineage(self) -> dict:
-        return {"source": self.source, "sha256": self.sha256}
+        lineage = {"source": self.source, "sha256": self.sha256}
+        if self.covers == "backbone" and self.source not in (NONE, IMAGENET):
+            lineage["loaded"] = "backbone (a new head for this data's classes)"
+        source_model = dict(self.source_model or {})
+        if self.source_classes:
+            source_model["num_classes"] = self.source_classes
+        elif source_model.get("class_names"):
+            source_model["num_classes"] = len(source_model["class_names"])
+        if source_model:
+            lineage["source_model"] = source_model
+        return lineage
 
 
 def check_settings(model: str, pretrained: str, image_shape, *, freeze_epochs: int | None = None,
@@ -114,9 +130,9 @@ def load(model, model_name: str, source: str, *, backup_dir: str | None = None, 
     if source == IMAGENET:
         return _load_imagenet(model, model_name, backup_dir, write_cache)
     local = fetch(source, model_name, backup_dir=backup_dir, write_cache=write_cache)
-    covers = _load_file(model, model_name, local, source)
+    covers, source_classes = _load_file(model, model_name, local, source)
     log.info("train: pretrained weights (%s) loaded into the %s from %s", covers, model_name, source)
-    return Weights(source, local, sha256_of(local), covers)
+    return Weights(source, local, sha256_of(local), covers, source_info(source), source_classes)
 
 
 def _try_load(target, path: str) -> str | None:
@@ -130,34 +146,93 @@ def _try_load(target, path: str) -> str | None:
     return None
 
 
-def _load_file(model, model_name: str, local: str, source: str) -> str:
+def _load_file(model, model_name: str, local: str, source: str) -> tuple[str, int | None]:
+    """Loads `local` into `model`: ("model", None) when it is this very classifier; ("backbone", None) when it
+    holds a backbone alone; ("backbone", N) when it holds a classifier of the same network with N classes of its
+    own or another image size (its backbone is taken, the head stays new). ModelError when none fits."""
     problem = _try_load(model, local)
     if problem is None:
-        return "model"
+        return "model", None
     backbone = next((layer for layer in model.layers if layer.name == models.BACKBONE), None)
     if backbone is not None and _try_load(backbone, local) is None:
-        return "backbone"
+        return "backbone", None
+    source_classes = classifier_classes(local)
+    if source_classes:
+        backbone_problem = _load_backbone_of_classifier(model, model_name, local, source_classes)
+        if backbone_problem is None:
+            return "backbone", source_classes
+        problem = backbone_problem
     saved_from = saved_architecture(source, local)
     raise models.ModelError(
         f"pretrained {source} holds weights {'for ' + saved_from if saved_from else 'of another architecture'}, "
         f"which do not fit model {model_name} ({model.outputs[0].shape[-1]} classes, "
-        f"input {tuple(model.inputs[0].shape[1:])}): {problem}. Train with the model the weights were saved from "
-        "(and the same classes and image shape), or give weights saved from " + model_name)
+        f"input {tuple(model.inputs[0].shape[1:])}): {problem}. Train with the network the weights were saved from "
+        "(any classes; any image size for a backbone), or give weights saved from " + model_name)
+
+
+def classifier_classes(local: str) -> int | None:
+    """The number of classes of the classifier whose weights `local` (.weights.h5 or .keras) holds: the size of
+    the bias of its last top-level Dense layer (Keras names the weights file's groups after the layers' classes:
+    dense, dense_1, ... in the model's order). None when the file holds no top-level Dense (a backbone alone)."""
+    import h5py
+
+    try:
+        if local.endswith(".keras"):
+            with zipfile.ZipFile(local) as archive:
+                weights = io.BytesIO(archive.read("model.weights.h5"))
+        else:
+            weights = local
+        with h5py.File(weights, "r") as f:
+            layers = f.get("layers")
+            dense = [name for name in (layers.keys() if layers is not None else ()) if re.fullmatch(r"dense(_\d+)?", name)]
+            if not dense:
+                return None
+            last = max(dense, key=lambda name: int(name.rpartition("_")[2]) if name != "dense" else 0)
+            bias = layers[last].get("vars/1")
+            return int(bias.shape[0]) if bias is not None and len(bias.shape) == 1 else None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _load_backbone_of_classifier(model, model_name: str, local: str, source_classes: int) -> str | None:
+    """Builds the source classifier (`model_name`, this model's input, `source_classes` logits), loads `local` into
+    it and copies its backbone into `model`'s; the problem when it does not fit, else None."""
+    source = models.build(model_name, tuple(model.inputs[0].shape[1:]), source_classes)
+    problem = _try_load(source, local)
+    if problem is not None:
+        return problem
+    try:
+        for from_layer, to_layer in zip(models.backbone_layers(source), models.backbone_layers(model), strict=True):
+            to_layer.set_weights(from_layer.get_weights())
+    except ValueError as e:  # another image size where a layer's weights depend on it (the reference CNN's Dense)
+        return str(e).splitlines()[0]
+    return None
+
+
+def source_info(source: str) -> dict | None:
+    """What training.json beside a weights source says it was trained as: {"name", "class_names", "image_shape"};
+    None when there is none (a file from elsewhere)."""
+    gfile = data.gfile()
+    parent = source.rstrip("/") if gfile.isdir(source) else os.path.dirname(source)
+    info_path = data.join(parent, "training.json") if parent else "training.json"
+    try:
+        if not gfile.exists(info_path):
+            return None
+        with gfile.GFile(info_path) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return {"name": (info.get("model") or {}).get("name", models.DEFAULT_MODEL),
+            "class_names": list(info.get("class_names", [])), "image_shape": list(info.get("image_shape", []))}
 
 
 def saved_architecture(source: str, local: str) -> str:
     """What a weights file says it was saved from: training.json beside it (model name, classes, image shape), or
     a .keras archive's model name; "" when it does not say (a bare .weights.h5)."""
-    gfile = data.gfile()
-    parent = source.rstrip("/") if gfile.isdir(source) else os.path.dirname(source)
-    info_path = data.join(parent, "training.json") if parent else "training.json"
+    info = source_info(source)
+    if info:
+        return f"model {info['name']} ({len(info['class_names'])} classes, input {tuple(info['image_shape'])})"
     try:
-        if gfile.exists(info_path):
-            with gfile.GFile(info_path) as f:
-                info = json.load(f)
-            name = (info.get("model") or {}).get("name", models.DEFAULT_MODEL)
-            return (f"model {name} ({len(info.get('class_names', []))} classes, input "
-                    f"{tuple(info.get('image_shape', ()))})")
         if local.endswith(".keras"):
             with zipfile.ZipFile(local) as archive:
                 config = json.loads(archive.read("config.json"))
