@@ -26,7 +26,6 @@ FOOD_GROUPS = {
     "N": "poultry", "O": "animal-meat", "P": "marine-fish", "Q": "marine-shellfish", "R": "marine-mollusks",
     "S": "fresh-water-fish-and-shellfish", "T": "edible-oils-and-fats",
 }
-DONE = ".complete"
 
 
 def default_dir() -> str:
@@ -37,7 +36,12 @@ def default_dir() -> str:
 def installed(target: str | None = None) -> str | None:
     """The class-folder tree when `make photos` laid it out, else None."""
     target = target or default_dir()
-    return target if os.path.exists(os.path.join(target, DONE)) else None
+    return target if os.path.exists(_done_file(target)) else None
+
+
+def _done_file(target: str) -> str:
+    """Beside the tree, not in it: preprocess would report a file at its top as outside any class folder."""
+    return os.path.normpath(target) + ".complete"
 
 
 def install(target: str | None = None) -> str:
@@ -69,7 +73,7 @@ def install(target: str | None = None) -> str:
             for name in names:
                 shutil.copyfile(os.path.join(assets, name), os.path.join(folder, name))
     kept = sum(len(os.listdir(os.path.join(target, d))) for d in os.listdir(target))
-    with open(os.path.join(target, DONE), "w") as f:
+    with open(_done_file(target), "w") as f:
         f.write(f"{PACKAGE}: {kept} photos of the groups with at least {MIN_PER_GROUP}\n")
     return target
 

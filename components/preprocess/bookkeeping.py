@@ -106,3 +106,10 @@ class PixelStats:
         std = np.sqrt(np.maximum(per_channel @ levels ** 2 / pixels - mean ** 2, 0.0))
         return {"mean": [round(float(m), 4) for m in mean], "std": [round(float(v), 4) for v in std],
                 "pixels": pixels}
+
+
+def image_histogram(image: np.ndarray, channels: int) -> np.ndarray:
+    """One image's share of a split's PixelStats (added once the image's split is known)."""
+    stats = PixelStats(channels)
+    stats.add(image)
+    return stats.histogram
