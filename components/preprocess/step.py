@@ -132,8 +132,8 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                                                 channels=channels, options=beam_options, dataflow=dataflow,
                                                 dataflow_jobs=dataflow_jobs, **fractions)
     else:
-        splits, tally, seen, started = _run_local(src, output_dir, shards=shards, channels=channels, total=total,
-                                                  **fractions)
+        splits, tally, seen, started = _run_local(src, output_dir, shards=shards, total=total,
+                                                  image_shape=[image_size, image_size, channels], **fractions)
     counts = {s: splits[s]["count"] for s in data.SPLITS}
     finish(source, src, output_dir, [image_size, image_size, channels], splits, tally)
     seconds = time.monotonic() - start
@@ -145,11 +145,12 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                             dict(tally.rejected_by_reason), seconds)
 
 
-def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, total: int,
+def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: list[int], total: int,
                validation_fraction: float, test_fraction: float) -> tuple[dict, Tally, int, float]:
     """The in-process runner. A class's split follows from all of its content keys (per_image.split_cuts), so the
     source is streamed once into a local spool of the kept images (their stored bytes and pixel histogram), then
     the spool is written into each split's shards in input order; rejections are written in input order too."""
+    channels = image_shape[-1]
     tally = Tally(len(src.class_names), channels)
     seen_content = ContentIndex()  # content key -> index of the kept image
     kept_keys, kept_labels, kept_sources = array.array("Q"), array.array("i"), array.array("b")
@@ -175,24 +176,37 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, t
                 kept_keys.append(ex.key)
                 kept_labels.append(ex.label)
                 kept_sources.append(source_splits.index(ex.split))
-                pickle.dump((ex.uri, ex.label, ex.encoding, ex.stored, None if ex.stored is None else ex.image.shape,
-                             ex.image if ex.stored is None else None,
-                             image_histogram(ex.image, channels).astype(np.uint32)), spool)
+                # Raw pixels are counted from the spool in batches; an encoded image's histogram travels with it
+                # (decoding it again would cost more than the histogram's 1 KB per channel).
+                raw = ex.stored is None
+                pickle.dump((ex.uri, ex.label, ex.encoding, ex.image.tobytes() if raw else ex.stored, raw,
+                             None if raw else image_histogram(ex.image, channels).astype(np.uint32)), spool,
+                            protocol=pickle.HIGHEST_PROTOCOL)
         cuts = per_image.split_cuts(zip(kept_labels, kept_keys, (source_splits[c] for c in kept_sources)),
                                     validation_fraction, test_fraction)
         kept_splits = [per_image.assign_split(key, source_splits[code], cuts.get(label, per_image.NO_CUTS))
                        for key, label, code in zip(kept_keys, kept_labels, kept_sources)]
         writers = {s: data.ShardWriter(output_dir, s, shards[s]) for s in data.SPLITS}
+        train_images: list[np.ndarray] = []  # raw pixels are counted a batch at a time (one bincount)
         with open(os.path.join(spool_dir, "kept.pickle"), "rb") as spool:
             for split in kept_splits:
-                uri, label, encoding, stored, shape, image, histogram = pickle.load(spool)
-                writers[split].write_record(data.encode_example(image if stored is None else stored, label, uri),
-                                            label, encoding)
-                if split == "train":
+                uri, label, encoding, stored, raw, histogram = pickle.load(spool)
+                writers[split].write_record(data.encode_example(stored, label, uri), label, encoding)
+                if split != "train":
+                    continue
+                image = np.frombuffer(stored, np.uint8).reshape(image_shape) if raw else None
+                if raw:
+                    train_images.append(image)
+                    if len(train_images) >= 512:
+                        tally.pixel_stats.add(np.stack(train_images))
+                        train_images = []
+                else:
                     tally.pixel_stats.histogram += histogram
-                    if tally.wants_sample(label):
-                        tally.samples[label].append(image if stored is None else
-                                                    per_image.stored_pixels(stored, encoding, list(shape)))
+                if tally.wants_sample(label):
+                    tally.samples[label].append(image if raw else per_image.stored_pixels(stored, encoding,
+                                                                                         image_shape))
+        if train_images:
+            tally.pixel_stats.add(np.stack(train_images))
     finally:
         shutil.rmtree(spool_dir, ignore_errors=True)
     with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as rejected_file:
