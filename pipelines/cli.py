@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import TextIO
 
-from pipelines import config, training
+from pipelines import config, training, weights
 
 log = logging.getLogger("pipectl")
 
@@ -565,6 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_predict_arguments(p)
     p.set_defaults(func=cmd_predict)
+    weights.add_parser(sub)
     return parser
 
 

@@ -73,3 +73,36 @@ def test_weights_of_another_network_are_still_refused(clothes_model, image_folde
     with pytest.raises(models.ModelError, match=r"holds weights for model mobilenet-v3-small \(10 classes, input "
                                                 r"\(32, 32, 3\)\), which do not fit model efficientnet-v2-b0"):
         train(dataset, str(tmp_path / "model"), model="efficientnet-v2-b0", epochs=1, pretrained=clothes_model)
+
+
+@pytest.mark.slow
+def test_a_champion_is_fine_tuned_onto_a_new_class_list_through_the_local_pipeline(image_folder, tmp_path):
+    """Two local runs of the compiled pipeline: a champion of clothes, then a model of shoes and bags started
+    from the champion's registered version. The second trains a new head on the champion's backbone, and its
+    registered version's lineage names the champion, its classes and what was loaded."""
+    from pipelines import cli
+
+    clothes = image_folder(per_class=60, classes=("T-shirt", "Trouser"))
+    os.rename(clothes, str(tmp_path / "clothes"))
+    shoes = image_folder(per_class=60, classes=SHOES_AND_BAGS)
+    registry = str(tmp_path / "registry")
+    common = {"model": "mobilenet-v3-small", "channels": 3, "min_accuracy": 0.0, "registry_root": registry,
+              "batch_size": 16}
+    first = cli.run_local({**common, "data": str(tmp_path / "clothes"), "image_size": 32, "epochs": 1,
+                           "model_name": "clothes"}, str(tmp_path / "first"))
+    assert first["registered"]["version"] == "1" and "champion" in first["registered"]["aliases"]
+    champion = os.path.join(registry, "clothes", "versions", "1")
+    assert os.path.exists(os.path.join(champion, "model.keras"))
+
+    second = cli.run_local({**common, "data": shoes, "image_size": 48, "epochs": 2, "model_name": "shoes-and-bags",
+                            "pretrained": champion}, str(tmp_path / "second"))
+    info = json.load(open(os.path.join(second["artifacts"]["train"]["model"], "training.json")))
+    assert info["class_names"] == sorted(SHOES_AND_BAGS) and info["image_shape"] == [48, 48, 3]
+    pretrained = info["model"]["pretrained"]
+    assert pretrained["source"] == champion and pretrained["loaded"].startswith("backbone")
+    assert pretrained["source_model"] == {"name": "mobilenet-v3-small", "class_names": ["T-shirt", "Trouser"],
+                                          "image_shape": [32, 32, 3], "num_classes": 2}
+    assert info["model"]["freeze_epochs"] == 1  # phase 1: the new head; phase 2: fine-tuning
+    assert second["registered"]["model"] == "shoes-and-bags"
+    index = json.load(open(os.path.join(registry, "shoes-and-bags", "index.json")))
+    assert "its backbone only (trained as mobilenet-v3-small on 2 classes; a new head)" in json.dumps(index)

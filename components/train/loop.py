@@ -191,7 +191,8 @@ class TrainingLoop:
         with plan.strategy.scope():
             self.model = models.build(settings.model, plan.image_shape, len(plan.class_names), plan.precision)
             self.weights = pretrained_lib.load(self.model, settings.model, settings.pretrained,
-                                               backup_dir=settings.backup_dir, write_cache=plan.role.is_chief)
+                                               backup_dir=settings.backup_dir, write_cache=plan.role.is_chief,
+                                               weights_cache=settings.weights_cache)
             self.transfer = self.weights.source != pretrained_lib.NONE
             freeze_epochs = settings.freeze_epochs
             if freeze_epochs is None:  # the recipe's when the head starts untrained, at most half of the epochs
