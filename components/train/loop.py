@@ -464,6 +464,7 @@ class TrainingLoop:
             best["file"] = data.join(self.settings.backup_dir, f"best-epoch-{epoch + 1}.weights.h5")
             local = os.path.join(tempfile.mkdtemp(prefix="best-"), "best.weights.h5")
             self.model.save_weights(local)
+            data.gfile().makedirs(self.settings.backup_dir)  # before the first checkpoint makes it
             data.gfile().copy(local, best["file"], overwrite=True)
             shutil.rmtree(os.path.dirname(local), ignore_errors=True)
             if self.best.get("file") and self.best["file"] != best["file"]:
