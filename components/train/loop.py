@@ -111,6 +111,7 @@ class TrainingLoop:
         self.train_seconds = 0.0
         self.best: dict = {}  # the epoch best on validation: {"epoch", "val_accuracy", "val_loss", "file"}
         self.best_weights: list | None = None  # its weights, in this process
+        self.stale_best_file: str | None = None  # an earlier best epoch's file, until the next checkpoint
         self.recalibrated_at = -1  # the step whose weights the BatchNormalization statistics were estimated for
         self.recalibration = None  # the training images that estimate them (run_epochs), when the model has any
 
@@ -442,6 +443,9 @@ class TrainingLoop:
             self.epoch_callback(epoch, dict(logs), self.predict_logits)
         self.save(f"end of epoch {epoch + 1}")
         self.last_save = time.monotonic()
+        if self.stale_best_file:
+            data.gfile().remove(self.stale_best_file)
+            self.stale_best_file = None
 
     def recalibrate_batchnorm(self) -> None:
         """Statistics for the current weights (batchnorm.py), once per step reached; single-worker training only."""
@@ -468,7 +472,7 @@ class TrainingLoop:
             data.gfile().copy(local, best["file"], overwrite=True)
             shutil.rmtree(os.path.dirname(local), ignore_errors=True)
             if self.best.get("file") and self.best["file"] != best["file"]:
-                data.gfile().remove(self.best["file"])
+                self.stale_best_file = self.best["file"]  # removed once the checkpoint no longer names it
         self.best = best
         self.best_var.assign(json.dumps(best))
 
