@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from components.register import describe_lineage
 from components.train import TrainingLoop, TrainSettings, models, train
 from components.preprocess import preprocess
 
@@ -82,19 +83,19 @@ def test_a_champion_is_fine_tuned_onto_a_new_class_list_through_the_local_pipeli
     registered version's lineage names the champion, its classes and what was loaded."""
     from pipelines import cli
 
-    clothes = image_folder(per_class=60, classes=("T-shirt", "Trouser"))
+    clothes = image_folder(per_class=150, classes=("T-shirt", "Trouser"))
     os.rename(clothes, str(tmp_path / "clothes"))
-    shoes = image_folder(per_class=60, classes=SHOES_AND_BAGS)
+    shoes = image_folder(per_class=80, classes=SHOES_AND_BAGS)
     registry = str(tmp_path / "registry")
     common = {"model": "mobilenet-v3-small", "channels": 3, "min_accuracy": 0.0, "registry_root": registry,
               "batch_size": 16}
-    first = cli.run_local({**common, "data": str(tmp_path / "clothes"), "image_size": 32, "epochs": 1,
+    first = cli.run_local({**common, "data": str(tmp_path / "clothes"), "image_size": 32, "epochs": 3,
                            "model_name": "clothes"}, str(tmp_path / "first"))
     assert first["registered"]["version"] == "1" and "champion" in first["registered"]["aliases"]
     champion = os.path.join(registry, "clothes", "versions", "1")
     assert os.path.exists(os.path.join(champion, "model.keras"))
 
-    second = cli.run_local({**common, "data": shoes, "image_size": 48, "epochs": 2, "model_name": "shoes-and-bags",
+    second = cli.run_local({**common, "data": shoes, "image_size": 48, "epochs": 4, "model_name": "shoes-and-bags",
                             "pretrained": champion}, str(tmp_path / "second"))
     info = json.load(open(os.path.join(second["artifacts"]["train"]["model"], "training.json")))
     assert info["class_names"] == sorted(SHOES_AND_BAGS) and info["image_shape"] == [48, 48, 3]
@@ -102,7 +103,10 @@ def test_a_champion_is_fine_tuned_onto_a_new_class_list_through_the_local_pipeli
     assert pretrained["source"] == champion and pretrained["loaded"].startswith("backbone")
     assert pretrained["source_model"] == {"name": "mobilenet-v3-small", "class_names": ["T-shirt", "Trouser"],
                                           "image_shape": [32, 32, 3], "num_classes": 2}
-    assert info["model"]["freeze_epochs"] == 1  # phase 1: the new head; phase 2: fine-tuning
+    assert info["model"]["freeze_epochs"] == 2  # phase 1: the new head; phase 2: fine-tuning
+    assert second["blessed"], second["decision"]
     assert second["registered"]["model"] == "shoes-and-bags"
-    index = json.load(open(os.path.join(registry, "shoes-and-bags", "index.json")))
-    assert "its backbone only (trained as mobilenet-v3-small on 2 classes; a new head)" in json.dumps(index)
+    lineage = json.load(open(os.path.join(registry, "shoes-and-bags", "index.json")))["versions"][0]["lineage"]
+    assert lineage["pretrained"] == pretrained
+    assert describe_lineage(lineage).endswith(  # the registered version's description line (Vertex AI)
+        "its backbone only (trained as mobilenet-v3-small on 2 classes; a new head)")
