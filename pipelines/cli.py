@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import TextIO
 
-from pipelines import config, training
+from pipelines import config, training, weights
 from pipelines.kfp_driver import PINNED_RELEASE
 
 log = logging.getLogger("pipectl")
@@ -590,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_predict_arguments(p)
     p.set_defaults(func=cmd_predict)
+    weights.add_parser(sub)
     return parser
 
 

@@ -328,7 +328,10 @@ def key_figures(step: str, outputs: dict | None) -> str:
             meta = _metadata(outputs, "metrics")
             epochs = sum(1 for key in meta if re.fullmatch(r"epoch\d+_loss", key))
             text = f"{epochs} epoch{'s' * (epochs != 1)}, {meta['train_seconds']:.1f}s fitting"
-            if "final_val_accuracy" in meta:
+            if "exported_val_accuracy" in meta and meta.get("exported_epoch", epochs) != epochs:
+                text += (f", exported epoch {int(meta['exported_epoch'])} (best validation accuracy "
+                         f"{meta['exported_val_accuracy']:.4f})")
+            elif "final_val_accuracy" in meta:
                 text += f", validation accuracy {meta['final_val_accuracy']:.4f}"
             return text
         if step == "evaluate":

@@ -132,6 +132,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         location: str = params.default("location"),
         model: str = params.default("model"),
         pretrained: str = params.default("pretrained"),
+        weights_cache: str = params.default("weights_cache"),
         freeze_epochs: int = params.default("freeze_epochs"),
         fine_tune_layers: int = params.default("fine_tune_layers"),
         fine_tune_lr_factor: float = params.default("fine_tune_lr_factor"),
@@ -168,7 +169,8 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             batch_size=batch_size, learning_rate=learning_rate, checkpoint_root=checkpoint_root,
             pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER, network=model, pretrained=pretrained,
-            freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor)
+            freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
+            weights_cache=weights_cache)
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")

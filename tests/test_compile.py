@@ -121,7 +121,8 @@ def test_compiling_does_not_import_tensorflow(tmp_path):
 
 
 MODEL_PARAMETERS = {"model": "network", "pretrained": "pretrained", "freeze_epochs": "freeze_epochs",
-                    "fine_tune_layers": "fine_tune_layers", "fine_tune_lr_factor": "fine_tune_lr_factor"}
+                    "fine_tune_layers": "fine_tune_layers", "fine_tune_lr_factor": "fine_tune_lr_factor",
+                    "weights_cache": "weights_cache"}
 
 
 @pytest.mark.parametrize("launcher", ["pod", "trainjob", "vertex-job"])

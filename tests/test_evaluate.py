@@ -111,6 +111,71 @@ def test_thresholds_out_of_range_are_refused(arguments):
         decide(scores_with(900), NAMES, **arguments)
 
 
+def collapsed_scores(shares: list[int], predicted_class: int, right_elsewhere: int = 0):
+    """Scores of a model that answers `predicted_class` for every test image but `right_elsewhere` of the others,
+    on a test split of `shares[c]` images of class c."""
+    labels = np.repeat(np.arange(len(shares)), shares)
+    predicted = np.full(len(labels), predicted_class)
+    others = np.flatnonzero(labels != predicted_class)[:right_elsewhere]
+    predicted[others] = labels[others]
+    return score(np.eye(len(shares))[predicted] * 0.9 + 0.1 / len(shares), labels, len(shares))
+
+
+def test_a_model_that_predicts_one_class_is_degenerate_and_never_blessed():
+    """The collapse seen on a small photo set: one class for every test image, accuracy = that class's share."""
+    collapsed = collapsed_scores([28, 24, 24, 24], predicted_class=0)
+    blessed, reasons, line = decide(collapsed, NAMES, min_accuracy=0.2)
+    assert not blessed
+    assert line == ("not blessed: 0.280 >= 0.20 but degenerate: predicts zero for 100% of the test images "
+                    "(it is 28% of them)")
+    assert reasons[1] == "degenerate: predicts zero for 100% of the test images (it is 28% of them)"
+    # Even beating a champion does not bless it.
+    assert not decide(collapsed, NAMES, min_accuracy=0.0, champion=Champion("1", 0.1, "r/1"), tolerance=0.5)[0]
+    mostly = collapsed_scores([28, 24, 24, 24], predicted_class=0, right_elsewhere=14)  # 86% "zero"
+    assert "degenerate: predicts zero for 86%" in decide(mostly, NAMES, min_accuracy=0.2)[2]
+
+
+def test_accuracy_not_above_the_majority_share_is_degenerate():
+    """70% of the test images are "zero": 0.70 is what answering "zero" every time scores."""
+    labels = np.repeat(np.arange(4), [70, 10, 10, 10])
+
+    def scores_of(predicted_per_class: list[list[int]]):
+        predicted = np.concatenate([np.array(p) for p in predicted_per_class])
+        return score(np.eye(4)[predicted], labels, 4)
+
+    better = scores_of([[0] * 70, [1] * 5 + [0] * 5, [2] * 5 + [3] * 5, [3] * 5 + [2] * 5])  # "zero" for 75%
+    assert better.accuracy == pytest.approx(0.85) and decide(better, NAMES, min_accuracy=0.5)[0]
+    weak = scores_of([[0] * 60 + [1] * 10, [1] * 10, [3] * 10, [0] * 10])
+    assert weak.accuracy == pytest.approx(0.70)
+    blessed, _, line = decide(weak, NAMES, min_accuracy=0.5)
+    assert not blessed
+    assert line == ("not blessed: 0.700 >= 0.50 but degenerate: accuracy 0.700 is not above the majority class's "
+                    "share 0.700 (zero); it predicts 3 of 4 classes")
+    assert decide(scores_with(900), NAMES, min_accuracy=0.5)[0]  # a balanced, working model is not
+
+
+def test_a_real_model_with_one_answer_is_refused_by_the_gate(tiny_model, small_dataset, tmp_path):
+    """The trained model with its logits' weights zeroed and one bias raised: it answers Bag whatever the image,
+    as a collapsed run does; evaluate() refuses it and the report says so."""
+    import keras
+
+    model = keras.models.load_model(os.path.join(tiny_model, "model.keras"), compile=False)
+    kernel, bias = model.get_layer("logits").get_weights()
+    bias[:] = 0
+    bias[8] = 5.0  # Bag
+    model.get_layer("logits").set_weights([np.zeros_like(kernel), bias])
+    collapsed = tmp_path / "collapsed"
+    collapsed.mkdir()
+    model.save(str(collapsed / "model.keras"))
+    data.write_json(str(collapsed / "training.json"), json.load(open(os.path.join(tiny_model, "training.json"))))
+    result = evaluate(str(collapsed), small_dataset, min_accuracy=0.0)
+    assert not result.blessed
+    assert re.search(r"degenerate: predicts Bag for 100% of the test images \(it is \d+% of them\)", result.decision)
+    write_report(result, str(collapsed), small_dataset, str(tmp_path / "report.html"))
+    assert "degenerate: predicts Bag" in (tmp_path / "report.html").read_text()
+    assert "degenerate: predicts Bag" in decision_markdown(result)
+
+
 def test_scores_are_the_textbook_ones():
     labels = np.array([0, 0, 0, 1, 1, 2])
     probabilities = np.eye(3)[[0, 0, 1, 1, 2, 2]] * 0.8 + 0.2 / 3

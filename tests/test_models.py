@@ -254,8 +254,11 @@ def test_fine_tuning_a_registered_model_loads_it_caches_it_and_records_its_diges
     lineage = loop.model_lineage()
     with open(os.path.join(champion, "model.keras"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    assert lineage == {"name": "reference-cnn", "pretrained": {"source": champion, "sha256": digest},
-                       "freeze_epochs": 0, "fine_tune_layers": 0}
+    assert lineage == {"name": "reference-cnn", "pretrained": {
+        "source": champion, "sha256": digest, "source_model": {
+            "name": "reference-cnn", "num_classes": 10, "image_shape": [28, 28, 1],
+            "class_names": json.load(open(os.path.join(champion, "training.json")))["class_names"]}},
+        "freeze_epochs": 0, "fine_tune_layers": 0}
 
 
 def test_weights_of_another_architecture_are_refused_naming_both(small_dataset, rgb32, tmp_path):
@@ -268,7 +271,7 @@ def test_weights_of_another_architecture_are_refused_naming_both(small_dataset, 
         train(rgb32, str(tmp_path / "model"), epochs=1, pretrained=str(tmp_path / "nothing.weights.h5"))
 
 
-def test_imagenet_without_internet_says_so_and_how_to_pass_a_file(rgb32, tmp_path):
+def test_imagenet_without_internet_or_cache_says_so_in_one_line(rgb32, tmp_path):
     """No internet here: the proxy points at a closed port so that the test does not depend on the machine's."""
     closed = "http://127.0.0.1:9"
     env = {**os.environ, "https_proxy": closed, "HTTPS_PROXY": closed, "http_proxy": closed, "HTTP_PROXY": closed,
@@ -277,8 +280,10 @@ def test_imagenet_without_internet_says_so_and_how_to_pass_a_file(rgb32, tmp_pat
                              str(tmp_path / "model"), "--model", "mobilenet-v3-small", "--pretrained", "imagenet",
                              "--epochs", "2"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == train_module().EXIT_PERMANENT, result.stderr[-2000:]
-    assert "could not download the ImageNet weights of mobilenet-v3-small" in result.stderr
-    assert "no internet access" in result.stderr and "Pass a file instead" in result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "no weights cache, and the download failed" in error[0], result.stderr[-2000:]
+    assert "no internet access" in error[0]
+    assert "run `pipectl weights --model mobilenet-v3-small --cache gs://BUCKET/weights`" in error[0]
     assert not (tmp_path / "model").exists()
 
 

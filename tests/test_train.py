@@ -290,3 +290,33 @@ def test_gpus_given_but_invisible_to_tensorflow_fail_fast(tmp_path):
     check_gpus_visible(["a GPU"], device_dir=str(tmp_path))  # seen: fine
     (tmp_path / "nvidia0").unlink()
     check_gpus_visible([], device_dir=str(tmp_path))  # no GPU given: CPU training is expected
+
+
+def logits_of(model_dir: str, images: np.ndarray) -> np.ndarray:
+    import keras
+
+    return np.asarray(keras.models.load_model(os.path.join(model_dir, "model.keras"), compile=False)(images))
+
+
+def test_the_best_epoch_on_validation_is_exported_also_by_a_resumed_attempt(small_dataset, tmp_path):
+    """Logits of fixed images after every epoch (the epoch callback sees the weights validation scored): the export
+    gives those of the best epoch, and so does a second attempt on the same backup, which reads them from its file.
+    A learning rate 25x the recipe's makes the third epoch (of four) the best here (seeded, float32)."""
+    images, _ = data.load_split_arrays(small_dataset, "test", limit=16)
+    images = images.astype("float32")
+    per_epoch = []
+    backup = str(tmp_path / "backup")
+    settings = dict(epochs=4, learning_rate=0.05, backup_dir=backup, seed=1, precision="float32")
+    result = train.train(small_dataset, str(tmp_path / "m1"), **settings,
+                         epoch_callback=lambda epoch, logs, predict: per_epoch.append(np.asarray(predict(images))))
+    history = result.history["val_accuracy"]
+    best = max(range(4), key=lambda e: (history[e], -result.history["val_loss"][e]))
+    assert result.exported_epoch == best + 1 == result.best_on_validation["epoch"]
+    assert best < 3  # so the export puts back an earlier epoch's weights
+    np.testing.assert_allclose(logits_of(str(tmp_path / "m1"), images), per_epoch[best], rtol=1e-4, atol=1e-4)
+    assert os.listdir(backup).count(f"best-epoch-{best + 1}.weights.h5") == 1  # one file: the best so far
+    assert not [name for name in os.listdir(backup) if name.startswith("best-") and str(best + 1) not in name]
+
+    again = train.train(small_dataset, str(tmp_path / "m2"), **settings)
+    assert again.resumed_from_step == again.steps and again.exported_epoch == best + 1
+    np.testing.assert_allclose(logits_of(str(tmp_path / "m2"), images), per_epoch[best], rtol=1e-4, atol=1e-4)

@@ -6,9 +6,11 @@ The graph (`build_graph`):
     inputs.jsonl (one line per input, numbered in the source's order)
       -> Reshuffle -> Decode (per_image.decode_file: read, decode, conform, content key, encode; or a reject)
       -> GroupByKey(content key) -> Dedup: the lowest-numbered input of a key is kept (the one the in-process
-         runner meets first), its split fixed by per_image.assign_split; the others are duplicates or
-         duplicates with another label, rejected with per_image.duplicate_rejection (this is also where a
-         training copy of a source test image is caught: test inputs are numbered first)
+         runner meets first); the others are duplicates or duplicates with another label, rejected with
+         per_image.duplicate_rejection (this is also where a training copy of a source test image is caught:
+         test inputs are numbered first)
+      -> GroupByKey(label) of the kept content keys -> each class's cuts (per_image.split_cuts), a side input
+         -> each kept input's split (per_image.assign_split), and the split named in its duplicates' rejections
       -> per split: WriteToTFRecord(SPLIT/SPLIT-SSSSS-of-NNNNN.tfrecord), the shard count fixed up front
       -> small side outputs under a work folder: counts per split and class, bytes, encodings, the pixel
          histogram of the train split, the first training images per class (samples), the rejects.
@@ -33,19 +35,12 @@ import numpy as np
 
 from components import data
 from components.preprocess import per_image
-from components.preprocess.bookkeeping import PixelStats, SourceStats
+from components.preprocess.bookkeeping import SourceStats, image_histogram
 from components.preprocess.inputs import Source
 
 log = logging.getLogger(__name__)
 
 WORK_DIR = "_beam"  # under the output directory while the pipeline runs; removed after
-
-
-def _histogram(image: np.ndarray, channels: int) -> np.ndarray:
-    """One image's share of the train split's PixelStats (summed on the workers, added in `gather`)."""
-    stats = PixelStats(channels)
-    stats.add(image)
-    return stats.histogram
 
 
 class BeamSettings:
@@ -74,23 +69,44 @@ def _decode(line: str, settings: BeamSettings):
         return
     stored = ex.image.tobytes() if ex.stored is None else ex.stored
     source = (ex.source_size, ex.source_bytes, ex.reencoded) if ex.source_size else None
-    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, _histogram(ex.image, settings.channels), source)
+    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, image_histogram(ex.image, settings.channels),
+                   source)
 
 
-def _dedup(keyed, settings: BeamSettings):
-    """All inputs with one content key -> the kept one ("kept") and the duplicates ("rejected")."""
+def _dedup(keyed):
+    """All inputs with one content key -> the kept one ("kept": (key, element)) and the duplicates
+    ("duplicates": (ordinal, uri, label, kept key, kept label, kept source split))."""
     import apache_beam as beam
 
     key, elements = keyed
     ordered = sorted(elements, key=lambda e: e[0])
-    ordinal, uri, label, source_split, stored, encoding, histogram, source = ordered[0]
-    split = per_image.assign_split(key, source_split, settings.validation_fraction, settings.test_fraction)
-    record = data.encode_example(stored, label, uri)
-    yield split, ordinal, label, record, stored, encoding, histogram, source
+    kept = ordered[0]
+    yield key, kept
     for other_ordinal, other_uri, other_label, *_ in ordered[1:]:
-        reason, detail = per_image.duplicate_rejection(other_label, label, split, settings.class_names)
-        yield beam.pvalue.TaggedOutput("rejected", (other_ordinal, other_label,
-                                                    per_image.rejected_row(other_uri, reason, detail)))
+        yield beam.pvalue.TaggedOutput("duplicates", (other_ordinal, other_uri, other_label, key, kept[2], kept[3]))
+
+
+def _class_cuts(keyed, settings: BeamSettings):
+    """(label, [(content key, source split)]) -> (label, that class's cuts)."""
+    label, keys = keyed
+    cuts = per_image.split_cuts(((label, key, source_split) for key, source_split in keys),
+                                settings.validation_fraction, settings.test_fraction)
+    return label, cuts.get(label, per_image.NO_CUTS)
+
+
+def _assign(kept, cuts: dict):
+    """A kept input, its split fixed -> (split, ordinal, label, record, stored, encoding, histogram, source file's
+    (size, bytes, why re-encoded) or None)."""
+    key, (ordinal, uri, label, source_split, stored, encoding, histogram, source) = kept
+    split = per_image.assign_split(key, source_split, cuts.get(label, per_image.NO_CUTS))
+    return split, ordinal, label, data.encode_example(stored, label, uri), stored, encoding, histogram, source
+
+
+def _duplicate_row(duplicate, cuts: dict, settings: BeamSettings):
+    ordinal, uri, label, kept_key, kept_label, kept_source_split = duplicate
+    kept_split = per_image.assign_split(kept_key, kept_source_split, cuts.get(kept_label, per_image.NO_CUTS))
+    reason, detail = per_image.duplicate_rejection(label, kept_label, kept_split, settings.class_names)
+    return ordinal, label, per_image.rejected_row(uri, reason, detail)
 
 
 def _write_json_lines(pcoll, path: str, label: str):
@@ -111,8 +127,13 @@ def build_graph(pipeline, *, inputs_path: str, output_dir: str, work_dir: str, s
                | "Decode" >> beam.FlatMap(_decode, settings).with_outputs("rejected", main="kept"))
     deduped = (decoded.kept
                | "Group by content" >> beam.GroupByKey()
-               | "Keep first of each content" >> beam.FlatMap(_dedup, settings).with_outputs("rejected", main="kept"))
-    kept = deduped.kept
+               | "Keep first of each content" >> beam.FlatMap(_dedup).with_outputs("duplicates", main="kept"))
+    cuts = beam.pvalue.AsDict(deduped.kept
+                              | "Cuts: keys by class" >> beam.Map(lambda kept: (kept[1][2], (kept[0], kept[1][3])))
+                              | "Cuts: group" >> beam.GroupByKey()
+                              | "Cuts: per class" >> beam.Map(_class_cuts, settings))
+    kept = deduped.kept | "Assign splits" >> beam.Map(_assign, cuts)
+    duplicates = deduped.duplicates | "Duplicates: rejections" >> beam.Map(_duplicate_row, cuts, settings)
     for split in data.SPLITS:
         (kept | f"{split}: select" >> beam.Filter(lambda k, s=split: k[0] == s)
          | f"{split}: records" >> beam.Map(lambda k: k[3])
@@ -142,7 +163,7 @@ def build_graph(pipeline, *, inputs_path: str, output_dir: str, work_dir: str, s
                                                                        key=lambda v: v[0])
                | "Samples: row" >> beam.Map(lambda kv: {"label": kv[0], "samples": kv[1]}))
     _write_json_lines(samples, data.join(work_dir, "samples.jsonl"), "Samples")
-    rejected = ((decoded.rejected, deduped.rejected) | "Rejects: merge" >> beam.Flatten()
+    rejected = ((decoded.rejected, duplicates) | "Rejects: merge" >> beam.Flatten()
                 | "Rejects: row" >> beam.Map(lambda r: {"ordinal": r[0], "label": r[1], **r[2]}))
     _write_json_lines(rejected, data.join(work_dir, "rejected.jsonl"), "Rejects")
 

@@ -182,3 +182,10 @@ class SourceStats:
                 "reencoded": dict(sorted(self.reencoded.items())), "source_bytes": self.source_bytes,
                 "mean_megapixels": round(self.pixels / max(self.count, 1) / 1e6, 3),
                 "smallest": self.min_size, "largest": self.max_size}
+
+
+def image_histogram(image: np.ndarray, channels: int) -> np.ndarray:
+    """One image's share of a split's PixelStats (added once the image's split is known)."""
+    stats = PixelStats(channels)
+    stats.add(image)
+    return stats.histogram

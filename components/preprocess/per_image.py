@@ -7,8 +7,12 @@ gives the same record, split or rejection whichever runs it.
 
 from __future__ import annotations
 
+import array
+import collections
 import hashlib
+import math
 import os
+from typing import Iterable
 
 import numpy as np
 
@@ -126,15 +130,57 @@ def array_example(image: np.ndarray, label: int, uri: str, split: str | None, im
     return Example(uri, label, split, key, image, stored=stored, encoding=encoding)
 
 
-def assign_split(key: int, source_split: str | None, validation_fraction: float, test_fraction: float) -> str:
-    """The split of a kept image: the source's test split stays test; the rest is cut by the content key, so the
-    same bytes land in the same split on any machine, in any order, with either runner."""
-    u = key / 2.0**64
+NO_CUT = 2 ** 64  # above every content key
+NO_CUTS = (NO_CUT, NO_CUT)  # a class with no images to cut (all in the source's test split)
+
+
+def class_cuts(keys, validation_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """Where one class's images split, in the class's own order of content keys: (validation_below, test_below).
+    Each fraction of the class's n images is rounded (so every class of 5 or more images has at least one image in
+    validation and in test at the default 0.1), at least one image stays in train; the same keys give the same
+    cuts on any machine and with either runner. `keys`: the content keys of the class's kept inputs that the
+    source did not put in its own test split (with a source test split, pass test_fraction 0)."""
+    ordered = sorted(int(k) for k in keys)
+    n = len(ordered)
+    validation = int(math.floor(n * validation_fraction + 0.5))
+    test = int(math.floor(n * test_fraction + 0.5))
+    while validation + test > max(n - 1, 0):
+        if test >= validation and test:
+            test -= 1
+        else:
+            validation -= 1
+    validation_below = ordered[validation] if validation < n else NO_CUT
+    test_below = ordered[validation + test] if validation + test < n else NO_CUT
+    return validation_below, test_below
+
+
+def split_cuts(kept: Iterable[tuple[int, int, str | None]], validation_fraction: float,
+               test_fraction: float) -> dict[int, tuple[int, int]]:
+    """Every class's `class_cuts`, from the (label, content key, source split) of the kept inputs. A class whose
+    source has its own test split (rows marked train) takes only validation from them."""
+    keys: dict[int, array.array] = collections.defaultdict(lambda: array.array("Q"))
+    from_train_split: set[int] = set()
+    for label, key, source_split in kept:
+        if source_split == "test":
+            continue
+        keys[label].append(key)
+        if source_split == "train":
+            from_train_split.add(label)
+    return {label: class_cuts(class_keys, validation_fraction, 0.0 if label in from_train_split else test_fraction)
+            for label, class_keys in keys.items()}
+
+
+def assign_split(key: int, source_split: str | None, cuts: tuple[int, int]) -> str:
+    """The split of a kept image: the source's test split stays test; the rest by its class's `class_cuts`,
+    stratified by class and fixed by the content keys (the same bytes land in the same split in any input order)."""
     if source_split == "test":
         return "test"
-    if source_split == "train":
-        return "validation" if u < validation_fraction else "train"
-    return "validation" if u < validation_fraction else "test" if u < validation_fraction + test_fraction else "train"
+    validation_below, test_below = cuts
+    if key < validation_below:
+        return "validation"
+    if source_split != "train" and key < test_below:
+        return "test"
+    return "train"
 
 
 def duplicate_rejection(label: int, kept_label: int, kept_split: str, class_names: list[str]) -> tuple[str, str]:

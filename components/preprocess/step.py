@@ -3,21 +3,25 @@ manifest (components/data.py describes the dataset directory)."""
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import json
 import logging
 import math
+import os
+import pickle
+import shutil
+import tempfile
 import time
 
 import numpy as np
 
 from components import data, params
-from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress, SourceStats
+from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress, SourceStats, image_histogram
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
 from components.preprocess import per_image
-from components.preprocess.inputs import Example
 from components.preprocess.sources import open_source
 
 log = logging.getLogger(__name__)
@@ -129,8 +133,8 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                                                 channels=channels, options=beam_options, dataflow=dataflow,
                                                 dataflow_jobs=dataflow_jobs, **fractions)
     else:
-        splits, tally, seen, started = _run_local(src, output_dir, shards=shards, channels=channels, total=total,
-                                                  **fractions)
+        splits, tally, seen, started = _run_local(src, output_dir, shards=shards, total=total,
+                                                  image_shape=[image_size, image_size, channels], **fractions)
     counts = {s: splits[s]["count"] for s in data.SPLITS}
     finish(source, src, output_dir, [image_size, image_size, channels], splits, tally)
     seconds = time.monotonic() - start
@@ -142,53 +146,80 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                             dict(tally.rejected_by_reason), seconds)
 
 
-def _run_local(src, output_dir: str, *, shards: dict[str, int], channels: int, total: int,
+def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: list[int], total: int,
                validation_fraction: float, test_fraction: float) -> tuple[dict, Tally, int, float]:
-    """The in-process runner: streams the source's examples into the shard writers."""
-    writers = {s: data.ShardWriter(output_dir, s, shards[s]) for s in data.SPLITS}
-    split_ids = {s: i for i, s in enumerate(data.SPLITS)}
+    """The in-process runner. A class's split follows from all of its content keys (per_image.split_cuts), so the
+    source is streamed once into a local spool of the kept images (their stored bytes and pixel histogram), then
+    the spool is written into each split's shards in input order; rejections are written in input order too."""
+    channels = image_shape[-1]
     tally = Tally(len(src.class_names), channels)
-    seen_content = ContentIndex()
-    train_images: list[np.ndarray] = []  # pixel statistics are taken a batch at a time (one bincount)
-    buffered = 0  # their bytes: bincount's int64 copy is 8x that
+    seen_content = ContentIndex()  # content key -> index of the kept image
+    kept_keys, kept_labels, kept_sources = array.array("Q"), array.array("i"), array.array("b")
+    source_splits = (None, "train", "test")
+    rejections: list[tuple] = []  # (uri, label, reason, detail), or (uri, label, None, index of the kept image)
     progress = Progress(total, "preprocess")
     seen = 0
+    spool_dir = tempfile.mkdtemp(prefix="preprocess-kept-")
+    try:
+        with open(os.path.join(spool_dir, "kept.pickle"), "wb") as spool:
+            for ex in src.examples:
+                seen += 1
+                if not seen & 1023:
+                    progress.update(seen)
+                if ex.image is None:
+                    rejections.append((ex.uri, ex.label, ex.reason, ex.detail))
+                    continue
+                prior = seen_content.get(ex.key)
+                if prior is not None:
+                    rejections.append((ex.uri, ex.label, None, prior))
+                    continue
+                seen_content.add(ex.key, len(kept_keys))
+                kept_keys.append(ex.key)
+                kept_labels.append(ex.label)
+                kept_sources.append(source_splits.index(ex.split))
+                if ex.source_size:
+                    tally.source_files.add(ex.source_size, ex.source_bytes, ex.reencoded)
+                # Raw pixels are counted from the spool in batches; an encoded image's histogram travels with it
+                # (decoding it again would cost more than the histogram's 1 KB per channel).
+                raw = ex.stored is None
+                pickle.dump((ex.uri, ex.label, ex.encoding, ex.image.tobytes() if raw else ex.stored, raw,
+                             None if raw else image_histogram(ex.image, channels).astype(np.uint32)), spool,
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        cuts = per_image.split_cuts(zip(kept_labels, kept_keys, (source_splits[c] for c in kept_sources)),
+                                    validation_fraction, test_fraction)
+        kept_splits = [per_image.assign_split(key, source_splits[code], cuts.get(label, per_image.NO_CUTS))
+                       for key, label, code in zip(kept_keys, kept_labels, kept_sources)]
+        writers = {s: data.ShardWriter(output_dir, s, shards[s]) for s in data.SPLITS}
+        train_images: list[np.ndarray] = []  # raw pixels are counted a batch at a time (one bincount)
+        with open(os.path.join(spool_dir, "kept.pickle"), "rb") as spool:
+            for split in kept_splits:
+                uri, label, encoding, stored, raw, histogram = pickle.load(spool)
+                writers[split].write_record(data.encode_example(stored, label, uri), label, encoding)
+                if split != "train":
+                    continue
+                image = np.frombuffer(stored, np.uint8).reshape(image_shape) if raw else None
+                if raw:
+                    train_images.append(image)
+                    if len(train_images) >= 512:
+                        tally.pixel_stats.add(np.stack(train_images))
+                        train_images = []
+                else:
+                    tally.pixel_stats.histogram += histogram
+                if tally.wants_sample(label):
+                    tally.samples[label].append(image if raw else per_image.stored_pixels(stored, encoding,
+                                                                                         image_shape))
+        if train_images:
+            tally.pixel_stats.add(np.stack(train_images))
+    finally:
+        shutil.rmtree(spool_dir, ignore_errors=True)
     with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as rejected_file:
         rejected_file.write("")  # GFile creates the file on the first write: an empty list is a file too
-
-        def reject(ex: Example, reason: str, detail: str) -> None:
-            rejected_file.write(json.dumps(per_image.rejected_row(ex.uri, reason, detail)) + "\n")
-            tally.reject(ex.label, reason)
-
-        for ex in src.examples:
-            seen += 1
-            if not seen & 1023:
-                progress.update(seen)
-            if ex.image is None:
-                reject(ex, ex.reason, ex.detail)
-                continue
-            prior = seen_content.get(ex.key)
-            if prior is not None:
-                reject(ex, *per_image.duplicate_rejection(ex.label, prior >> 2, data.SPLITS[prior & 3],
-                                                          src.class_names))
-                continue
-            split = per_image.assign_split(ex.key, ex.split, validation_fraction, test_fraction)
-            seen_content.add(ex.key, ex.label << 2 | split_ids[split])
-            writers[split].write_record(per_image.record(ex), ex.label, ex.encoding)
-            if ex.source_size:
-                tally.source_files.add(ex.source_size, ex.source_bytes, ex.reencoded)
-            if split == "train":
-                train_images.append(ex.image)
-                buffered += ex.image.nbytes
-                if buffered >= 4 << 20:
-                    tally.pixel_stats.add(np.stack(train_images))
-                    train_images, buffered = [], 0
-                if tally.wants_sample(ex.label):
-                    tally.samples[ex.label].append(ex.image if ex.stored is None else
-                                                   per_image.stored_pixels(ex.stored, ex.encoding,
-                                                                           list(ex.image.shape)))
-    if train_images:
-        tally.pixel_stats.add(np.stack(train_images))
+        for uri, label, reason, detail in rejections:
+            if reason is None:  # a duplicate of the kept image number `detail`
+                reason, detail = per_image.duplicate_rejection(label, kept_labels[detail], kept_splits[detail],
+                                                               src.class_names)
+            rejected_file.write(json.dumps(per_image.rejected_row(uri, reason, detail)) + "\n")
+            tally.reject(label, reason)
     for w in writers.values():
         w.close()
     encoding = data.dataset_encoding(set().union(*(w.encodings for w in writers.values())))

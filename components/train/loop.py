@@ -9,9 +9,11 @@
                   checkpoint (weights, optimizers' state, step, the epoch's running sums, the history)
     restore()     resume from the last checkpoint in backup_dir, mid-epoch and step-exact
     run_epochs()  train up to the planned number of steps; checkpoint at every epoch's end, every
-                  checkpoint_seconds within one, and on SIGTERM (then raise Preempted); `evaluate()` scores the
-                  validation split at every epoch's end
-    export()      the float32 model, training.json, the TrainResult
+                  checkpoint_seconds within one, and on SIGTERM (then raise Preempted); at every epoch's end the
+                  BatchNormalization statistics are re-estimated (batchnorm.py) and `evaluate()` scores the
+                  validation split
+    export()      the weights of the epoch best on validation (accuracy, then loss), the float32 model,
+                  training.json, the TrainResult
 
 Transfer learning (pretrained weights): phase 1 trains the head with the backbone frozen for the first
 `freeze_epochs`, phase 2 trains the backbone too (all of it or its top `fine_tune_layers` layers) at
@@ -43,7 +45,7 @@ from components.train.cluster import ClusterRole, choose_strategy, cluster_role,
 from components.train.faults import (NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before,
                                      peer_loss_is_preemption)
 from components.train.inputs import TrainInput, make_eval_dataset
-from components.train import models
+from components.train import batchnorm, models
 from components.train import pretrained as pretrained_lib
 from components.train.learning_rate import keras_schedule, peak_learning_rate
 from components.train.model import check_gpus_visible, resolve_jit, resolve_precision, write_model
@@ -109,6 +111,11 @@ class TrainingLoop:
         self.scratch: str | None = None  # a non-chief worker's throwaway output
         self.train_seconds = 0.0
         self.phase = ""  # the phase `run()` is in, for the message of a lost peer
+        self.best: dict = {}  # the epoch best on validation: {"epoch", "val_accuracy", "val_loss", "file"}
+        self.best_weights: list | None = None  # its weights, in this process
+        self.stale_best_file: str | None = None  # an earlier best epoch's file, until the next checkpoint
+        self.recalibrated_at = -1  # the step whose weights the BatchNormalization statistics were estimated for
+        self.recalibration = None  # the training images that estimate them (run_epochs), when the model has any
 
     def run(self) -> TrainResult:
         # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
@@ -189,7 +196,8 @@ class TrainingLoop:
         with plan.strategy.scope():
             self.model = models.build(settings.model, plan.image_shape, len(plan.class_names), plan.precision)
             self.weights = pretrained_lib.load(self.model, settings.model, settings.pretrained,
-                                               backup_dir=settings.backup_dir, write_cache=plan.role.is_chief)
+                                               backup_dir=settings.backup_dir, write_cache=plan.role.is_chief,
+                                               weights_cache=settings.weights_cache)
             self.transfer = self.weights.source != pretrained_lib.NONE
             freeze_epochs = settings.freeze_epochs
             if freeze_epochs is None:  # the recipe's when the head starts untrained, at most half of the epochs
@@ -238,9 +246,11 @@ class TrainingLoop:
             self.epoch_sums = tf.Variable(tf.zeros([3], tf.float64), trainable=False)
             self.history_var = tf.Variable("{}", dtype=tf.string, trainable=False)
             self.setup_var = tf.Variable(self.setup, dtype=tf.string, trainable=False)
+            self.best_var = tf.Variable("{}", dtype=tf.string, trainable=False)
         optimizers = {"head_optimizer": self.head_optimizer} if self.head_optimizer is not None else {}
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch_sums=self.epoch_sums,
-                                              history=self.history_var, setup=self.setup_var, **optimizers)
+                                              history=self.history_var, setup=self.setup_var, best=self.best_var,
+                                              **optimizers)
 
         self._run_steps = {}  # by phase, made when the phase is entered (traced with its trainable layers)
         self._agree = tf.function(self._any_worker)
@@ -327,6 +337,7 @@ class TrainingLoop:
                      plan.total_steps, self.resumed_from // plan.steps_per_epoch + 1,
                      self.resumed_from % plan.steps_per_epoch, latest)
         self.history = json.loads(self.history_var.numpy().decode())
+        self.best = json.loads(self.best_var.numpy().decode())
         self.step = self.global_step()
 
     def save(self, reason: str) -> None:
@@ -345,8 +356,12 @@ class TrainingLoop:
 
         settings, plan = self.settings, self.plan
         chief = plan.role.is_chief
+        has_validation = data.read_manifest(settings.dataset_dir)["splits"]["validation"]["count"] > 0
         validation = make_eval_dataset(settings.dataset_dir, "validation", max(plan.global_batch, 256)) \
-            if self.validate and chief else None
+            if self.validate and chief and has_validation else None
+        # Every worker would estimate statistics on its own images and the replicas would disagree: one worker only.
+        self.recalibration = batchnorm.recalibration_images(settings.dataset_dir) \
+            if plan.role.workers == 1 and batchnorm.trainable_batchnorm(self.model) else None
         self.writer = tf.summary.create_file_writer(settings.tensorboard_dir) if settings.tensorboard_dir and chief \
             else tf.summary.create_noop_writer()
         start = time.monotonic()
@@ -414,8 +429,10 @@ class TrainingLoop:
         loss_sum, correct, seen = self.epoch_sums.numpy()
         logs = {"loss": loss_sum / seen, "accuracy": correct / seen,
                 "learning_rate": float(self.rate_at_step(self.step - 1))}  # the rate of the epoch's last step
+        self.recalibrate_batchnorm()
         if validation is not None:
             logs["val_loss"], logs["val_accuracy"] = self.evaluate(validation)
+            self.keep_if_best(epoch, logs)
         for name, value in logs.items():
             self.history.setdefault(name, []).append(float(value))
             tf.summary.scalar(f"epoch_{name}", value, step=self.step)
@@ -425,6 +442,54 @@ class TrainingLoop:
             self.epoch_callback(epoch, dict(logs), self.predict_logits)
         self.save(f"end of epoch {epoch + 1}")
         self.last_save = time.monotonic()
+        if self.stale_best_file:
+            data.gfile().remove(self.stale_best_file)
+            self.stale_best_file = None
+
+    def recalibrate_batchnorm(self) -> None:
+        """Statistics for the current weights (batchnorm.py), once per step reached; single-worker training only."""
+        if self.recalibration is not None and self.recalibrated_at != self.step:
+            batchnorm.recalibrate(self.model, self.recalibration)
+            self.recalibrated_at = self.step
+
+    def keep_if_best(self, epoch: int, logs: dict) -> None:
+        """Remembers this epoch's weights when it is the best on validation so far (accuracy; lower loss breaks a
+        tie), in memory and, with a backup_dir, as a file there for a resumed attempt. Single worker only: the
+        others do not see the validation scores and would export other weights."""
+        if self.plan.role.workers > 1:
+            return
+        if self.best and (logs["val_accuracy"], -logs["val_loss"]) <= (self.best["val_accuracy"],
+                                                                        -self.best["val_loss"]):
+            return
+        best = {"epoch": epoch + 1, "val_accuracy": float(logs["val_accuracy"]), "val_loss": float(logs["val_loss"])}
+        self.best_weights = self.model.get_weights()
+        if self.settings.backup_dir:
+            best["file"] = data.join(self.settings.backup_dir, f"best-epoch-{epoch + 1}.weights.h5")
+            local = os.path.join(tempfile.mkdtemp(prefix="best-"), "best.weights.h5")
+            self.model.save_weights(local)
+            data.gfile().makedirs(self.settings.backup_dir)  # before the first checkpoint makes it
+            data.gfile().copy(local, best["file"], overwrite=True)
+            shutil.rmtree(os.path.dirname(local), ignore_errors=True)
+            if self.best.get("file") and self.best["file"] != best["file"]:
+                self.stale_best_file = self.best["file"]  # removed once the checkpoint no longer names it
+        self.best = best
+        self.best_var.assign(json.dumps(best))
+
+    def restore_best(self) -> int:
+        """Puts back the weights of the epoch best on validation; returns the epoch the exported model is from."""
+        last = self.step // self.plan.steps_per_epoch
+        if not self.best or self.best["epoch"] == last:
+            return last
+        if self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
+        else:  # a resumed attempt: the file an earlier one wrote
+            local = os.path.join(tempfile.mkdtemp(prefix="best-"), "best.weights.h5")
+            data.gfile().copy(self.best["file"], local, overwrite=True)
+            self.model.load_weights(local)
+            shutil.rmtree(os.path.dirname(local), ignore_errors=True)
+        log.info("train: exporting epoch %d, the best on validation (accuracy %.4f), not the last (%d)",
+                 self.best["epoch"], self.best["val_accuracy"], last)
+        return self.best["epoch"]
 
     # ------------------------------------------------------------------------------------------ evaluate
 
@@ -453,11 +518,15 @@ class TrainingLoop:
         # as saving reads the distributed variables on every worker) and delete it.
         output_dir = settings.model_dir if plan.role.is_chief else os.path.join(self.scratch, "model")
         input_mode = next(iter(self.inputs.values())).mode if self.inputs else settings.input_mode
+        self.recalibrate_batchnorm()
+        exported_epoch = self.restore_best()
         result = TrainResult(settings.model_dir, plan.recipe.epochs, self.step, plan.steps_per_epoch,
                              plan.global_batch, plan.replicas, plan.role.workers, strategy_name(plan.strategy),
                              plan.peak_learning_rate, plan.precision, plan.use_jit, input_mode, self.resumed_from,
                              self.history, self.train_seconds,
-                             steps_run * plan.global_batch / max(self.train_seconds, 1e-9))
+                             steps_run * plan.global_batch / max(self.train_seconds, 1e-9), exported_epoch,
+                             {k: v for k, v in self.best.items() if k != "file"} or None,
+                             self.recalibrated_at == self.step)
         write_model(self.model, plan.image_shape, len(plan.class_names), output_dir, settings.model)
         if plan.role.is_chief:
             data.write_json(data.join(settings.model_dir, TRAINING_INFO), {

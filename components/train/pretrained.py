@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
+import re
 import tempfile
 import warnings
 import zipfile
@@ -32,9 +34,26 @@ class Weights:
     path: str | None = None
     sha256: str | None = None
     covers: str = ""  # "model" (the whole classifier, head included) or "backbone"; "" for none
+    # What the source says it was trained as (training.json beside it: model name, class names, image shape), and
+    # how many classes its own head had when only its backbone was taken (the head is new).
+    source_model: dict | None = None
+    source_classes: int | None = None
+    file: str | None = None  # the cached file the ImageNet weights came from (weights_cache), when they did
 
     def lineage(self) -> dict:
-        return {"source": self.source, "sha256": self.sha256}
+        lineage = {"source": self.source, "sha256": self.sha256}
+        if self.file:
+            lineage["file"] = self.file
+        if self.covers == "backbone" and self.source not in (NONE, IMAGENET):
+            lineage["loaded"] = "backbone (a new head for this data's classes)"
+        source_model = dict(self.source_model or {})
+        if self.source_classes:
+            source_model["num_classes"] = self.source_classes
+        elif source_model.get("class_names"):
+            source_model["num_classes"] = len(source_model["class_names"])
+        if source_model:
+            lineage["source_model"] = source_model
+        return lineage
 
 
 def check_settings(model: str, pretrained: str, image_shape, *, freeze_epochs: int | None = None,
@@ -91,9 +110,7 @@ def _local_copy(remote: str, name: str, cache_dir: str, *, write_cache: bool) ->
         return local
     gfile.copy(remote, local, overwrite=True)
     if write_cache:
-        gfile.makedirs(cache_dir)
-        gfile.copy(local, cached + ".partial", overwrite=True)
-        gfile.rename(cached + ".partial", cached, overwrite=True)
+        _publish(local, cached)
     return local
 
 
@@ -106,17 +123,19 @@ def fetch(source: str, model_name: str, *, backup_dir: str | None, write_cache: 
     return _local_copy(remote, f"{key}-{os.path.basename(remote)}", _cache_dir(backup_dir), write_cache=write_cache)
 
 
-def load(model, model_name: str, source: str, *, backup_dir: str | None = None, write_cache: bool = True) -> Weights:
+def load(model, model_name: str, source: str, *, backup_dir: str | None = None, write_cache: bool = True,
+         weights_cache: str | None = None) -> Weights:
     """Loads `source`'s weights into `model` (built by models.build(model_name, ...)); ModelError when they do not
-    fit, naming both architectures. `write_cache`: this process writes the cache (the chief)."""
+    fit, naming both architectures. `write_cache`: this process writes the cache (the chief). `weights_cache`: where
+    `pipectl weights` staged ImageNet weights (for steps without internet)."""
     if source == NONE:
         return Weights(NONE)
     if source == IMAGENET:
-        return _load_imagenet(model, model_name, backup_dir, write_cache)
+        return _load_imagenet(model, model_name, backup_dir, write_cache, weights_cache)
     local = fetch(source, model_name, backup_dir=backup_dir, write_cache=write_cache)
-    covers = _load_file(model, model_name, local, source)
+    covers, source_classes = _load_file(model, model_name, local, source)
     log.info("train: pretrained weights (%s) loaded into the %s from %s", covers, model_name, source)
-    return Weights(source, local, sha256_of(local), covers)
+    return Weights(source, local, sha256_of(local), covers, source_info(source), source_classes)
 
 
 def _try_load(target, path: str) -> str | None:
@@ -130,34 +149,94 @@ def _try_load(target, path: str) -> str | None:
     return None
 
 
-def _load_file(model, model_name: str, local: str, source: str) -> str:
+def _load_file(model, model_name: str, local: str, source: str) -> tuple[str, int | None]:
+    """Loads `local` into `model`: ("model", None) when it is this very classifier; ("backbone", None) when it
+    holds a backbone alone; ("backbone", N) when it holds a classifier of the same network with N classes of its
+    own or another image size (its backbone is taken, the head stays new). ModelError when none fits."""
     problem = _try_load(model, local)
     if problem is None:
-        return "model"
+        return "model", None
     backbone = next((layer for layer in model.layers if layer.name == models.BACKBONE), None)
     if backbone is not None and _try_load(backbone, local) is None:
-        return "backbone"
+        return "backbone", None
+    source_classes = classifier_classes(local)
+    if source_classes:
+        backbone_problem = _load_backbone_of_classifier(model, model_name, local, source_classes)
+        if backbone_problem is None:
+            return "backbone", source_classes
+        problem = backbone_problem
     saved_from = saved_architecture(source, local)
     raise models.ModelError(
         f"pretrained {source} holds weights {'for ' + saved_from if saved_from else 'of another architecture'}, "
         f"which do not fit model {model_name} ({model.outputs[0].shape[-1]} classes, "
-        f"input {tuple(model.inputs[0].shape[1:])}): {problem}. Train with the model the weights were saved from "
-        "(and the same classes and image shape), or give weights saved from " + model_name)
+        f"input {tuple(model.inputs[0].shape[1:])}): {problem}. Train with the network the weights were saved from "
+        "(any classes; any image size for a backbone), or give weights saved from " + model_name)
+
+
+def classifier_classes(local: str) -> int | None:
+    """The number of classes of the classifier whose weights `local` (.weights.h5 or .keras) holds: the size of
+    the bias of its last top-level Dense layer (Keras names the weights file's groups after the layers' classes:
+    dense, dense_1, ... in the model's order). None when the file holds no top-level Dense (a backbone alone)."""
+    import h5py
+
+    try:
+        if local.endswith(".keras"):
+            with zipfile.ZipFile(local) as archive:
+                weights = io.BytesIO(archive.read("model.weights.h5"))
+        else:
+            weights = local
+        with h5py.File(weights, "r") as f:
+            layers = f.get("layers")
+            names = layers.keys() if layers is not None else ()
+            dense = [name for name in names if re.fullmatch(r"dense(_\d+)?", name)]
+            if not dense:
+                return None
+            last = max(dense, key=lambda name: int(name.rpartition("_")[2]) if name != "dense" else 0)
+            bias = layers[last].get("vars/1")
+            return int(bias.shape[0]) if bias is not None and len(bias.shape) == 1 else None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _load_backbone_of_classifier(model, model_name: str, local: str, source_classes: int) -> str | None:
+    """Builds the source classifier (`model_name`, this model's input, `source_classes` logits), loads `local` into
+    it and copies its backbone into `model`'s; the problem when it does not fit, else None."""
+    source = models.build(model_name, tuple(model.inputs[0].shape[1:]), source_classes)
+    problem = _try_load(source, local)
+    if problem is not None:
+        return problem
+    try:
+        for from_layer, to_layer in zip(models.backbone_layers(source), models.backbone_layers(model), strict=True):
+            to_layer.set_weights(from_layer.get_weights())
+    except ValueError as e:  # another image size where a layer's weights depend on it (the reference CNN's Dense)
+        return str(e).splitlines()[0]
+    return None
+
+
+def source_info(source: str) -> dict | None:
+    """What training.json beside a weights source says it was trained as: {"name", "class_names", "image_shape"};
+    None when there is none (a file from elsewhere)."""
+    gfile = data.gfile()
+    parent = source.rstrip("/") if gfile.isdir(source) else os.path.dirname(source)
+    info_path = data.join(parent, "training.json") if parent else "training.json"
+    try:
+        if not gfile.exists(info_path):
+            return None
+        with gfile.GFile(info_path) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return {"name": (info.get("model") or {}).get("name", models.DEFAULT_MODEL),
+            "class_names": list(info.get("class_names", [])), "image_shape": list(info.get("image_shape", []))}
 
 
 def saved_architecture(source: str, local: str) -> str:
     """What a weights file says it was saved from: training.json beside it (model name, classes, image shape), or
     a .keras archive's model name; "" when it does not say (a bare .weights.h5)."""
-    gfile = data.gfile()
-    parent = source.rstrip("/") if gfile.isdir(source) else os.path.dirname(source)
-    info_path = data.join(parent, "training.json") if parent else "training.json"
+    info = source_info(source)
+    if info:
+        return f"model {info['name']} ({len(info['class_names'])} classes, input {tuple(info['image_shape'])})"
     try:
-        if gfile.exists(info_path):
-            with gfile.GFile(info_path) as f:
-                info = json.load(f)
-            name = (info.get("model") or {}).get("name", models.DEFAULT_MODEL)
-            return (f"model {name} ({len(info.get('class_names', []))} classes, input "
-                    f"{tuple(info.get('image_shape', ()))})")
         if local.endswith(".keras"):
             with zipfile.ZipFile(local) as archive:
                 config = json.loads(archive.read("config.json"))
@@ -167,46 +246,102 @@ def saved_architecture(source: str, local: str) -> str:
     return ""
 
 
-def _load_imagenet(model, model_name: str, backup_dir: str | None, write_cache: bool) -> Weights:
-    """Keras' ImageNet weights for the backbone, downloaded once and kept in backup_dir for the retries."""
+def imagenet_file(model_name: str) -> str:
+    """The name of a backbone's ImageNet weights in a cache (`pipectl weights`, the weights_cache parameter)."""
+    return f"imagenet-{model_name}.weights.h5"
+
+
+def download_imagenet(model_name: str, input_shape: tuple | None = None, *, origin: str | None = None) -> str:
+    """A local .weights.h5 of `model_name`'s backbone with Keras' ImageNet weights: downloaded by Keras from its
+    own address, or from `origin` (the URL, path or gs:// URI of the Keras notop weights file, e.g. a mirror)."""
     import keras
 
     spec = models.BACKBONES.get(model_name)
-    backbone = next((layer for layer in model.layers if layer.name == models.BACKBONE), None)
-    if spec is None or backbone is None:
+    if spec is None:
         raise models.ModelError(f"pretrained imagenet: there are ImageNet weights for {', '.join(models.BACKBONES)}, "
                                 f"not for {model_name}; pass a weights file instead")
-    cache_dir = _cache_dir(backup_dir)
-    cached = data.join(cache_dir, f"imagenet-{model_name}.weights.h5")
-    local = os.path.join(tempfile.mkdtemp(prefix="pretrained-"), os.path.basename(cached))
+    work = tempfile.mkdtemp(prefix="imagenet-")
+    weights = "imagenet"
+    if origin and "://" in origin and not origin.startswith("gs://"):
+        weights = keras.utils.get_file(origin.rstrip("/").rsplit("/", 1)[-1], origin, cache_dir=work)
+    elif origin:
+        weights = os.path.join(work, os.path.basename(origin))
+        data.gfile().copy(origin, weights, overwrite=True)
+    options = {"include_preprocessing": True} if spec.builtin_preprocessing else {}
+    with models.dtype_policy("float32"):
+        reference = getattr(keras.applications, spec.application)(include_top=False, weights=weights,
+                                                                   input_shape=input_shape, **options)
+    local = os.path.join(work, imagenet_file(model_name))
+    reference.save_weights(local)
+    return local
+
+
+def _publish(local: str, uri: str) -> None:
+    """Copies `local` to `uri` through a temporary name, so that readers never see half a file."""
     gfile = data.gfile()
-    if gfile.exists(cached):
+    gfile.makedirs(os.path.dirname(uri) or ".")
+    gfile.copy(local, uri + ".partial", overwrite=True)
+    gfile.rename(uri + ".partial", uri, overwrite=True)
+
+
+def stage_imagenet(model_name: str, cache: str, *, origin: str | None = None) -> dict:
+    """Puts `model_name`'s ImageNet backbone weights into `cache` (a folder or gs:// prefix) for training steps
+    without internet (pretrained=imagenet with weights_cache=cache). A file already there is kept, never
+    replaced: {"uri", "sha256", "staged": False}; else downloaded and written: "staged": True."""
+    uri = data.join(cache, imagenet_file(model_name))
+    gfile = data.gfile()
+    if gfile.exists(uri):
+        local = os.path.join(tempfile.mkdtemp(prefix="imagenet-"), imagenet_file(model_name))
+        gfile.copy(uri, local, overwrite=True)
+        return {"model": model_name, "uri": uri, "sha256": sha256_of(local), "staged": False}
+    try:
+        local = download_imagenet(model_name, origin=origin)
+    except models.ModelError:
+        raise
+    except Exception as e:  # Keras' download raises a bare Exception("URL fetch failure on ...")
+        raise models.ModelError(f"could not download the ImageNet weights of {model_name} from "
+                                f"{origin or 'Keras'}: {_first_line(e)}") from e
+    _publish(local, uri)
+    return {"model": model_name, "uri": uri, "sha256": sha256_of(local), "staged": True}
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _load_imagenet(model, model_name: str, backup_dir: str | None, write_cache: bool,
+                   weights_cache: str | None = None) -> Weights:
+    """Keras' ImageNet weights for the backbone: from `weights_cache` (staged by `pipectl weights`), else from this
+    task's earlier attempt (backup_dir), else downloaded (and kept in backup_dir for the retries)."""
+    backbone = next((layer for layer in model.layers if layer.name == models.BACKBONE), None)
+    if model_name not in models.BACKBONES or backbone is None:
+        raise models.ModelError(f"pretrained imagenet: there are ImageNet weights for {', '.join(models.BACKBONES)}, "
+                                f"not for {model_name}; pass a weights file instead")
+    name = imagenet_file(model_name)
+    retry_cache = data.join(_cache_dir(backup_dir), name)
+    gfile = data.gfile()
+    for cached in ([data.join(weights_cache, name)] if weights_cache else []) + [retry_cache]:
+        if not gfile.exists(cached):
+            continue
+        local = os.path.join(tempfile.mkdtemp(prefix="pretrained-"), name)
         gfile.copy(cached, local, overwrite=True)
         problem = _try_load(backbone, local)
         if problem:
             raise models.ModelError(f"the cached ImageNet weights {cached} do not fit {model_name}: {problem}; "
                                     "delete the file to download them again")
         log.info("train: ImageNet weights of %s from the cache %s", model_name, cached)
-        return Weights(IMAGENET, local, sha256_of(local), "backbone")
-    options = {"include_preprocessing": True} if spec.builtin_preprocessing else {}
+        return Weights(IMAGENET, local, sha256_of(local), "backbone", file=cached)
     try:
-        with models.dtype_policy("float32"):
-            reference = getattr(keras.applications, spec.application)(
-                include_top=False, weights="imagenet", input_shape=tuple(backbone.inputs[0].shape[1:]), **options)
+        local = download_imagenet(model_name, tuple(backbone.inputs[0].shape[1:]))
     except Exception as e:  # Keras' download raises a bare Exception("URL fetch failure on ...")
+        where = f"no {name} in the weights cache {weights_cache}, and" if weights_cache else "no weights cache, and"
         raise models.ModelError(
-            f"pretrained imagenet: could not download the ImageNet weights of {model_name} "
-            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). This machine seems to have no internet "
-            "access. Pass a file instead: on a machine with internet, save them with "
-            f"`python -c \"import keras; keras.applications.{spec.application}(include_top=False, "
-            f"weights='imagenet').save_weights('{model_name}.weights.h5')\"`, copy the file where the step can "
-            f"read it (a path, or gs://), and give pretrained=PATH_OR_URI") from e
-    reference.save_weights(local)
+            f"pretrained imagenet: {where} the download failed ({_first_line(e)}): this machine seems to have no "
+            f"internet access. Where internet exists, run `pipectl weights --model {model_name} --cache "
+            f"{weights_cache or 'gs://BUCKET/weights'}` and train with weights_cache set to that cache") from e
     problem = _try_load(backbone, local)
     if problem:
         raise models.ModelError(f"the ImageNet weights of {model_name} do not fit its backbone: {problem}")
     if write_cache:
-        gfile.makedirs(cache_dir)
-        gfile.copy(local, cached + ".partial", overwrite=True)
-        gfile.rename(cached + ".partial", cached, overwrite=True)
+        _publish(local, retry_cache)
     return Weights(IMAGENET, local, sha256_of(local), "backbone")

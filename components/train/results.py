@@ -25,6 +25,9 @@ class TrainResult:
     history: dict
     train_seconds: float  # this attempt: from the first to the last step, validation included
     images_per_second: float  # this attempt's training images per second of train_seconds
+    exported_epoch: int = 0  # the epoch whose weights were exported: the best on validation, else the last
+    best_on_validation: dict | None = None  # {"epoch", "val_accuracy", "val_loss"} when validation ran
+    batchnorm_recalibrated: bool = False  # the statistics were re-estimated for the exported weights
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -37,6 +40,11 @@ def log_to_kfp(info: dict, metrics, model) -> None:
             metrics.log_metric(f"epoch{epoch:02d}_{name}", round(value, 6))
         if values:
             metrics.log_metric(f"final_{name}", round(values[-1], 6))
+    best = info.get("best_on_validation") or {}
+    if info.get("exported_epoch"):
+        metrics.log_metric("exported_epoch", info["exported_epoch"])
+    if best.get("epoch") == info.get("exported_epoch"):
+        metrics.log_metric("exported_val_accuracy", round(best["val_accuracy"], 6))
     metrics.log_metric("train_seconds", round(info["train_seconds"], 2))
     metrics.log_metric("images_per_second", round(info["images_per_second"], 1))
     metrics.log_metric("steps", info["steps"])

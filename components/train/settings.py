@@ -24,7 +24,7 @@ JIT_CHOICES = ("auto", "on", "off")
 RECIPE_OVERRIDES = ("epochs", "batch_size", "learning_rate", "scale_lr", "steps_per_execution", "precision",
                     "jit_compile", "seed", "fine_tune_lr_factor")
 # Directories that may be absent: launchers and ops pass "" for "none", which means None here.
-OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir")
+OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir", "weights_cache")
 
 
 def _option(help: str, **argparse_kwargs) -> dict:
@@ -65,6 +65,9 @@ class TrainSettings:
         "after the frozen epochs, train the backbone's top N layers only (default: 0, all)", type=int))
     fine_tune_lr_factor: float | None = dataclasses.field(default=None, metadata=_option(
         "pretrained weights train at learning_rate x this (default: the recipe's)", type=float))
+    weights_cache: str | None = dataclasses.field(default=None, metadata=_option(
+        "folder or gs:// prefix where `pipectl weights` staged ImageNet weights (pretrained imagenet without "
+        "internet)"))
     backup_dir: str | None = dataclasses.field(default=None, metadata=_option(
         "durable checkpoint directory, one per run and task"))
     checkpoint_seconds: float = dataclasses.field(default=120.0, metadata=_option(
