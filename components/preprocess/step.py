@@ -18,8 +18,7 @@ import time
 import numpy as np
 
 from components import data, params
-from components.preprocess.bookkeeping import (SAMPLES_PER_CLASS, ContentIndex, Progress, SourceStats, Tally,
-                                               image_histogram)
+from components.preprocess.bookkeeping import SAMPLES_PER_CLASS, ContentIndex, Progress, Tally, image_histogram
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
 from components.preprocess import per_image
