@@ -21,18 +21,20 @@ log = logging.getLogger("pipectl")
 
 @dataclasses.dataclass(frozen=True)
 class Vocabulary:
-    """A parameter's words that a step owns: what --help lists, the check, and what else it takes."""
+    """A parameter's words that a step owns: what --help lists, its check (None: checked with others, in
+    `problems`), and what else it takes."""
 
     choices: tuple[str, ...]
-    check: Callable[[Any], str | None]
+    check: Callable[[Any], str | None] | None = None
     also: str = ""
 
 
 def step_vocabularies() -> dict[str, Vocabulary]:
     """The parameters whose vocabulary a step owns, from the step (imported when asked: they are not small)."""
     from components import augment
+    from components.gcp.accelerators import ACCELERATORS
     from components.registry import REGISTRIES
-    from components.train import models, recipes
+    from components.train import models, pretrained, recipes
 
     recipe_names = tuple(sorted(recipes.RECIPES))
     return {
@@ -40,6 +42,8 @@ def step_vocabularies() -> dict[str, Vocabulary]:
                                      also="a JSON policy, or {\"preset\": NAME, ...overrides}"),
         "recipe": Vocabulary(recipe_names, params.one_of(recipe_names)),
         "model": Vocabulary(models.MODELS, models.name_problem, also="module:function"),
+        "pretrained": Vocabulary((pretrained.NONE, pretrained.IMAGENET), also="a weights file or a registered model"),
+        "train_accelerator_type": Vocabulary(tuple(ACCELERATORS)),  # with the GPU count: components/launch/placement.py
         "registry": Vocabulary(REGISTRIES, params.one_of(REGISTRIES)),
     }
 
@@ -47,7 +51,7 @@ def step_vocabularies() -> dict[str, Vocabulary]:
 def problems(values: dict) -> list[str]:
     """Everything wrong with these values: the table's checks, the steps' own, and the checks across parameters
     (the network and its weights, Dataflow's settings, the training GPUs' placement) when theirs are all given."""
-    found = params.problems(values, {name: v.check for name, v in step_vocabularies().items()})
+    found = params.problems(values, {name: v.check for name, v in step_vocabularies().items() if v.check})
     if {"model", "pretrained", "image_size", "channels", "freeze_epochs", "fine_tune_layers"} <= values.keys() \
             and not any(problem.startswith(("model ", "freeze_epochs ", "fine_tune_layers ")) for problem in found):
         from components.train.models import problems as model_problems
