@@ -127,6 +127,15 @@ class AugmentPolicy:
         return dataclasses.asdict(self)
 
 
+def policy_problem(text: str) -> str | None:
+    """What is wrong with an augment_policy value (None: nothing): the pipeline parameter's check."""
+    try:
+        AugmentPolicy.from_json(text)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
 def augment_image(image, index, copy, policy: AugmentPolicy):
     """Augments one uint8 HxWxC image tensor; (policy.seed, copy, index) fixes every random draw."""
     import tensorflow as tf

@@ -47,6 +47,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
+from components.storage import DataError, gfile, join  # noqa: F401 (readers use them as data.join, ...)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -67,22 +68,7 @@ ENCODED_MIN_SIZE = 64
 from components.images import JPEG_QUALITY, LOSSY_FORMATS  # noqa: E402 (images imports nothing from here)
 
 
-def gfile():
-    import tensorflow as tf
-
-    return tf.io.gfile
-
-
-def join(base: str, *parts: str) -> str:
-    """os.path.join that keeps `gs://` URIs intact."""
-    return "/".join([base.rstrip("/"), *parts]) if "://" in base else os.path.join(base, *parts)
-
-
 # ---------------------------------------------------------------------------------------------- idx
-
-
-class DataError(ValueError):
-    """Input data that cannot be used, with a message saying what to do about it."""
 
 
 def read_idx(path: str) -> np.ndarray:

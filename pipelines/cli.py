@@ -4,7 +4,6 @@ import argparse
 import dataclasses
 import datetime as _dt
 import glob
-import inspect
 import json
 import logging
 import os
@@ -14,17 +13,13 @@ import warnings
 from typing import TextIO
 
 from pipelines import config, training, weights
+from pipelines.parameters import add_parameter_options, given_parameters, validate_parameters
 from pipelines.kfp_driver import PINNED_RELEASE
 
 log = logging.getLogger("pipectl")
 
 # Pipeline parameters that pipectl fills in for a local run when the user gives none.
 LOCAL_DEFAULTS_HELP = "default: a `registry` folder beside the output directory"
-
-
-def pipeline_parameters() -> dict[str, inspect.Parameter]:
-    """The pipeline's parameters, with their defaults and types, from its signature."""
-    return dict(inspect.signature(training.build_pipeline().pipeline_func).parameters)
 
 
 def add_image_options(parser: argparse.ArgumentParser) -> None:
@@ -82,80 +77,6 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
                                    train_namespace=args.train_namespace, train_runtime=args.train_runtime,
                                    kueue_queue=args.kueue_queue, gcs_fuse_pvc=args.gcs_fuse_pvc,
                                    gcs_fuse_mount=args.gcs_fuse_mount)
-
-
-def add_parameter_options(parser: argparse.ArgumentParser) -> None:
-    """One typed option per pipeline parameter (--epochs, --predict-images, ...); only those given are sent."""
-    group = parser.add_argument_group("pipeline parameters (omitted ones keep the pipeline's defaults)")
-    for name, param in pipeline_parameters().items():
-        flag = "--" + name.replace("_", "-")
-        kind = param.annotation if param.annotation in (int, float, str) else str
-        if param.annotation is bool:
-            kind = _parse_bool
-        group.add_argument(flag, dest=f"param_{name}", type=kind, default=None, metavar=kind.__name__.upper(),
-                           help=f"default: {param.default!r}")
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-_parse_bool.__name__ = "bool"
-
-
-def given_parameters(args: argparse.Namespace) -> dict:
-    return {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
-
-
-def validate_parameters(params: dict) -> dict:
-    """Refuses unknown names, wrong types and out-of-range values (components/params.py) before anything runs or
-    is sent; ints given for float parameters become floats."""
-    from components import params as parameters
-
-    known = pipeline_parameters()
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise ValueError(f"Unknown pipeline parameter(s) {unknown}; allowed: {', '.join(known)}")
-    for name, value in params.items():
-        expected = known[name].annotation
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            params[name] = float(value)
-        elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
-            raise ValueError(f"Parameter {name} must be {expected.__name__}, got {value!r}")
-    values = {name: p.default for name, p in known.items()} | params
-    parameters.validate(values, what="pipeline parameters")
-    check_model_builder(values)
-    return params
-
-
-def check_model_builder(values: dict) -> None:
-    """A bring-your-own model (module:function) is built here once, as the training step will build it, and refused
-    when its output is not (batch, classes) logits; when its module does not import here, only a warning: the step
-    imports it where it runs (the training image) and refuses it there before training."""
-    from components.train import models
-
-    name = values["model"]
-    if not models.is_builder_path(name):
-        return
-    classes = [c for c in values.get("classes", "").split(",") if c.strip()]
-    image_shape = (values["image_size"], values["image_size"], values["channels"])
-    try:
-        builder = models.import_builder(name)
-    except models.ModelError as e:
-        log.warning("%s; it is checked again in the training step, where it must import", e)
-        return
-    import keras
-
-    # Without `classes` the count is the data's, unknown here: any count shows whether the builder honours it.
-    num_classes = len(classes) or 10
-    try:
-        models.call_builder(name, builder, image_shape, num_classes)
-    finally:
-        keras.backend.clear_session()
 
 
 # ---------------------------------------------------------------------------------------------- local run

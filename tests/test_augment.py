@@ -80,12 +80,12 @@ def test_photo_preset_and_its_spellings():
 
 
 def test_the_pipeline_parameter_takes_the_preset():
-    from components import params
+    from pipelines import parameters
 
-    params.validate({"augment_policy": "photo"}, what="parameters")
-    params.validate({"augment_policy": '{"preset": "photo", "seed": 3}'}, what="parameters")
+    parameters.validate({"augment_policy": "photo"}, what="parameters")
+    parameters.validate({"augment_policy": '{"preset": "photo", "seed": 3}'}, what="parameters")
     with pytest.raises(ValueError, match="Unknown augmentation preset"):
-        params.validate({"augment_policy": '{"preset": "pictures"}'}, what="parameters")
+        parameters.validate({"augment_policy": '{"preset": "pictures"}'}, what="parameters")
 
 
 # ---------------------------------------------------------------------------------------------- transforms

@@ -78,3 +78,49 @@ def test_predict_standalone(tiny_model, image_folder, tmp_path, capsys):
     assert all(len(r["top_k"]) == 3 and 0 < r["confidence"] <= 1 for r in rows)
     assert printed.count("percent confidence.") == 12
     assert json.loads(printed[printed.index("{"):])["count"] == 12
+
+
+def help_sections(text: str) -> dict[str, str]:
+    """argparse's help split into its groups: title -> the group's lines."""
+    sections, title = {}, ""
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line[:-1]
+            sections[title] = ""
+        elif title:
+            sections[title] += line + "\n"
+    return sections
+
+
+@pytest.mark.parametrize("verb", ["run", "compile", "schedule"])
+def test_help_shows_each_parameters_help_and_choices_grouped_by_step(verb, capsys, monkeypatch):
+    from components import augment, params
+    from components.registry import REGISTRIES
+    from components.train import models, recipes
+
+    monkeypatch.setenv("COLUMNS", "2000")  # one line per flag: no wrapping inside the phrases asserted on
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([verb, "--help"])
+    assert exit_info.value.code == 0
+    sections = help_sections(capsys.readouterr().out)
+    groups = {step: sections[f"pipeline parameters, {title}"] for step, title in params.STEPS.items()}
+    flags = {}
+    for step, lines in groups.items():
+        for entry in ("\n" + lines).split("\n  --")[1:]:  # a flag, then its help (on the next line after a long one)
+            flag, _, text = entry.partition(" ")
+            flags["--" + flag.strip()] = (step, " ".join(text.split()))
+    # Every parameter of the pipeline, once, in the group of the step that reads it, with the table's help.
+    assert set(flags) == {"--" + name.replace("_", "-") for name in params.PARAMETERS}
+    for name, param in params.PARAMETERS.items():
+        step, text = flags["--" + name.replace("_", "-")]
+        assert step == param.step and param.help in text, (name, text)
+    assert "Choices: " + ", ".join(models.MODELS) + "; or module:function. Default: 'reference-cnn'." \
+        in flags["--model"][1]
+    assert f"Choices: {', '.join(sorted(recipes.RECIPES))}. Default: 'fast'." in flags["--recipe"][1]
+    assert f"Choices: {', '.join(REGISTRIES)}." in flags["--registry"][1]
+    assert f"Choices: {', '.join(sorted(augment.PRESETS))}; or a JSON policy" in flags["--augment-policy"][1]
+    assert "Choices: offline, online." in flags["--augment-mode"][1]
+    assert "Choices: local, dataflow." in flags["--preprocess-runner"][1]
+    assert "Choices: 1, 3. Default: 1." in flags["--channels"][1]
+    assert flags["--min-accuracy"] == ("evaluate", f"FLOAT {params.PARAMETERS['min_accuracy'].help} Default: 0.88.")
+    assert flags["--train-spot"][1].startswith("BOOL ")

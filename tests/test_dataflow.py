@@ -17,6 +17,7 @@ from components.stepcli import EXIT_PERMANENT, EXIT_RETRY  # noqa: E402
 from components.preprocess import beam as beam_lib  # noqa: E402
 from components.preprocess import dataflow  # noqa: E402
 from components.preprocess.sources import open_source  # noqa: E402
+from pipelines import parameters  # noqa: E402
 from tests.standins.dataflow import DataflowStandIn  # noqa: E402
 
 IMAGE = "us-docker.pkg.dev/my-project/images/cpu@sha256:" + "a" * 64
@@ -49,9 +50,9 @@ def job_graph(image_folder, tmp_path, settings):
 
 def test_incomplete_or_wrong_dataflow_parameters_are_refused_naming_each():
     defaults = {name: p.default for name, p in params.PARAMETERS.items()}
-    assert params.problems({**defaults, "preprocess_runner": "local"}) == []
-    found = params.problems({**defaults, "preprocess_runner": "dataflow", "project": "",
-                             "dataflow_subnetwork": "data", "dataflow_service_account": "prep"})
+    assert parameters.problems({**defaults, "preprocess_runner": "local"}) == []
+    found = parameters.problems({**defaults, "preprocess_runner": "dataflow", "project": "",
+                                 "dataflow_subnetwork": "data", "dataflow_service_account": "prep"})
     text = "\n".join(found)
     assert "project is required with preprocess_runner=dataflow" in text
     assert "dataflow_temp_location must be a gs:// folder" in text
@@ -59,12 +60,12 @@ def test_incomplete_or_wrong_dataflow_parameters_are_refused_naming_each():
     assert "dataflow_service_account must be a service account email" in text
     assert f"data must be on gs:// for preprocess_runner=dataflow: Dataflow's workers cannot read " \
            f"{params.DEFAULT_SOURCE}" in text
-    assert params.problems({"preprocess_runner": "spark"}) == [
+    assert parameters.problems({"preprocess_runner": "spark"}) == [
         "preprocess_runner must be one of local, dataflow (got 'spark')"]
     good = {**defaults, "preprocess_runner": "dataflow", "project": "my-project", "location": "us-central1",
             "data": "gs://my-bucket/photos", "dataflow_temp_location": "gs://my-bucket/tmp",
             "dataflow_subnetwork": "regions/europe-west4/subnetworks/data"}
-    assert params.problems(good) == [
+    assert parameters.problems(good) == [
         "dataflow_subnetwork is in region europe-west4 but the job runs in us-central1 (location)"]
 
 

@@ -103,7 +103,7 @@ def test_a_failed_step_ends_with_one_short_block_and_no_traceback(tmp_path, fash
     for step in ("augment", "train", "evaluate", "predict", "register"):
         assert f"  {step:<10}  skipped: preprocess failed" in done.stdout, step
     log = (out / "logs" / "preprocess.log").read_text()
-    assert "Traceback (most recent call last):" in log and "components.data.DataError: Need at least 2" in log
+    assert "Traceback (most recent call last):" in log and "components.storage.DataError: Need at least 2" in log
 
 
 # ---------------------------------------------------------------------------------------------- the pieces

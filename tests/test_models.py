@@ -16,6 +16,7 @@ import pytest
 from components import data, params
 from components.train import TrainingLoop, TrainSettings, models, train
 from components.train.faults import PreemptionWatch
+from pipelines import parameters
 from tests.conftest import REPO_ROOT
 
 SLOW_BACKBONES = [name for name in models.BACKBONES if name != "mobilenet-v3-small"]
@@ -170,7 +171,7 @@ def test_pipectl_checks_a_builder_it_can_import_and_warns_about_one_it_cannot(my
 ])
 def test_settings_that_cannot_work_are_refused_at_submission(values, message):
     defaults = {name: param.default for name, param in params.PARAMETERS.items()}
-    found = params.problems(defaults | values)
+    found = parameters.problems(defaults | values)
     assert any(message in problem for problem in found), found
 
 

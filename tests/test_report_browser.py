@@ -111,6 +111,22 @@ def screenshot(browser: str, page_path: str, png_path: str, width: int = 1280, h
         raise RuntimeError(f"chromium could not take the screenshot:\n{completed.stderr[-2000:]}")
 
 
+def readme_screenshot(write_page, png_path: str, height: int) -> int:
+    """The scripts' (`main`) part: `write_page(work_dir)` writes the page and returns its path, whose screenshot
+    `png_path` gets in 256 colours (for the docs); the exit code (2: no browser)."""
+    from PIL import Image
+
+    browser = find_browser()
+    if not browser:
+        print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as work:
+        full = os.path.join(work, "full.png")
+        screenshot(browser, write_page(work), full, height=height)
+        Image.open(full).convert("RGB").quantize(colors=256).save(png_path, optimize=True)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- tests
 
 
@@ -197,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     """Writes the report of MODEL_DIR on DATASET_DIR and its screenshot (for the README)."""
     import argparse
 
-    from PIL import Image
-
     from components.evaluate import evaluate, write_report
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -211,20 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.005)
     parser.add_argument("--height", type=int, default=2900, help="pixels of the page to keep")
     args = parser.parse_args(argv)
-    browser = find_browser()
-    if not browser:
-        print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
-        return 2
     result = evaluate(args.model_dir, args.dataset_dir, min_accuracy=args.min_accuracy,
                       champion_model_dir=args.champion_model_dir, champion_version=args.champion_version,
                       tolerance=args.tolerance)
-    with tempfile.TemporaryDirectory() as work:
-        page = os.path.join(work, "report.html")
-        write_report(result, args.model_dir, args.dataset_dir, page)
-        screenshot(browser, page, os.path.join(work, "full.png"), height=args.height)
-        Image.open(os.path.join(work, "full.png")).convert("RGB").quantize(colors=256).save(args.png, optimize=True)
-    print(f"{args.png}: {result.decision}")
-    return 0
+
+    def write_page(work: str) -> str:
+        write_report(result, args.model_dir, args.dataset_dir, os.path.join(work, "report.html"))
+        return os.path.join(work, "report.html")
+
+    written = readme_screenshot(write_page, args.png, args.height)
+    if written == 0:
+        print(f"{args.png}: {result.decision}")
+    return written
 
 
 if __name__ == "__main__":

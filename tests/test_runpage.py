@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
-import tempfile
 
 import numpy as np
 import pytest
 
 from pipelines import runpage
 from tests.conftest import write_png
-from tests.test_report_browser import RECORD_ERRORS, find_browser, probe, screenshot
+from tests.test_report_browser import RECORD_ERRORS, probe, readme_screenshot, screenshot
 
 SECTIONS = ["Predictions", "Training curves", "TensorBoard", "Evaluation report", "Dataset card",
             "Augmentation preview"]
@@ -149,23 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     """Writes the screenshot of RUN_DIR/index.html (for the README)."""
     import argparse
 
-    from PIL import Image
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("run_dir")
     parser.add_argument("png")
     parser.add_argument("--height", type=int, default=1700, help="pixels of the page to keep")
     args = parser.parse_args(argv)
-    browser = find_browser()
-    if not browser:
-        print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory() as work:
-        full = os.path.join(work, "full.png")
-        screenshot(browser, os.path.join(args.run_dir, runpage.PAGE), full, height=args.height)
-        Image.open(full).convert("RGB").quantize(colors=256).save(args.png, optimize=True)
-    print(args.png)
-    return 0
+    written = readme_screenshot(lambda work: os.path.join(args.run_dir, runpage.PAGE), args.png, args.height)
+    if written == 0:
+        print(args.png)
+    return written
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ import numpy as np
 
 from components import data
 from components.preprocess import per_image
-from components.preprocess.bookkeeping import SourceStats, image_histogram
+from components.preprocess.bookkeeping import (CARD_MAX_CLASSES, SAMPLES_PER_CLASS, SourceStats, Tally,
+                                               image_histogram)
 from components.preprocess.inputs import Source
 
 log = logging.getLogger(__name__)
@@ -194,8 +195,6 @@ def run_beam(src: Source, output_dir: str, *, shards: dict[str, int], image_size
     by default one for the settings' project, region and endpoint)."""
     import apache_beam as beam
 
-    from components.preprocess.step import CARD_MAX_CLASSES, SAMPLES_PER_CLASS
-
     if src.items is None:
         raise data.DataError(f"The Beam runner reads image files (a class-folder tree or a CSV/JSONL manifest); "
                              f"a {src.kind} source is preprocessed in process: use preprocess_runner=local")
@@ -246,8 +245,6 @@ def gather(output_dir: str, work_dir: str, shards: dict[str, int], class_names: 
            settings: BeamSettings):
     """The pipeline's side outputs -> (split summaries, Tally); writes rejected.jsonl in input order and drops the
     empty shards of splits that got fewer records than shards (as ShardWriter.close does)."""
-    from components.preprocess.step import Tally
-
     tally = Tally(len(class_names), channels)
     rows = sorted(_read_lines(data.join(work_dir, "rejected.jsonl")), key=lambda r: r["ordinal"])
     with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as f:

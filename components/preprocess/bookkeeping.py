@@ -1,7 +1,10 @@
-"""What the step keeps track of while it streams: seen content (for duplicates), progress, pixel statistics."""
+"""What the step keeps track of while it streams: seen content (for duplicates), progress, pixel statistics, and
+the `Tally` of kept and rejected inputs that either runner (local, Beam) gathers."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import time
 from typing import Callable
@@ -11,6 +14,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 10.0
+SAMPLES_PER_CLASS = 8
+CARD_MAX_CLASSES = 100  # the card's sample grid shows this many classes at most (memory and page size)
 
 
 class ContentIndex:
@@ -189,3 +194,28 @@ def image_histogram(image: np.ndarray, channels: int) -> np.ndarray:
     stats = PixelStats(channels)
     stats.add(image)
     return stats.histogram
+
+
+@dataclasses.dataclass
+class Tally:
+    """What either runner gathers about the kept and rejected inputs; `finish` turns it into the manifest."""
+
+    num_classes: int
+    channels: int
+    rejected_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rejected_by_class: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    samples: list = dataclasses.field(default_factory=list)  # per class (up to CARD_MAX_CLASSES): pixel arrays
+    pixel_stats: PixelStats | None = None
+    source_files: SourceStats = dataclasses.field(default_factory=SourceStats)  # source records only
+
+    def __post_init__(self):
+        self.pixel_stats = self.pixel_stats or PixelStats(self.channels)
+        self.samples = self.samples or [[] for _ in range(min(self.num_classes, CARD_MAX_CLASSES))]
+
+    def reject(self, label: int, reason: str) -> None:
+        self.rejected_by_reason[reason] += 1
+        if label >= 0:
+            self.rejected_by_class[label][reason] += 1
+
+    def wants_sample(self, label: int) -> bool:
+        return label < len(self.samples) and len(self.samples[label]) < SAMPLES_PER_CLASS

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from components import data, params
-from components.preprocess.bookkeeping import ContentIndex, PixelStats, Progress, SourceStats, image_histogram
+from components.preprocess.bookkeeping import SAMPLES_PER_CLASS, ContentIndex, Progress, Tally, image_histogram
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
 from components.preprocess import per_image
@@ -27,8 +27,6 @@ from components.preprocess.sources import open_source
 log = logging.getLogger(__name__)
 
 SAMPLES_FILE = "samples.png"
-SAMPLES_PER_CLASS = 8
-CARD_MAX_CLASSES = 100  # the card's sample grid shows this many classes at most (memory and page size)
 
 
 @dataclasses.dataclass
@@ -62,31 +60,6 @@ def shard_plan(expected: dict[str | None, int], *, validation_fraction: float, t
     if data.record_encoding(image_size) != data.RAW:
         image_bytes //= 4  # PNG/JPEG: a guess; more shards than needed only means smaller ones
     return {s: data.num_shards_for(math.ceil(counts[s]), image_bytes, min_shards=min_shards) for s in data.SPLITS}
-
-
-@dataclasses.dataclass
-class Tally:
-    """What either runner gathers about the kept and rejected inputs; `finish` turns it into the manifest."""
-
-    num_classes: int
-    channels: int
-    rejected_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    rejected_by_class: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
-    samples: list = dataclasses.field(default_factory=list)  # per class (up to CARD_MAX_CLASSES): pixel arrays
-    pixel_stats: PixelStats | None = None
-    source_files: SourceStats = dataclasses.field(default_factory=SourceStats)  # source records only
-
-    def __post_init__(self):
-        self.pixel_stats = self.pixel_stats or PixelStats(self.channels)
-        self.samples = self.samples or [[] for _ in range(min(self.num_classes, CARD_MAX_CLASSES))]
-
-    def reject(self, label: int, reason: str) -> None:
-        self.rejected_by_reason[reason] += 1
-        if label >= 0:
-            self.rejected_by_class[label][reason] += 1
-
-    def wants_sample(self, label: int) -> bool:
-        return label < len(self.samples) and len(self.samples[label]) < SAMPLES_PER_CLASS
 
 
 def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1, test_fraction: float = 0.1,

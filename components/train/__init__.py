@@ -32,7 +32,7 @@ image shape, per-epoch history, steps, timings, throughput).
 Where things are: `loop` (`TrainingLoop`, the training loop in named phases, and `train`), `settings`
 (`TrainSettings`, everything a run is told), `recipes` (the presets), `learning_rate`, `models` (the catalogue:
 the reference CNN, backbones, bring-your-own; the transfer-learning phases), `pretrained` (weights: fetch, cache,
-load, digest), `model` (the CNN, precision, XLA, export), `cluster` (TF_CONFIG and the strategy), `inputs` (the
+load, digest), `model` (precision, XLA, GPU visibility, export), `cluster` (TF_CONFIG and the strategy), `inputs` (the
 seekable training input), `faults` (preemption, exit codes, the failure marker, the checkpoint directory), `results`
 (`TrainResult`, training.json, KFP metrics), `cli`.
 """
@@ -42,7 +42,7 @@ from components.stepcli import EXIT_BUG, EXIT_KILLED, EXIT_OK, EXIT_PERMANENT, E
 from components.train.faults import (FAILED_MARKER, NonFiniteLossError, PermanentFailure, Preempted, attempt,
                                      backup_dir_for)
 from components.train.loop import TrainingLoop, train
-from components.train.model import build_model
+from components.train.models import build_model
 from components.train.recipes import DEFAULT_RECIPE, PRECISIONS, RECIPES, Recipe, resolve_recipe
 from components.train.results import TRAINING_INFO, TrainResult, log_to_kfp
 from components.train.settings import TrainSettings

@@ -1,5 +1,5 @@
-"""The model and the hardware choices around it: the reference CNN, precision, XLA, GPU visibility, and the
-float32 export that serving loads. The other networks (the backbones, bring-your-own) are in `models`."""
+"""The hardware choices around the model: precision, XLA, GPU visibility, and the float32 export that serving
+loads. The networks (the reference CNN, the backbones, bring-your-own) are in `models`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import sys
 
 from components import data
+from components.train import models
 
 
 def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
@@ -21,22 +22,6 @@ def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
         raise RuntimeError(f"This machine has GPU devices ({', '.join(sorted(devices))} in {device_dir}) but "
                            "TensorFlow sees none: the image's CUDA/cuDNN does not match the node's driver. Check "
                            "with: python3 -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"")
-
-
-def build_model(image_shape: list[int] | tuple[int, ...], num_classes: int, dtype_policy: str = "float32"):
-    """The reference CNN. Pixel scaling is part of the model, so serving takes raw 0-255 pixels."""
-    import keras
-
-    policy = keras.DTypePolicy(dtype_policy)
-    return keras.Sequential([
-        keras.Input(shape=tuple(image_shape), name="image"),
-        keras.layers.Rescaling(1.0 / 255, dtype=policy),
-        keras.layers.Conv2D(32, 3, activation="relu", dtype=policy),
-        keras.layers.MaxPooling2D(dtype=policy),
-        keras.layers.Flatten(dtype=policy),
-        keras.layers.Dense(64, activation="relu", dtype=policy),
-        keras.layers.Dense(num_classes, name="logits", dtype="float32"),  # softmax/loss stay in float32
-    ], name="classifier")
 
 
 def cpu_has_bf16() -> bool:
@@ -83,8 +68,6 @@ def write_model(model, image_shape, num_classes: int, model_dir: str, model_name
     (SERVE_IMAGE_FILES)."""
     import keras
     import tensorflow as tf
-
-    from components.train import models
 
     export = models.build(model_name, image_shape, num_classes, "float32")
     export.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])

@@ -95,11 +95,25 @@ def dtype_policy(name: str):
         keras.config.set_dtype_policy(before)
 
 
+def build_model(image_shape: list[int] | tuple[int, ...], num_classes: int, dtype_policy: str = "float32"):
+    """The reference CNN. Pixel scaling is part of the model, so serving takes raw 0-255 pixels."""
+    import keras
+
+    policy = keras.DTypePolicy(dtype_policy)
+    return keras.Sequential([
+        keras.Input(shape=tuple(image_shape), name="image"),
+        keras.layers.Rescaling(1.0 / 255, dtype=policy),
+        keras.layers.Conv2D(32, 3, activation="relu", dtype=policy),
+        keras.layers.MaxPooling2D(dtype=policy),
+        keras.layers.Flatten(dtype=policy),
+        keras.layers.Dense(64, activation="relu", dtype=policy),
+        keras.layers.Dense(num_classes, name="logits", dtype="float32"),  # softmax/loss stay in float32
+    ], name="classifier")
+
+
 def build(name: str, image_shape, num_classes: int, precision: str = "float32"):
     """The uncompiled model `name` for images of `image_shape` (raw 0-255 pixels) and `num_classes` logits, its
     layers computing in `precision` (a Keras dtype policy; logits stay float32 in the catalogue's heads)."""
-    from components.train.model import build_model
-
     image_shape = tuple(int(n) for n in image_shape)
     if name == DEFAULT_MODEL:
         return build_model(image_shape, num_classes, precision)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from components import params
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -68,7 +70,7 @@ RECIPES = {
     # the rate with cosine decay, 8 epochs, 16 steps per call into the runtime, bf16 where the hardware has it.
     "fast": Recipe(epochs=8, batch_size=128, learning_rate=2e-3, lr_schedule="cosine", steps_per_execution=16),
 }
-DEFAULT_RECIPE = "fast"
+DEFAULT_RECIPE = params.default("recipe")  # the pipeline parameter's default
 
 
 def resolve_recipe(name: str, **overrides) -> Recipe:

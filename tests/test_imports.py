@@ -1,0 +1,141 @@
+"""Dependencies run one way: no import circles between the project's files, imports inside functions included.
+
+A lazy import that closes a circle is still a circle (a module that cannot be understood, or moved, without the
+one that imports it back), so every `import` statement counts wherever it stands. Importing a package's module
+runs the package's __init__, but that edge is the package's own business and is not counted (as the before-stop
+check does)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import textwrap
+
+from tests.conftest import REPO_ROOT
+
+PACKAGES = ("components", "pipelines")
+
+
+def import_graph(root: str, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the project's modules it imports anywhere in its body (relative imports resolved)."""
+    modules: dict[str, set[str]] = {}
+    for package in packages:
+        for directory, _, files in os.walk(os.path.join(root, package)):
+            for file in files:
+                if not file.endswith(".py"):
+                    continue
+                path = os.path.join(directory, file)
+                name = os.path.relpath(path, root)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                is_package = file == "__init__.py"
+                imported = set()
+                with open(path) as f:
+                    tree = ast.parse(f.read(), path)
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Import):
+                        imported.update(alias.name for alias in node.names)
+                    elif isinstance(node, ast.ImportFrom):
+                        base = node.module or ""
+                        if node.level:
+                            parts = name.split(".")[:len(name.split(".")) - node.level + is_package]
+                            base = ".".join(parts + ([base] if base else []))
+                        imported.add(base)
+                        imported.update(f"{base}.{alias.name}" for alias in node.names)
+                modules[name] = imported
+    return {name: {other for other in imported if other in modules and other != name
+                   and not name.startswith(other + ".")}
+            for name, imported in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or around a loop (Tarjan's strongly connected
+    components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def write_package(root, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(textwrap.dedent(text))
+
+
+def test_the_detector_finds_a_circle_closed_by_an_import_inside_a_function(tmp_path):
+    write_package(tmp_path, {
+        "components/__init__.py": "",
+        "components/table.py": ("def check(value):\n    from components.step import vocabulary\n\n"
+                                "    return value in vocabulary\n"),
+        "components/step.py": "from components import table\nvocabulary = ('a',)\n",
+        "components/helpers/__init__.py": "",
+        "components/helpers/a.py": "from . import b\n",
+        "components/helpers/b.py": "def f():\n    from .a import g\n",
+        "components/leaf.py": "import os\nfrom components import table\n",
+        "pipelines/__init__.py": "",
+        "pipelines/top.py": "from components import leaf, step\n",
+    })
+    graph = import_graph(str(tmp_path))
+    assert graph["components.table"] == {"components.step"}
+    assert graph["components.helpers.b"] == {"components.helpers.a"}
+    assert circles(graph) == [["components.helpers.a", "components.helpers.b"], ["components.step", "components.table"]]
+
+
+def test_the_detector_passes_dependencies_that_run_one_way(tmp_path):
+    write_package(tmp_path, {
+        "components/__init__.py": "",
+        "components/table.py": "CHOICES = ('a',)\n",
+        "components/step.py": "from components import table\n\ndef run():\n    from components.table import CHOICES\n",
+        "components/sub/__init__.py": "from components.sub.inner import x\n",
+        "components/sub/inner.py": "import components.sub\nfrom components import step\nx = 1\n",
+        "pipelines/__init__.py": "",
+        "pipelines/top.py": "from components import step, table\n",
+    })
+    graph = import_graph(str(tmp_path))
+    assert graph["pipelines.top"] == {"components", "components.step", "components.table"}
+    assert circles(graph) == []
+
+
+def test_the_project_has_no_import_circles():
+    graph = import_graph(REPO_ROOT)
+    assert "components.params" in graph and graph["components.augment"]  # it read the real tree
+    assert circles(graph) == []
+
+
+def test_the_parameter_table_imports_nothing_of_the_project():
+    # Every layer reads it: anything it imported would sit both below and above it.
+    assert import_graph(REPO_ROOT)["components.params"] == set()
+
+
+def test_components_import_nothing_from_pipelines():
+    graph = import_graph(REPO_ROOT)
+    upward = {(module, other) for module, imported in graph.items() if module.startswith("components")
+              for other in imported if other.startswith("pipelines")}
+    assert upward == set()
