@@ -131,7 +131,7 @@ def test_a_dataset_published_by_reference_reads_as_the_original(small_dataset, t
 
 @pytest.mark.slow
 def test_the_local_pipeline_finishes_on_a_class_folder_tree_of_photos(tmp_path):
-    """JPEG photos of three classes at 64 px (encoded records), the local run's default layout."""
+    """JPEG photos of three classes at 64 px (source records: the files' bytes), the local run's default layout."""
     rng = np.random.default_rng(1)
     colours = {"poppy": (200, 40, 40), "fern": (40, 170, 60), "cornflower": (50, 70, 210)}
     for name, colour in colours.items():
@@ -146,6 +146,6 @@ def test_the_local_pipeline_finishes_on_a_class_folder_tree_of_photos(tmp_path):
     summary = cli.run_local({"data": str(tmp_path / "photos"), "image_size": 64, "channels": 3, "epochs": 1,
                              "min_accuracy": 0.0, "tolerance": 1.0}, str(tmp_path / "run"))
     assert sum(summary["images"][s] for s in data.SPLITS) == 181 and summary["images"]["rejected"] == 0
-    assert data.read_manifest(summary["artifacts"]["preprocess"]["dataset"])["image_encoding"] == data.ENCODED
+    assert data.read_manifest(summary["artifacts"]["preprocess"]["dataset"])["image_encoding"] == data.SOURCE
     assert summary["predictions"]["count"] > 0 and os.path.exists(summary["predictions"]["path"])
     assert summary["registered"]["version"] == "1"
