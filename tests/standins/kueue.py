@@ -1,6 +1,7 @@
 """Kueue admitting a TrainJob, as far as the placement of its pods goes, behind the Kubernetes API stand-in.
 
-Follows Kueue v0.19.2 (kubernetes-sigs/kueue, built against kubeflow/trainer v2.2.1: go.mod:14):
+Source: Kueue v0.19.2 (kubernetes-sigs/kueue, built against kubeflow/trainer v2.2.1: go.mod:14), and the TrainJob
+CRD of tests/schemas/ that it patches:
 
 - Its TrainJob webhook (`Default`, pkg/controller/jobs/trainjob/trainjob_webhook.go:70-103) suspends a queued
   TrainJob (:100) and appends an empty runtime patch of its own, manager `kueue.x-k8s.io/manager`
