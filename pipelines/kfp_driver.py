@@ -353,7 +353,7 @@ def resolve_pods(spec: dict, k8s_executors: dict, parameters: dict, task_outputs
     pods: list[TaskPod] = []
 
     def walk(dag: dict, dag_inputs: dict) -> None:
-        for name, task in dag.get("tasks", {}).items():
+        for name, task in in_run_order(dag.get("tasks", {})):
             component = spec["components"][task["componentRef"]["name"]]
             if "dag" in component:
                 inner = {key: resolve_input(p, dag_inputs, task_outputs, f"{name} input {key!r}")
@@ -364,6 +364,21 @@ def resolve_pods(spec: dict, k8s_executors: dict, parameters: dict, task_outputs
 
     walk(spec["root"]["dag"], pipeline_parameters(spec, parameters))
     return pods
+
+
+def in_run_order(tasks: dict) -> list[tuple[str, dict]]:
+    """A DAG's tasks, each after the tasks it depends on (`dependentTasks`), ties by name: the order a run
+    starts them in, which the compiled YAML's order (alphabetical) is not."""
+    ordered: list[tuple[str, dict]] = []
+    done: set[str] = set()
+    waiting = dict(sorted(tasks.items()))
+    while waiting:
+        ready = [name for name, task in waiting.items()
+                 if all(d in done or d not in tasks for d in task.get("dependentTasks", []))]
+        for name in ready or list(waiting)[:1]:  # a cycle cannot compile; never loop on one all the same
+            ordered.append((name, waiting.pop(name)))
+            done.add(name)
+    return ordered
 
 
 def producer_inputs(spec: dict, task_name: str, parameters: dict) -> dict:

@@ -195,6 +195,16 @@ def test_explain_prints_yaml_with_every_step(tmp_root):
     assert sorted(s["task"] for s in parsed["steps"]) == ["augment-op", "evaluate-op", "placement-op", "predict-op",
                                                           "preprocess-op", "register-op", "train-op"]
     assert parsed["backend_release"] == kfp_driver.PINNED_RELEASE
+    order = [s["task"] for s in parsed["steps"]]  # in run order: each step after the steps it waits for
+    assert order.index("preprocess-op") < order.index("augment-op") < order.index("train-op")
+    assert order.index("train-op") < order.index("evaluate-op") < order.index("register-op")
+    assert order.index("placement-op") < order.index("train-op") < order.index("predict-op")
+
+
+def test_tasks_come_in_run_order_whatever_their_names():
+    tasks = {"a-last": {"dependentTasks": ["m-middle"]}, "m-middle": {"dependentTasks": ["z-first"]}, "z-first": {},
+             "b-free": {}}
+    assert [name for name, _ in kfp_driver.in_run_order(tasks)] == ["b-free", "z-first", "m-middle", "a-last"]
 
 
 # --- the model's rules, on the driver's own test cases and on the SDK's compiled forms --------------------------
