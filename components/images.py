@@ -127,8 +127,6 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     Raises ImageError as decode_image_file does."""
     import io
 
-    from PIL import Image
-
     img = _open(data, max_pixels)
     source_format, source_size = img.format, (img.height, img.width)
     why = keep_problem(img, max_side)

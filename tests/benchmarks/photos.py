@@ -34,7 +34,6 @@ import shutil
 import tempfile
 import time
 
-import numpy as np
 
 from tests.benchmarks.ingest import peak_memory, print_memory
 
