@@ -7,7 +7,8 @@ A dataset directory (the `Dataset` artifact of preprocess and augment) holds:
     train/train-00000-of-00004.tfrecord ...
     validation/...  test/...
     rejected.jsonl               inputs that could not be used: {"uri", "reason", "detail"} per line
-    samples.png                  the first training images of each class, one row per class (dataset card)
+    samples.png                  the first training images of each class, one row per class (dataset card;
+                                 samples.jpg for photo datasets)
 
 Each record is a `tf.train.Example` with `image`, `label` (int64) and `uri` (where the image came from).
 How `image` holds the pixels is the manifest's `image_encoding`:
@@ -360,20 +361,35 @@ def file_decoder(image_shape: tuple[int, int, int]):
     return lambda contents: decode(tf.constant(contents)).numpy()
 
 
-def resize_to_shape(image, image_shape, *, antialias: bool = True):
-    """uint8 HxWxC of any size -> `image_shape`: bilinear with antialiasing (a box wide enough to average every
-    source pixel when shrinking), rounded; an image already of that size is returned as it is."""
+# Antialiased resizing from this shrink factor on (per side); below it plain bilinear (see resize_to_shape).
+ANTIALIAS_FROM = 3.0
+
+
+def resize_to_shape(image, image_shape, *, antialias: bool | None = None):
+    """uint8 HxWxC of any size -> `image_shape`, bilinear, rounded; an image already of that size is returned as it
+    is. `antialias` None (the readers' rule): a box wide enough to average every source pixel only where a side
+    shrinks by ANTIALIAS_FROM or more (a PNG or a small-ratio JPEG much larger than the target); below that, plain
+    bilinear, whose 2x2 taps still reach most source pixels. After decode_to_shape's DCT scaling a JPEG is within
+    about 2x of the target, where TensorFlow's antialiased kernel cost 1.5-3 ms a photo against 0.5 ms for plain
+    bilinear, a third of the whole decode (docs/photos.md); training's crops are resized plainly too."""
     import tensorflow as tf
 
     height, width, channels = image_shape
     image = tf.ensure_shape(image, [None, None, channels])
+    size = tf.shape(image)
 
-    def resize():
-        resized = tf.image.resize(image, [height, width], method="bilinear", antialias=antialias)
+    def resize(smooth: bool):
+        resized = tf.image.resize(image, [height, width], method="bilinear", antialias=smooth)
         return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
 
-    same = tf.logical_and(tf.equal(tf.shape(image)[0], height), tf.equal(tf.shape(image)[1], width))
-    return tf.reshape(tf.cond(same, lambda: image, resize), [height, width, channels])
+    def shrink():
+        if antialias is not None:
+            return resize(antialias)
+        far = tf.logical_or(size[0] >= int(ANTIALIAS_FROM * height), size[1] >= int(ANTIALIAS_FROM * width))
+        return tf.cond(far, lambda: resize(True), lambda: resize(False))
+
+    same = tf.logical_and(tf.equal(size[0], height), tf.equal(size[1], width))
+    return tf.reshape(tf.cond(same, lambda: image, shrink), [height, width, channels])
 
 
 def decode_crop_to_shape(contents, image_shape, crop_box):
@@ -381,7 +397,7 @@ def decode_crop_to_shape(contents, image_shape, crop_box):
     file's pixels (int32). JPEGs decode only the crop's blocks (tf.io.decode_and_crop_jpeg, the ImageNet input
     pipelines' op); then plain bilinear resizing, as those pipelines do for their training crops: antialiasing a
     crop of up to 1792 px down to 224 measured 11 ms against 0.6 ms, more than the decode itself, for a random
-    augmentation that needs no exact pixels (evaluation and prediction keep the antialiased rule)."""
+    augmentation that needs no exact pixels."""
     import tensorflow as tf
 
     channels = image_shape[2]

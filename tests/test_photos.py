@@ -70,6 +70,21 @@ def test_the_rule_uses_dct_scaling_only_where_it_keeps_the_target_size():
                                       data.resize_to_shape(full, [target, target, 3]).numpy())
 
 
+def test_the_rule_antialiases_only_where_a_side_shrinks_three_times_or_more():
+    """After DCT scaling a JPEG is within about 2x of the target, where plain bilinear is what the rule does (and
+    what training's crops do); a much larger PNG is averaged over every source pixel instead of sampled."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    for side, smooth in ((100, False), (191, False), (192, True), (400, True)):  # the height decides
+        image = tf.constant(rng.integers(0, 256, (side, side - 20, 3), dtype=np.uint8))
+        expected = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, [64, 64], antialias=smooth)), 0, 255),
+                           tf.uint8)
+        np.testing.assert_array_equal(data.resize_to_shape(image, [64, 64, 3]).numpy(), expected.numpy())
+        other = tf.image.resize(image, [64, 64], antialias=not smooth)
+        assert np.abs(tf.round(other).numpy() - expected.numpy()).max() > 0  # the two filters differ here
+
+
 def test_evaluation_and_batch_prediction_read_a_file_to_the_same_pixels(photo_dataset):
     import concurrent.futures
 
@@ -129,6 +144,10 @@ def test_the_card_and_offline_copies_of_a_source_dataset(photo_dataset, tmp_path
     _, dataset = photo_dataset
     card = pp.dataset_card(dataset)
     assert "as the source files' bytes" in card and "4 at least twice max_side" in card and "max_side 256" in card
+    samples = data.read_manifest(dataset)["samples"]
+    assert samples["file"] == pp.SAMPLES_PHOTO_FILE and card.count("data:image/png;base64,") == samples["classes"]
+    grid = Image.open(os.path.join(dataset, pp.SAMPLES_PHOTO_FILE))
+    assert grid.format == "JPEG" and grid.size == (8 * 65 - 1, 2 * 65 - 1)
     out = str(tmp_path / "augmented")
     augment_lib.augment(dataset, out, copies=1, policy=augment_lib.AugmentPolicy.from_json("photo"), min_shards=1)
     assert data.read_manifest(out)["image_encoding"] == data.SOURCE  # the originals as they are, copies as JPEG
