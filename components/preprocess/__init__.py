@@ -40,8 +40,7 @@ from components.preprocess.card import dataset_card
 from components.preprocess.cli import main
 from components.preprocess.dataflow import DataflowSettings
 from components.preprocess.inputs import BAD_ROW, CONFLICTING_LABEL, DUPLICATE, OUTSIDE_CLASSES
-from components.preprocess.step import SAMPLES_FILE, PreprocessResult, preprocess
+from components.preprocess.step import SAMPLES_FILE, SAMPLES_PHOTO_FILE, PreprocessResult, preprocess
 
-__all__ = ["BAD_ROW", "CONFLICTING_LABEL", "DUPLICATE", "OUTSIDE_CLASSES", "SAMPLES_FILE", "DataflowSettings",
-           "PreprocessResult",
-           "dataset_card", "main", "preprocess"]
+__all__ = ["BAD_ROW", "CONFLICTING_LABEL", "DUPLICATE", "OUTSIDE_CLASSES", "SAMPLES_FILE", "SAMPLES_PHOTO_FILE",
+           "DataflowSettings", "PreprocessResult", "dataset_card", "main", "preprocess"]
