@@ -106,7 +106,9 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
                     totals[key] += marker.get(key, 0)
                 continue
             writer = ChunkWriter(output_dir, chunk.index, names, top_k)
-            batches = Prefetcher(decoder.decode(items) for items in iter_batches(chunk, batch_size, pool))
+            # Three stages at once: reading batch n+2, decoding n+1 (both release the GIL), predicting n.
+            reads = Prefetcher(iter_batches(chunk, batch_size, pool))
+            batches = Prefetcher(decoder.decode(items) for items in reads)
             try:
                 for keys, images, errors in batches:
                     for uri, reason in errors:
@@ -116,6 +118,7 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
                         progress.predicted(writer.write(keys, classifier.predict_proba(images)))
             finally:
                 batches.close()
+                reads.close()
                 writer.close()
             inputs = writer.count + writer.errors
             writer.commit({"chunk": chunk.index, "fingerprint": chunk.fingerprint, "inputs": inputs,
