@@ -19,6 +19,8 @@ photo's own are upsampled (they compress a little better than a camera's sensor 
     RandomFlip), which crop the 224x224 thumbnail;
   - batch prediction of the folder (components.predict) against image_dataset_from_directory + model.predict,
     with the same small model (a convolution, pooling and a dense layer: the input pipeline is what is measured);
+  - ceilings: decoding alone with every core (each file at 1/8 scale, the entropy decoding any check of a JPEG
+    pays; and at the rule's DCT scale, what prediction decodes), against the same baselines;
   - peak memory of a preprocess process over 10k and 100k 320x240 photos (one JPEG per photo, each made unique
     by a JPEG comment: cheap to write, decoded like any other).
 """
@@ -108,6 +110,31 @@ def make_unique_copies(root: str, count: int, base: str) -> str:
     with open(marker, "w") as f:
         f.write(str(count))
     return root
+
+
+def decode_floor(root: str, at_least: int | None) -> float:
+    """Photos/s of decoding alone, every core, nothing else: each file at 1/8 scale (at_least None: the entropy
+    decoding that checking a JPEG costs whatever else is skipped, preprocess's floor), or at the smallest DCT
+    scale that keeps both sides >= at_least (what prediction's rule decodes before resizing). A ceiling for
+    each side's ratio against its baseline, which decodes the same bytes."""
+    import concurrent.futures
+
+    from PIL import Image
+
+    paths = [os.path.join(d, n) for d, _, names in os.walk(root) for n in sorted(names)]
+
+    def decode(part: list[str]) -> None:
+        for path in part:
+            with Image.open(path) as img:
+                want = (img.width // 8, img.height // 8) if at_least is None else (at_least, at_least)
+                img.draft("RGB", want)
+                img.load()
+
+    cpus = os.cpu_count() or 1
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(cpus) as pool:
+        list(pool.map(decode, [paths[i::cpus] for i in range(cpus)]))
+    return len(paths) / (time.monotonic() - start)
 
 
 def folder_bytes(root: str) -> int:
@@ -231,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
     workdir = args.workdir or tempfile.mkdtemp(prefix="photos-bench-")
     memory_counts = [int(n) for n in args.memory.split(",") if n]
     runs: dict[str, list[float]] = {k: [] for k in ("ingest base", "ingest ours", "train base", "train ours",
-                                                   "train-1 base", "train-1 ours", "predict base", "predict ours")}
+                                                   "train-1 base", "train-1 ours", "predict base", "predict ours",
+                                                   "check floor", "rule floor")}
     try:
         print(f"making {args.photos} camera-sized JPEGs in {workdir} ...", flush=True)
         root = make_camera_tree(os.path.join(workdir, f"camera{args.photos}"), args.photos)
@@ -248,6 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
                 runs[f"train {side}"].append(rates[1])
             runs["predict base"].append(baseline_predict(model_dir, root))
             runs["predict ours"].append(ours_predict(model_dir, root, os.path.join(workdir, "predictions")))
+            runs["check floor"].append(decode_floor(root, None))
+            runs["rule floor"].append(decode_floor(root, IMAGE_SIZE))
         memory = {}
         if memory_counts:
             small = make_camera_tree(os.path.join(workdir, "small"), 130, sizes=((320, 240),), seed=1)
@@ -271,6 +301,11 @@ def main(argv: list[str] | None = None) -> dict:
                             ("  its first epoch (loading, tracing)", "train-1", "train-1 base"),
                             ("batch prediction vs idfd + model.predict", "predict", "predict base")):
         print(f"{name:58} {best[key + ' ours']:9.1f} {best[base]:9.1f} {best[key + ' ours'] / best[base]:6.2f}x")
+    print("ceilings: decoding alone, every core, against the same baselines (each side decodes every byte too)")
+    for name, key, base in (("  check decode at 1/8 (preprocess's floor) vs idfd", "check floor", "ingest base"),
+                            ("  the rule's DCT-scaled decode (prediction's floor) vs idfd + predict", "rule floor",
+                             "predict base")):
+        print(f"{name:58} {best[key]:9.1f} {best[base]:9.1f} {best[key] / best[base]:6.2f}x")
     print(f"shards: {shard_bytes / 1e6:.1f} MB for {source_bytes / 1e6:.1f} MB of sources "
           f"({shard_bytes / source_bytes:.3f}x)")
     growth = None
@@ -281,6 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
             "images_per_s": {k: round(v, 1) for k, v in best.items()},
             "ratios": {k: round(best[k + " ours"] / best[k + " base"], 2)
                        for k in ("ingest", "train", "train-1", "predict")},
+            "ceilings": {"ingest": round(best["check floor"] / best["ingest base"], 2),
+                         "predict": round(best["rule floor"] / best["predict base"], 2)},
             "peak_memory": {str(n): m for n, m in memory.items()}, "memory_growth_mb": growth}
 
 
