@@ -34,6 +34,21 @@ TOO_LARGE = "image too large"
 UNREADABLE = "unreadable"
 
 
+def available_cpus() -> int:
+    """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota (a pod's CPU limit),
+    which os.cpu_count() ignores (it reports the node's cores). Preprocess's decode plans and batch prediction's
+    readers and decoders size their parallelism by it."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "max 100000" or "200000 100000"
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
 class ImageError(ValueError):
     """An input file that is not a usable image. `reason` is one of the constants above (what reports count),
     `detail` says what exactly was wrong with this file."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import os
 import struct
 from typing import Iterator
 
@@ -109,7 +108,7 @@ def batch_decoder(kind: str, shape: tuple[int, int, int]):
     and shape (tracing the rule's conditionals took half a second, a sixth of a 720-photo run), not per Decoder."""
     import tensorflow as tf
 
-    channels, parallel = shape[2], 2 * (os.cpu_count() or 1)
+    channels, parallel = shape[2], 2 * data.available_cpus()
     decode_one = {"png": lambda c: tf.io.decode_png(c, channels=channels),
                   "jpeg": lambda c: tf.io.decode_jpeg(c, channels=channels, dct_method="INTEGER_ACCURATE"),
                   "source": lambda c: data.decode_to_shape(c, list(shape))}[kind]

@@ -87,7 +87,7 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
     names = list(classifier.class_names)
     top_k = min(top_k, len(names))
     # Reading from object storage waits on the network, not the CPU: many more readers there.
-    workers = workers or (32 if _is_remote(where.location) else 2 * (os.cpu_count() or 1))
+    workers = workers or (32 if _is_remote(where.location) else 2 * data.available_cpus())
     data.gfile().makedirs(data.join(output_dir, SHARDS))
     gpus = tf.config.list_physical_devices("GPU")
     log.info("predict: %s -> %s; model input %s on %s, batches of %d", where, output_dir,

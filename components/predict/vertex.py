@@ -54,7 +54,7 @@ def write_vertex_instances(source: str, instances_path: str, errors_path: str, i
     be read go to `errors_path` with the reason. Returns {"instances": n, "errors": m, "keys": the n keys sent}."""
     where = resolve_source(source)
     counts = {"instances": 0, "errors": 0, "keys": []}
-    workers = 32 if _is_remote(where.location) else 2 * (os.cpu_count() or 1)
+    workers = 32 if _is_remote(where.location) else 2 * data.available_cpus()
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool, \
             data.gfile().GFile(instances_path, "w") as instances, data.gfile().GFile(errors_path, "w") as errors:
         decoder = Decoder(image_shape, pool, raw_ok=where.kind == "tfrecord")

@@ -8,7 +8,6 @@ import concurrent.futures
 import functools
 import itertools
 import logging
-import math
 import multiprocessing
 import os
 import time
@@ -17,24 +16,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from components import data
+from components.images import available_cpus  # noqa: F401 (the step and benchmarks take it from here too)
 from components.preprocess import per_image
 from components.preprocess.inputs import Example, Item
 
 log = logging.getLogger(__name__)
-
-def available_cpus() -> int:
-    """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota (a pod's CPU limit),
-    which os.cpu_count() ignores (it reports the node's cores)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "max 100000" or "200000 100000"
-            quota, period = f.read().split()
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cpus)
-
 
 def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
@@ -111,7 +97,7 @@ class TensorFlowDecoder:
         def read_and_decode(paths):
             with tf.device("/CPU:0"):
                 return tf.map_fn(one, paths, fn_output_signature=(tf.string, tf.uint8, tf.int32),
-                                 parallel_iterations=2 * (os.cpu_count() or 1))
+                                 parallel_iterations=2 * available_cpus())
 
         self.read_and_decode = read_and_decode
         self.errors = (tf.errors.OpError,)
