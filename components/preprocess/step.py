@@ -7,6 +7,7 @@ import array
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import pickle
 import shutil
 import tempfile
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -123,6 +125,17 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                             dict(tally.rejected_by_reason), seconds)
 
 
+SPOOL_BATCH = 512  # kept images per pickle in _run_local's spool (16 when they are encoded files: photos)
+
+
+def _spooled(spool) -> Iterator[list[tuple]]:
+    while True:
+        try:
+            yield pickle.load(spool)
+        except EOFError:
+            return
+
+
 def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: list[int], total: int,
                validation_fraction: float, test_fraction: float) -> tuple[dict, Tally, int, float]:
     """The in-process runner. A class's split follows from all of its content keys (per_image.split_cuts), so the
@@ -138,7 +151,10 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
     seen = 0
     spool_dir = tempfile.mkdtemp(prefix="preprocess-kept-")
     try:
+        # The spool is pickled SPOOL_BATCH kept images at a time (one pickle per image cost a tenth of a run of
+        # 28x28 PNGs); memory stays bounded by one batch.
         with open(os.path.join(spool_dir, "kept.pickle"), "wb") as spool:
+            pending: list[tuple] = []
             for ex in src.examples:
                 seen += 1
                 if not seen & 1023:
@@ -159,9 +175,13 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
                 # Raw pixels are counted from the spool in batches; an encoded image's histogram travels with it
                 # (decoding it again would cost more than the histogram's 1 KB per channel).
                 raw = ex.stored is None
-                pickle.dump((ex.uri, ex.label, ex.encoding, ex.image.tobytes() if raw else ex.stored, raw,
-                             None if raw else image_histogram(ex.image, channels).astype(np.uint32)), spool,
-                            protocol=pickle.HIGHEST_PROTOCOL)
+                pending.append((ex.uri, ex.label, ex.encoding, ex.image.tobytes() if raw else ex.stored, raw,
+                                None if raw else image_histogram(ex.image, channels).astype(np.uint32)))
+                if len(pending) >= SPOOL_BATCH or (not raw and len(pending) >= 16):
+                    pickle.dump(pending, spool, protocol=pickle.HIGHEST_PROTOCOL)
+                    pending = []
+            if pending:
+                pickle.dump(pending, spool, protocol=pickle.HIGHEST_PROTOCOL)
         cuts = per_image.split_cuts(zip(kept_labels, kept_keys, (source_splits[c] for c in kept_sources)),
                                     validation_fraction, test_fraction)
         kept_splits = [per_image.assign_split(key, source_splits[code], cuts.get(label, per_image.NO_CUTS))
@@ -171,8 +191,9 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
         # The card's samples of encoded records are decoded beside the writing (up to 8 per class, a few ms each)
         samples = concurrent.futures.ThreadPoolExecutor(available_cpus(), thread_name_prefix="preprocess-samples")
         with samples, open(os.path.join(spool_dir, "kept.pickle"), "rb") as spool:
+            spooled: Iterator[tuple] = itertools.chain.from_iterable(_spooled(spool))
             for split in kept_splits:
-                uri, label, encoding, stored, raw, histogram = pickle.load(spool)
+                uri, label, encoding, stored, raw, histogram = next(spooled)
                 writers[split].write_record(data.encode_example(stored, label, uri), label, encoding)
                 if split != "train":
                     continue
