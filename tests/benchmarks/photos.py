@@ -19,6 +19,8 @@ photo's own are upsampled (they compress a little better than a camera's sensor 
     RandomFlip), which crop the 224x224 thumbnail;
   - batch prediction of the folder (components.predict) against image_dataset_from_directory + model.predict,
     with the same small model (a convolution, pooling and a dense layer: the input pipeline is what is measured);
+  - for preprocess and prediction, the CPU time per photo of each side as well (all threads and worker
+    processes): steadier than the rates on a shared machine;
   - ceilings: decoding alone with every core (each file at 1/8 scale, the entropy decoding any check of a JPEG
     pays; and at the rule's DCT scale, what prediction decodes), against the same baselines;
   - peak memory of a preprocess process over 10k and 100k 320x240 photos (one JPEG per photo, each made unique
@@ -135,6 +137,21 @@ def decode_floor(root: str, at_least: int | None) -> float:
     with concurrent.futures.ThreadPoolExecutor(cpus) as pool:
         list(pool.map(decode, [paths[i::cpus] for i in range(cpus)]))
     return len(paths) / (time.monotonic() - start)
+
+
+def cpu_timed(cpu: dict, key: str, photos: int, fn, *args):
+    """fn(*args), recording the CPU milliseconds per photo it took (this process's threads and its reaped worker
+    processes) under cpu[key]: steadier than rates on a shared machine, where the other work takes cores."""
+    import resource
+
+    def used() -> float:
+        return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    start = used()
+    result = fn(*args)
+    cpu.setdefault(key, []).append((used() - start) / photos * 1e3)
+    return result
 
 
 def folder_bytes(root: str) -> int:
@@ -257,6 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     workdir = args.workdir or tempfile.mkdtemp(prefix="photos-bench-")
     memory_counts = [int(n) for n in args.memory.split(",") if n]
+    cpu: dict[str, list[float]] = {}  # CPU ms per photo of each side, all threads and worker processes
     runs: dict[str, list[float]] = {k: [] for k in ("ingest base", "ingest ours", "train base", "train ours",
                                                    "train-1 base", "train-1 ours", "predict base", "predict ours",
                                                    "check floor", "rule floor")}
@@ -268,14 +286,16 @@ def main(argv: list[str] | None = None) -> dict:
         model_dir = make_model(workdir, sorted(os.listdir(root)))
         shard_bytes = 0
         for _ in range(args.repeats):
-            runs["ingest base"].append(baseline_ingest(root))
-            rate, shard_bytes = ours_ingest(root, dataset)
+            runs["ingest base"].append(cpu_timed(cpu, "ingest base", args.photos, baseline_ingest, root))
+            rate, shard_bytes = cpu_timed(cpu, "ingest ours", args.photos, ours_ingest, root, dataset)
             runs["ingest ours"].append(rate)
             for side, rates in (("base", baseline_train_input(root)), ("ours", ours_train_input(dataset))):
                 runs[f"train-1 {side}"].append(rates[0])
                 runs[f"train {side}"].append(rates[1])
-            runs["predict base"].append(baseline_predict(model_dir, root))
-            runs["predict ours"].append(ours_predict(model_dir, root, os.path.join(workdir, "predictions")))
+            runs["predict base"].append(cpu_timed(cpu, "predict base", args.photos, baseline_predict, model_dir,
+                                                  root))
+            runs["predict ours"].append(cpu_timed(cpu, "predict ours", args.photos, ours_predict, model_dir, root,
+                                                  os.path.join(workdir, "predictions")))
             runs["check floor"].append(decode_floor(root, None))
             runs["rule floor"].append(decode_floor(root, IMAGE_SIZE))
         memory = {}
@@ -301,6 +321,10 @@ def main(argv: list[str] | None = None) -> dict:
                             ("  its first epoch (loading, tracing)", "train-1", "train-1 base"),
                             ("batch prediction vs idfd + model.predict", "predict", "predict base")):
         print(f"{name:58} {best[key + ' ours']:9.1f} {best[base]:9.1f} {best[key + ' ours'] / best[base]:6.2f}x")
+    print("CPU ms per photo (all threads and workers; the least of the runs): ours, baseline, baseline / ours")
+    for name, key in (("  preprocess", "ingest"), ("  batch prediction", "predict")):
+        base, ours = min(cpu[key + " base"]), min(cpu[key + " ours"])
+        print(f"{name:58} {ours:9.2f} {base:9.2f} {base / ours:6.2f}x")
     print("ceilings: decoding alone, every core, against the same baselines (each side decodes every byte too)")
     for name, key, base in (("  check decode at 1/8 (preprocess's floor) vs idfd", "check floor", "ingest base"),
                             ("  the rule's DCT-scaled decode (prediction's floor) vs idfd + predict", "rule floor",
@@ -316,6 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
             "images_per_s": {k: round(v, 1) for k, v in best.items()},
             "ratios": {k: round(best[k + " ours"] / best[k + " base"], 2)
                        for k in ("ingest", "train", "train-1", "predict")},
+            "cpu_ms_per_photo": {k: round(min(v), 2) for k, v in cpu.items()},
             "ceilings": {"ingest": round(best["check floor"] / best["ingest base"], 2),
                          "predict": round(best["rule floor"] / best["predict base"], 2)},
             "peak_memory": {str(n): m for n, m in memory.items()}, "memory_growth_mb": growth}
