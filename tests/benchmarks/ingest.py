@@ -161,8 +161,10 @@ def print_memory(memory: dict[int, dict], what: str) -> float:
     counts = list(memory)
     first, last = memory[counts[0]], memory[counts[-1]]
     growth = last["total_mb"] - first["total_mb"]
-    print(f"growth from {counts[0]} to {counts[-1]} {what}: {growth:+.0f} MB "
-          f"({100 * growth / first['total_mb']:+.1f}%)")
+    main_growth = last["main_mb"] - first["main_mb"]
+    print(f"growth from {counts[0]} to {counts[-1]} {what}: main process {main_growth:+.0f} MB "
+          f"({100 * main_growth / first['main_mb']:+.1f}%), with workers {growth:+.0f} MB "
+          f"({100 * growth / first['total_mb']:+.1f}%; the decode plan may pick worker processes for the larger run)")
     return growth
 
 
