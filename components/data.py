@@ -368,10 +368,11 @@ ANTIALIAS_FROM = 3.0
 def resize_to_shape(image, image_shape, *, antialias: bool | None = None):
     """uint8 HxWxC of any size -> `image_shape`, bilinear, rounded; an image already of that size is returned as it
     is. `antialias` None (the readers' rule): a box wide enough to average every source pixel only where a side
-    shrinks by ANTIALIAS_FROM or more (a PNG or a small-ratio JPEG much larger than the target); below that, plain
-    bilinear, whose 2x2 taps still reach most source pixels. After decode_to_shape's DCT scaling a JPEG is within
-    about 2x of the target, where TensorFlow's antialiased kernel cost 1.5-3 ms a photo against 0.5 ms for plain
-    bilinear, a third of the whole decode (docs/photos.md); training's crops are resized plainly too."""
+    shrinks by ANTIALIAS_FROM or more (a large PNG, a panorama JPEG whose short side allows no DCT scale); below
+    that, plain bilinear, whose 2x2 taps still reach most source pixels. After decode_to_shape's DCT scaling a
+    JPEG is within about 2x of the target, where TensorFlow's antialiased kernel cost 1.5-3 ms a photo against
+    0.5 ms for plain bilinear, a third of the whole decode (docs/photos.md); training's crops are resized plainly
+    too."""
     import tensorflow as tf
 
     height, width, channels = image_shape

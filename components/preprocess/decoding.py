@@ -22,6 +22,7 @@ from components.preprocess.inputs import Example, Item
 
 log = logging.getLogger(__name__)
 
+
 def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
     """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding, source) rows and one array
