@@ -187,6 +187,8 @@ class JobRun:
                         namespace=js.namespace, pod_spec=pod_spec, created=js.now())
         self.pods[index] = pod
         pod.start()
+        if js.deleted.is_set():  # deleted while this pod was starting: stop() may have listed the pods before it
+            pod.terminate()
 
     def update(self) -> None:
         """One pass of the Job controller over its pods."""
@@ -231,12 +233,13 @@ class JobRun:
 
     def _fail(self, reason: str, message: str) -> None:
         self.failed = {"reason": reason, "message": message, "time": time.monotonic()}
-        for pod in self.pods.values():
+        for pod in list(self.pods.values()):
             if pod.running:
                 pod.terminate()
 
     def stop(self) -> None:
-        for pod in self.pods.values():
+        # A copy: the operator's thread may still be adding pods (a job deleted as soon as it was created).
+        for pod in list(self.pods.values()):
             pod.terminate()
 
 
@@ -401,7 +404,7 @@ class JobSetRun:
 
     def delete(self) -> None:
         self.deleted.set()
-        for job in self.jobs:
+        for job in list(self.jobs):
             job.stop()
 
     def snapshot(self) -> dict:

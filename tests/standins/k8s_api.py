@@ -154,7 +154,7 @@ class TFJob:
 
     def delete(self) -> None:
         self.deleted.set()
-        for pod in self.pods.values():
+        for pod in list(self.pods.values()):  # a copy: the operator's thread may still be adding pods
             pod.stop()
 
     def snapshot(self) -> dict:
