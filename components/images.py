@@ -34,13 +34,13 @@ TOO_LARGE = "image too large"
 UNREADABLE = "unreadable"
 
 
-def available_cpus() -> int:
-    """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota (a pod's CPU limit),
-    which os.cpu_count() ignores (it reports the node's cores). Preprocess's decode plans and batch prediction's
-    readers and decoders size their parallelism by it."""
+def available_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs this process may use: the affinity mask, capped by a cgroup CPU quota (a pod's CPU limit, in the
+    cgroup v2 file `cpu_max`), which os.cpu_count() ignores (it reports the node's cores). Preprocess's decode
+    plans and batch prediction's readers and decoders size their parallelism by it."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "max 100000" or "200000 100000"
+        with open(cpu_max) as f:  # cgroup v2: "max 100000" or "200000 100000"
             quota, period = f.read().split()
         if quota != "max":
             cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))

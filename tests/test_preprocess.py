@@ -481,8 +481,15 @@ def test_progress_logs_rate_and_time_left(caplog):
     assert [r.getMessage() for r in caplog.records] == ["preprocess: 400/1000 (40%), 20/s, about 00:00:30 left"]
 
 
-def test_available_cpus_and_decode_plan():
+def test_available_cpus_and_decode_plan(tmp_path):
     assert 1 <= decoding.available_cpus() <= (os.cpu_count() or 1)
+    mine = len(os.sched_getaffinity(0))
+    limits = tmp_path / "cpu.max"
+    for quota, cpus in (("max 100000", mine), ("150000 100000", min(mine, 2)), ("50000 100000", 1),
+                        ("6400000 100000", mine)):  # a pod's limit of 1.5, 0.5 and 64 CPUs
+        limits.write_text(quota + "\n")
+        assert decoding.available_cpus(str(limits)) == cpus, quota
+    assert decoding.available_cpus(str(tmp_path / "none")) == mine  # no cgroup v2 file: the affinity mask
     assert decoding.decode_plan("gs://bucket/images", 2) == {"workers": 8, "use_processes": False}
     assert decoding.decode_plan("/data/images", 1) == {"workers": 1, "use_processes": False}
     assert decoding.decode_plan("/data/images", 16) == {"workers": 1, "use_processes": False}  # nothing measured
