@@ -123,6 +123,8 @@ def decode_floor(root: str, at_least: int | None) -> float:
 
     from PIL import Image
 
+    from components.images import available_cpus
+
     paths = [os.path.join(d, n) for d, _, names in os.walk(root) for n in sorted(names)]
 
     def decode(part: list[str]) -> None:
@@ -132,7 +134,7 @@ def decode_floor(root: str, at_least: int | None) -> float:
                 img.draft("RGB", want)
                 img.load()
 
-    cpus = os.cpu_count() or 1
+    cpus = available_cpus()
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(cpus) as pool:
         list(pool.map(decode, [paths[i::cpus] for i in range(cpus)]))
