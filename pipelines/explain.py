@@ -140,7 +140,7 @@ def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str
             if output == bulk_output:
                 where = bulk_dir(uri(task, output), uri(task, output), data_root=data_root,
                                  by_reference=by_reference.get("runtimeValue", {}).get("constant", False))
-                objects[f"{where.rstrip('/')}/train/train-00000-of-00001.tfrecord"] = 1 << 30
+                objects[f"{where.rstrip('/')}/train/train-00000-of-00001.tfrecord"] = 1
     store = kfp_launcher.Listing(objects)
     moved = kfp_launcher.pod_transfers(spec, uri, uri, store, release)
     result = {}
