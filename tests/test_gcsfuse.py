@@ -12,6 +12,7 @@ import yaml
 from pipelines import cli, config, training
 from tests.conftest import REPO_ROOT
 from tests.standins.validation import resource_problems
+from tests.test_images import stage  # the Dockerfile parser the image tests use
 
 MANIFEST = os.path.join(REPO_ROOT, "manifests", "gcsfuse", "training-data.yaml")
 DATA_STEPS = {"preprocess-op", "augment-op", "train-op", "evaluate-op", "predict-op"}
@@ -82,13 +83,11 @@ def test_the_volume_and_claim_are_valid_and_bound_to_each_other():
     assert volume["spec"]["capacity"]["storage"] == claim["spec"]["resources"]["requests"]["storage"]
 
 
-def dockerfile_user(text: str) -> tuple[int, int]:
+def dockerfile_user(path: str) -> tuple[int, int]:
     """The uid and gid the image's containers run as: the last USER of the Dockerfile's final stage (root, 0:0, when
     it has none). Only numeric `uid:gid` is taken: the mount options need numbers, runAsNonRoot can only verify a
     numeric user, and a USER without a group would take it from the image's /etc/passwd."""
-    lines = re.sub(r"\\\n", " ", text).splitlines()
-    final = max((i for i, line in enumerate(lines) if re.match(r"\s*FROM\s", line, re.I)), default=0)
-    users = [line.split(None, 1)[1].strip() for line in lines[final:] if re.match(r"\s*USER\s", line, re.I)]
+    users = [args for keyword, args in stage(path) if keyword == "USER"]
     if not users:
         return 0, 0
     match = re.fullmatch(r"(\d+):(\d+)", users[-1])
@@ -103,12 +102,16 @@ def mount_options(volume: dict) -> dict[str, str]:
     return dict(option.partition("=")[::2] for option in volume["spec"]["mountOptions"])
 
 
-def test_the_dockerfile_user_is_read_from_the_final_stage():
-    assert dockerfile_user("FROM a AS build\nUSER 5:5\nFROM b\nRUN useradd \\\n --uid 7 x\nUSER 7:8\n") == (7, 8)
-    assert dockerfile_user("FROM a\nUSER 10001:10001\nFROM b\n") == (0, 0)  # the final stage runs as root
-    for user in ("app", "10001", "app:app"):
+def test_the_dockerfile_user_is_read_from_the_final_stage(tmp_path):
+    def user(text: str) -> tuple[int, int]:
+        (tmp_path / "Dockerfile").write_text(text)
+        return dockerfile_user(str(tmp_path / "Dockerfile"))
+
+    assert user("FROM a AS build\nUSER 5:5\nFROM b\nRUN useradd \\\n --uid 7 x\n# USER 0:0\nUSER 7:8\n") == (7, 8)
+    assert user("FROM a\nUSER 10001:10001\nFROM b\n") == (0, 0)  # the final stage runs as root
+    for name in ("app", "10001", "app:app"):
         with pytest.raises(ValueError, match="not a numeric uid:gid"):
-            dockerfile_user(f"FROM b\nUSER {user}\n")
+            user(f"FROM b\nUSER {name}\n")
 
 
 def test_the_volume_is_owned_by_the_user_the_images_run_as():
@@ -119,8 +122,7 @@ def test_the_volume_is_owned_by_the_user_the_images_run_as():
     assert {os.path.basename(os.path.dirname(path)) for path in dockerfiles} >= {"cpu", "gpu"}
     users = {}
     for path in dockerfiles:
-        with open(path) as f:
-            users[os.path.relpath(path, REPO_ROOT)] = dockerfile_user(f.read())
+        users[os.path.relpath(path, REPO_ROOT)] = dockerfile_user(path)
     options = mount_options(cluster_objects()["PersistentVolume"])
     owner = (int(options["uid"]), int(options["gid"]))
     assert owner != (0, 0)
