@@ -204,7 +204,7 @@ def test_where_the_bulk_of_an_artifact_goes(caplog):
     assert datadir.bulk_dir(uri, path, data_root="gs://data/root") == \
         "gs://data/root/bucket/pipeline-root/image-classification/run-1/preprocess-op/uuid-of-preprocess-op/dataset"
     assert datadir.bulk_dir(uri, path, data_root="/mnt/gcs/kfp-data", by_reference=True) == \
-        "/mnt/gcs/kfp-data/bucket/pipeline-root/image-classification/run-1/preprocess-op/uuid-of-preprocess-op/dataset"
+        "/mnt/gcs/kfp-data/" + uri[len("gs://"):]
     # kfp.local: the URI is the local folder PIPELINE_ROOT/<run>/<task>/<output>
     # (kfp/local/executor_input_utils.py construct_local_task_root and artifact_type_schema_to_artifact_list).
     local = "/home/u/runs/try/pipeline_root/image-classification-2026-11-27-12-00-00-000001/preprocess-op/dataset"
@@ -234,9 +234,9 @@ def test_the_local_layout_is_kfp_locals():
 def explain_downloads(tmp_path, release: str, **parameters) -> dict:
     from pipelines import explain
 
-    settings = config.PipelineSettings(train_launcher="trainjob")
-    return {step["task"]: step.get("downloads", []) for step in
-            explain.explain(training.compile_pipeline(str(tmp_path / "p.yaml"), settings), parameters, release)["steps"]}
+    package = training.compile_pipeline(str(tmp_path / "p.yaml"), config.PipelineSettings(train_launcher="trainjob"))
+    return {step["task"]: step.get("downloads", [])
+            for step in explain.explain(package, parameters, release)["steps"]}
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -258,8 +258,8 @@ def test_explain_names_the_bulk_data_an_older_release_would_download(tmp_path):
     old = explain.pod_downloads(spec, {}, "2.16.1", bulk_dir=legacy_bulk_dir)
     assert old["evaluate-op"][0]["also_copies"] == [
         "gs://BUCKET/pipeline-root/image-classification/RUN_ID/preprocess-op/UUID/dataset.data/"]
-    assert all("also_copies" not in e for inputs in explain.pod_downloads(spec, {}, "2.17.0", bulk_dir=legacy_bulk_dir)
-               .values() for e in inputs)
+    new = explain.pod_downloads(spec, {}, "2.17.0", bulk_dir=legacy_bulk_dir)
+    assert all("also_copies" not in entry for inputs in new.values() for entry in inputs)
 
 
 @pytest.mark.parametrize("value, ok", [("", True), ("gs://b/data", True), ("/mnt/gcs/kfp-data", True),
