@@ -307,6 +307,28 @@ def node_selector(config: dict, dag_inputs: dict, task_outputs: dict, release: s
     return dict(value)
 
 
+def k8s_toleration(value: dict) -> dict:
+    """A toleration as the driver's json.Unmarshal into core/v1 Toleration reads it (k8s.go:255-258, :270-273)
+    and the pod carries it: unknown keys dropped, null and empty fields left out (omitempty), tolerationSeconds an
+    int64 (a proto number, or the string a compiled int64 is written as)."""
+    toleration = {}
+    for key in ("key", "operator", "value", "effect"):
+        field = value.get(key)
+        if field is not None and not isinstance(field, str):
+            raise DriverError(f"failed to marshal single toleration to json: json: cannot unmarshal {field!r} into "
+                              f"Go struct field Toleration.{key} of type string")
+        if field:
+            toleration[key] = field
+    seconds = value.get("tolerationSeconds")
+    if seconds not in (None, ""):
+        try:
+            toleration["tolerationSeconds"] = int(Decimal(str(seconds)))
+        except ArithmeticError:
+            raise DriverError(f"failed to marshal single toleration to json: tolerationSeconds {seconds!r} is not "
+                              "an int64") from None
+    return toleration
+
+
 def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str) -> list | None:
     """driver/k8s.go:224-299: each toleration fixed, or tolerationJson resolved: one struct or a list of them
     (:242-274), appended in order. Empty ones are skipped (:261, :276), and so is a null pipeline input
@@ -318,10 +340,8 @@ def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str
         return None
     result: list[dict] = []
     for toleration in config["tolerations"]:
-        if "tolerationJson" not in toleration:
-            fixed = {k: toleration[k] for k in ("key", "operator", "value", "effect", "tolerationSeconds")
-                     if toleration.get(k) not in (None, "")}
-            result.append(fixed)
+        if "tolerationJson" not in toleration:  # k8s.go:281-287
+            result.append(k8s_toleration(toleration))
             continue
         if not has(release, "k8s_json_inputs"):
             unknown_field(release, "tolerationJson", "Kubernetes config")
@@ -338,9 +358,12 @@ def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str
         if value == {} or value == []:
             continue
         if isinstance(value, dict):
-            result.append(dict(value))
+            result.append(k8s_toleration(value))
         elif isinstance(value, list):
-            result.extend(dict(t) for t in value)
+            if any(not isinstance(t, dict) for t in value):
+                raise DriverError(f"failed to marshal list toleration to json: json: cannot unmarshal {value!r} into "
+                                  "Go value of type []v1.Toleration")
+            result.extend(k8s_toleration(t) for t in value)
         else:
             raise DriverError("failed to resolve toleration: encountered unexpected toleration proto value, must "
                               f"be either struct or list type (got {value!r})")
