@@ -426,6 +426,48 @@ def test_a_retried_launcher_follows_the_trainjob_it_created(k8s):
     assert len(k8s.created_bodies) == 1
 
 
+def test_a_launcher_killed_mid_training_is_followed_by_one_that_finds_the_running_trainjob(k8s, tmp_path):
+    """The launcher's pod is killed while the nodes train (evicted under node pressure or OOM-killed: SIGKILL, no
+    chance to delete its job). KFP retries the step; the new launcher asks for the same TrainJob (named after the
+    run and task), finds it running and follows it to the end: no second TrainJob, no second set of nodes."""
+    import subprocess
+
+    go = tmp_path / "go"
+    command = script(f"""
+        import os, time
+        with open(os.path.join({str(tmp_path)!r}, "started-" + os.environ["TRAINING_NODE_INDEX"]), "a") as f:
+            f.write("started\\n")
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.05)
+        print("trained", flush=True)
+    """)
+    argv = [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
+            "train-restarted", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command]
+    launchers = []
+    try:
+        launchers.append(subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        k8s.wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2)  # both nodes are training
+        launchers[0].kill()
+        launchers[0].communicate(timeout=30)
+        assert k8s.deleted == [] and ("ml", "train-restarted") in k8s.trainjobs  # the job outlives its launcher
+        launchers.append(subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        k8s.wait_for(lambda: len(k8s.requests_to("POST", TRAINJOBS)) == 2)  # the retry asked for the job again
+        go.touch()
+        _, stderr = launchers[1].communicate(timeout=60)
+    finally:
+        for child in launchers:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    assert launchers[1].returncode == 0, stderr[-3000:]
+    assert [b["metadata"]["name"] for b in k8s.created_bodies if b["kind"] == "TrainJob"] == ["train-restarted"]
+    for index in (0, 1):  # each node started once: the retried launcher did not restart the training
+        assert (tmp_path / f"started-{index}").read_text() == "started\n"
+    assert k8s.jobset("ml", "train-restarted").snapshot()["status"]["restarts"] == 0
+
+
 def test_an_invalid_trainjob_is_reported_with_the_api_message(k8s):
     manifest = launch.trainjob_manifest(gpu_job(2), "ml")
     manifest["spec"]["trainer"]["numNodes"] = "two"
