@@ -334,8 +334,8 @@ def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str
     (:242-274), appended in order. Empty ones are skipped (:261, :276), and so is a null pipeline input
     (ErrResolvedParameterNull, resolve.go:399-403; k8s.go:236-237); any other value, a task output's null
     included, fails the task (:279). Before 2.5.0 the json form is an unknown field: 2.4.0 fails, 2.4.1 makes it
-    an empty Toleration{} (driver.go:595-614 at 2.4.1), which the API server refuses (core validation
-    ValidateTolerations: "operator must be Exists when `key` is empty")."""
+    an empty Toleration{} (driver.go:595-614 at 2.4.1), which the API server refuses (kubernetes
+    pkg/apis/core/validation/validation.go ValidateTolerations: "operator must be Exists when `key` is empty")."""
     if "tolerations" not in config:
         return None
     result: list[dict] = []
