@@ -236,8 +236,8 @@ def task_config_options(component: dict, release: str) -> tuple[set, set]:
 
 
 def container_resources(container: dict, inputs: dict, release: str) -> dict:
-    """driver/driver.go:358-447 at 2.17.0: CPU and memory from the placeholder fields (getPodResource, :173: the new field
-    when set, else the old number, "%vG" for memory), then the accelerator limit (:415-447): its type and count
+    """driver/driver.go:358-447 at 2.17.0: CPU and memory from the placeholder fields (getPodResource, :173: the new
+    field when set, else the old number, "%vG" for memory), then the accelerator limit (:415-447): its type and count
     resolved from placeholders, set only when both are non-empty (:440) and parsed as a quantity (:441)."""
     resources = container.get("resources") or {}
     limits, requests = {}, {}
@@ -277,9 +277,10 @@ def unknown_field(release: str, field: str, message: str) -> None:
     (cmd/driver/main.go:123 and :138 at 2.4.0: "failed to unmarshal ..."); from 2.4.1 it is dropped
     (common/util/json.go:70-75, AllowUnknownFields)."""
     if not has(release, "lenient_config"):
+        needs = FEATURES["k8s_json_inputs" if field.endswith("Json") else "resource_placeholders"].first_release
         raise DriverError(f"KFP {release}'s driver fails the task: failed to unmarshal {message}: unknown field "
                           f"{field!r} (jsonpb.UnmarshalString, backend/src/v2/cmd/driver/main.go at {release}; "
-                          f"the field needs {FEATURES['k8s_json_inputs' if field.endswith('Json') else 'resource_placeholders'].first_release})")
+                          f"the field needs {needs})")
 
 
 def node_selector(config: dict, dag_inputs: dict, task_outputs: dict, release: str) -> dict | None:
@@ -393,8 +394,8 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
     if takes_config:
         if not has(release, "task_config_passthrough"):
             notes.append(f"KFP {release} has no TaskConfig passthrough: the task's config input stays empty")
-        # driver/container.go:283-310 (taskConfig made at :245): json.Marshal of the driver's TaskConfig (driver.go:112; resources'
-        # limits/requests omitted when empty), set as the value of every TASK_CONFIG input.
+        # driver/container.go:283-310 (taskConfig made at :245): json.Marshal of the driver's TaskConfig
+        # (driver.go:112; resources' limits/requests omitted when empty), set as the value of every TASK_CONFIG input.
         task_config = {name: None for name in TASK_CONFIG_FIELDS} | {"resources": {}}
         if "RESOURCES" in passed:  # driver.go:471
             task_config["resources"] = resources

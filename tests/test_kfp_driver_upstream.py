@@ -199,8 +199,9 @@ def test_fields_a_component_does_not_list_stay_on_the_pod():
 
 # --- k8s_test.go ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,config,dag_inputs,expected", [
-    ("Valid - NVIDIA GPU on GKE", {"nodeSelector": {"labels": {"cloud.google.com/gke-accelerator": "nvidia-tesla-k80"}}},
-     {}, {"cloud.google.com/gke-accelerator": "nvidia-tesla-k80"}),
+    ("Valid - NVIDIA GPU on GKE",
+     {"nodeSelector": {"labels": {"cloud.google.com/gke-accelerator": "nvidia-tesla-k80"}}}, {},
+     {"cloud.google.com/gke-accelerator": "nvidia-tesla-k80"}),
     ("Valid - operating system and arch",
      {"nodeSelector": {"labels": {"beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}}}, {},
      {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux"}),
