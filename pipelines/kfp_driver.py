@@ -5,8 +5,10 @@ pipeline uses: the container's image and resources (CPU, memory, accelerator lim
 tolerations (fixed, and the `_json` forms fed by parameters or task outputs), pod labels, and the TaskConfig
 passthrough (`dsl.TaskConfig` inputs, with and without `apply_to_task`). Each rule cites the file and line it follows
 in kubeflow/pipelines at the tag `PINNED_RELEASE` (paths under backend/src/v2/); what older releases lack is gated
-by `FEATURES`, the first release of each (checked against the release tags). Environment variables, volumes and
-affinity are not modelled: the pipeline sets none.
+by `FEATURES`, the first release of each (checked against the release tags): a release that does not know a
+compiled field drops it (2.4.1 and newer) or fails the task on it (2.4.0 and older), and `DriverError` says which.
+Environment variables, volumes and affinity are not modelled: the pipeline sets none. tests/test_kfp_driver_upstream.py
+runs the driver's own driver_test.go and k8s_test.go cases at 2.17.0 through the model.
 
 Values keep their protobuf kinds as Python types (str: string_value, int/float: number_value, bool, dict: struct,
 list: list, None: null), since the driver reads a placeholder with `GetStringValue()`, which is "" for a number.
