@@ -281,3 +281,18 @@ def test_apply_to_task_fixed_tolerations_and_labels_as_the_sdk_compiles_them(tmp
     assert explain.task_config_as_step_reads_it(first.task_config).node_selector == {"pool": "gpu"}
     # The same limit from an int parameter: the driver reads it as "" and sets no GPU.
     assert second.gpus == 0 and second.task_config["resources"] == {}
+
+
+@pytest.mark.parametrize("release,says", [("2.4.1", "operator must be Exists when `key` is empty"),
+                                          ("2.4.0", "unknown field 'nodeSelectorJson'")])
+def test_explain_says_which_steps_an_older_backend_fails(tmp_path, capsys, release, says):
+    """What `pipectl upload` refuses an old host for, `pipectl compile --explain --backend-release` shows: the
+    training step fails there, with the driver's or the API server's reason; the other steps' pods are shown."""
+    from pipelines import cli
+
+    assert cli.main(["compile", "--output", str(tmp_path / "p.yaml"), "--explain", "--backend-release", release,
+                     "--train-gpu-count", "1"]) == 0
+    report = yaml.safe_load(capsys.readouterr().out)
+    failing = [s for s in report["steps"] if "fails" in s]
+    assert [s["task"] for s in failing] == ["train-op"] and says in failing[0]["fails"]
+    assert next(s for s in report["steps"] if s["task"] == "evaluate-op")["resources"]["requests"]["cpu"] == "2"
