@@ -401,3 +401,26 @@ def test_pr_check_only_tests_and_compiles(workspace):
             package, *platform = list(yaml.safe_load_all(f))
         assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"}
         assert bool(platform) == (target == "kfp")  # GKE node selectors live in the kubernetes platform spec
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_the_test_step_runs_the_photo_tests_or_fails(path, tmp_path):
+    """The test step installs npm, which `make photos` fetches the photo tests' photos with, and sets
+    REQUIRE_PHOTOS=1, which turns a missing photo (a photo test that would skip) into a failure, in the Makefile's
+    photos target and in the tests' `food_photos` fixture (tests/conftest.py)."""
+    script = steps_by_id(load(path))["test"]["script"]
+    assert re.search(r"apt-get install .*\bnpm\b", script) and "REQUIRE_PHOTOS=1 make test" in script
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        photos_target = f.read().split("\nphotos:")[1].split("\n\n")[0]
+    assert 'if [ "$(REQUIRE_PHOTOS)" = 1 ]' in photos_target and "exit 1" in photos_target
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("def test_needs_photos(food_photos):\n    pass\n")
+    env = {**os.environ, "PHOTOS_DIR": str(tmp_path / "no-photos-here")}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", str(probe),
+            "--rootdir", str(tmp_path)]
+    skipped = subprocess.run(argv, cwd=ROOT, env={k: v for k, v in env.items() if k != "REQUIRE_PHOTOS"},
+                             capture_output=True, text=True)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    failed = subprocess.run(argv, cwd=ROOT, env={**env, "REQUIRE_PHOTOS": "1"}, capture_output=True, text=True)
+    assert failed.returncode == 1 and "REQUIRE_PHOTOS=1 and the food photos are not installed" in failed.stdout, \
+        failed.stdout[-2000:]

@@ -13,8 +13,9 @@ Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `comma
 the run's node selector and tolerations (GPU, Spot, node pool), the grace period, the service account and the
 pipeline's labels. With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
 Suspended) until the queue admits it, then adds a runtime patch of its own, whose ResourceFlavor tolerations
-replace ours: the launcher stops the job if that drops the GPU or Spot tolerations (`dropped_tolerations`,
-docs/kueue-trainjob.md).
+replace ours: the launcher stops the job if that drops the Spot (or any other) toleration (`dropped_tolerations`,
+docs/kueue-trainjob.md). A dropped GPU toleration is put back on every node pod by the API server's
+ExtendedResourceToleration admission plugin, which GKE runs (`readded_by_admission`): a warning, not a stop.
 
 The step's service account needs create/get/delete on trainjobs, get/list on pods and get on pods/log in the
 namespace, and get on clustertrainingruntimes (manifests/trainer/launcher-rbac.yaml): the launcher reads the
@@ -114,6 +115,19 @@ def dropped_tolerations(trainjob: dict) -> list[dict]:
     return [t for t in ours if not any(_tolerates(given, t) for given in effective or [])]
 
 
+def readded_by_admission(trainjob: dict) -> list[dict]:
+    """The tolerations the ExtendedResourceToleration admission plugin adds to each node pod of the TrainJob: one
+    `{key: <resource>, operator: Exists, effect: NoSchedule}` per extended resource the nodes request (kubernetes
+    plugin/pkg/admission/extendedresourcetoleration/admission.go `Admit`; a pod's limits are its requests by then,
+    SetDefaults_Pod). GKE runs the plugin ("GKE automatically applies the corresponding tolerations to Pods
+    requesting GPUs by running the ExtendedResourceToleration admission controller",
+    cloud.google.com/kubernetes-engine/docs/how-to/gpus); a cluster may not. tests/standins/admission.py follows it."""
+    resources = trainjob.get("spec", {}).get("trainer", {}).get("resourcesPerNode") or {}
+    names = {*(resources.get("limits") or {}), *(resources.get("requests") or {})}
+    extended = sorted(n for n in names if "/" in n and "kubernetes.io/" not in n and not n.startswith("requests."))
+    return [{"key": name, "operator": "Exists", "effect": "NoSchedule"} for name in extended]
+
+
 def trainjob_status(trainjob: dict) -> gcp.JobStatus:
     """Complete or Failed (the JobSet's condition, with its message) end it; Suspended (waiting for Kueue) and
     Running (a node Job active) or Created do not. Trainer v2 has no Running condition: jobsStatus tells."""
@@ -160,6 +174,10 @@ class TrainJobLauncher(NodePodsLauncher):
     kind = "TrainJob"
     group, version, plural = TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._warned_readded: set[str] = set()  # TrainJobs whose re-added GPU toleration was already reported
+
     def check_runtime(self, name: str) -> None:
         """Refuses a runtime that is missing or unfit (LaunchError naming what to apply); goes on, with a warning,
         when the service account may not read cluster-scoped runtimes."""
@@ -189,16 +207,26 @@ class TrainJobLauncher(NodePodsLauncher):
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
         dropped = dropped_tolerations(resource)
-        if dropped:  # the pods would wait for nodes they may not run on (GPU, Spot taints), for ever
-            kueue = next((p for p in resource["spec"].get("runtimePatches", [])
-                          if p.get("manager") == KUEUE_PATCH_MANAGER), None)
-            given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
-            by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+        readded = readded_by_admission(resource)
+        put_back = [t for t in dropped if any(_tolerates(given, t) for given in readded)]
+        lost = [t for t in dropped if t not in put_back]
+        kueue = next((p for p in resource["spec"].get("runtimePatches", [])
+                      if p.get("manager") == KUEUE_PATCH_MANAGER), None)
+        given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
+        by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+        name = resource["metadata"]["name"]
+        if lost:  # the pods would wait for nodes they may not run on (Spot, node pool taints), for ever
             raise LaunchError(
-                f"TrainJob {resource['metadata']['name']}: {by} replaces the node pods' tolerations and drops "
-                f"{dropped}, so the pods cannot run on the nodes the run chose. Add these tolerations to the "
-                f"ResourceFlavor's spec.tolerations, or give it none (docs/kueue-trainjob.md). The TrainJob was "
-                f"deleted.")
+                f"TrainJob {name}: {by} replaces the node pods' tolerations and drops {lost}, so the pods cannot "
+                f"run on the nodes the run chose. Add these tolerations to the ResourceFlavor's spec.tolerations, "
+                f"or give it none (docs/kueue-trainjob.md). The TrainJob was deleted.")
+        if put_back and name not in self._warned_readded:
+            self._warned_readded.add(name)
+            log.warning("launch: TrainJob %s: %s drops %s from the node pods; the nodes request %s, so the API "
+                        "server's ExtendedResourceToleration admission plugin (GKE runs it) adds it back to each "
+                        "pod. On a cluster without that plugin the pods cannot be scheduled on the GPU nodes: add "
+                        "it to the ResourceFlavor's spec.tolerations (docs/kueue-trainjob.md).", name, by, put_back,
+                        ", ".join(t["key"] for t in put_back))
         return trainjob_status(resource)
 
     def restarts(self, trainjob: dict | None) -> int:
