@@ -24,14 +24,23 @@ import json
 import os
 import sys
 
-# (name, image shape): Fashion-MNIST's grayscale 28 px (pixels only), and 64 px RGB photos, whose SavedModel
-# also serves JPEG/PNG file bytes (the decode and resize ops inside the model).
-CASES = (("fashion-28x28x1", (28, 28, 1)), ("photos-64x64x3", (64, 64, 3)))
+# (name, image shape, network): the reference CNN on Fashion-MNIST's grayscale 28 px (pixels only) and on 64 px RGB
+# photos, whose SavedModel also serves JPEG/PNG file bytes (the decode and resize ops inside the model), and a
+# Keras Applications backbone (its own preprocessing and hard-swish inside; untrained weights, nothing downloaded).
+CASES = (("fashion-28x28x1", (28, 28, 1), "reference-cnn"), ("photos-64x64x3", (64, 64, 3), "reference-cnn"),
+         ("mobilenet-v3-small-64x64x3", (64, 64, 3), "mobilenet-v3-small"))
 NUM_CLASSES = 10
 BATCH = 8
 
 
-def export(out_dir: str, seed: int = 7) -> list[dict]:
+def _cases(names=None):
+    unknown = set(names or ()) - {case[0] for case in CASES}
+    if unknown:
+        raise ValueError(f"unknown model(s) {sorted(unknown)}; known: {[case[0] for case in CASES]}")
+    return [case for case in CASES if not names or case[0] in names]
+
+
+def export(out_dir: str, seed: int = 7, names=None) -> list[dict]:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -41,15 +50,15 @@ def export(out_dir: str, seed: int = 7) -> list[dict]:
     from components.train import models
 
     written = []
-    for name, shape in CASES:
+    for name, shape, network_name in _cases(names):
         keras.utils.set_random_seed(seed)
         rng = np.random.default_rng(seed)
-        network = models.build(models.DEFAULT_MODEL, shape, NUM_CLASSES)
+        network = models.build(network_name, shape, NUM_CLASSES)
         network.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         pixels = rng.integers(0, 256, size=(64, *shape)).astype("float32")
         network.fit(pixels, rng.integers(0, NUM_CLASSES, size=64), epochs=1, batch_size=16, verbose=0)
         model_dir = os.path.join(out_dir, name)
-        train_model.write_model(network, shape, NUM_CLASSES, model_dir)
+        train_model.write_model(network, shape, NUM_CLASSES, model_dir, network_name)
         served = tf.saved_model.load(os.path.join(model_dir, "saved_model"))
         inputs = pixels[:BATCH]
         arrays = {"pixels": inputs,
@@ -73,12 +82,12 @@ def _only_output(signature) -> str:
     return key
 
 
-def check(out_dir: str, tolerance: float) -> list[dict]:
+def check(out_dir: str, names=None) -> list[dict]:
     import numpy as np
     import tensorflow as tf
 
     results = []
-    for name, _ in CASES:
+    for name, _, _ in _cases(names):
         model_dir = os.path.join(out_dir, name)
         arrays = np.load(os.path.join(model_dir, "compat.npz"), allow_pickle=True)
         path = os.path.join(model_dir, "saved_model")
@@ -128,12 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("export", "check"))
     parser.add_argument("out_dir")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest accepted |difference| of a probability")
+    parser.add_argument("--model", action="append", help="only this model (repeatable; default: all of CASES)")
     args = parser.parse_args(argv)
     if args.action == "export":
-        for line in export(args.out_dir):
+        for line in export(args.out_dir, names=args.model):
             print(json.dumps(line))
         return 0
-    results = check(args.out_dir, args.tolerance)
+    results = check(args.out_dir, names=args.model)
     for line in results:
         print(json.dumps(line))
     bad = [r for r in results if not r["loads"] or max(r["session_max_abs_diff"], r["function_max_abs_diff"]) > args.tolerance]
