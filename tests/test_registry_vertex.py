@@ -183,6 +183,11 @@ def test_versioned_copy_is_reused_when_identical_and_never_overwritten(vertex, g
     again = upload(registry, model_dir, DIGEST_2)  # e.g. the same export registered under another digest
     assert again.uri == f"gs://bkt/runs/r1/model/{SERVING_FOLDER}"
 
+    # An interrupted copy (a file missing) is completed, not refused.
+    (gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1" / "variables" / "variables.index").unlink()
+    upload(registry, model_dir, "sha256:" + "4" * 64)
+    assert (gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1" / "variables" / "variables.index").read_bytes() == b"one"
+
     # Someone else's model in serving/1: refused before anything is sent, and left as it was.
     other = gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1" / "saved_model.pb"
     other.write_bytes(b"another model")
@@ -202,6 +207,24 @@ def test_bare_saved_model_directory_is_copied_without_its_own_serving_folder(ver
     assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == [
         "saved_model.pb", "variables/variables.index"]
     assert vertex.calls("UploadModel")[0].body["model"]["artifactUri"] == f"gs://bkt/exports/bare/{SERVING_FOLDER}"
+
+
+def test_versioned_copy_through_tf_io_gfile(tmp_path):
+    """The copy a cluster's register step writes to gs:// goes through tf.io.gfile; file:// takes the same path."""
+    from components.registry.vertex import stage_versioned
+
+    source = saved_model(tmp_path, "export", b"weights")
+    serving = "file://" + str(tmp_path / "model" / SERVING_FOLDER)
+    stage_versioned(source, serving)
+    copy = tmp_path / "model" / SERVING_FOLDER / "1"
+    assert (copy / "saved_model.pb").read_bytes() == b"saved-model:weights"
+    assert (copy / "variables" / "variables.index").read_bytes() == b"weights"
+    (copy / "saved_model.pb").unlink()  # interrupted before the last file: completed
+    stage_versioned(source, serving)
+    assert (copy / "saved_model.pb").read_bytes() == b"saved-model:weights"
+    (copy / "variables" / "variables.index").write_bytes(b"other")
+    with pytest.raises(VertexRegistryError, match="already holds another model"):
+        stage_versioned(source, serving)
 
 
 def test_default_container_needs_the_files_and_an_artifact_registry_image(vertex, gcs, sleeps):

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 # predicts the same in 2.20 and in 2.15: tests/benchmarks/serving_compat.py). Vertex AI takes serving images only
 # from Artifact Registry or Container Registry (ModelContainerSpec.image_uri), so the image is Docker Hub's
 # `tensorflow/serving`, copied into the project's repository by Cloud Build (cloudbuild.yaml, step
-# mirror-serving) and named there by digest when the pipeline is compiled. How Vertex AI runs it:
+# build-serving) and named there by digest when the pipeline is compiled. How Vertex AI runs it:
 #
 # - command and args replace the image's entrypoint (tools/docker/Dockerfile:55-60 at 2.20.0 starts
 #   tensorflow_model_server with --model_base_path=/models/model): REST on 8501, the model read straight from the
@@ -68,9 +68,8 @@ log = logging.getLogger(__name__)
 #   (model_servers/http_rest_api_handler.cc:86-104);
 # - TensorFlow Serving loads numbered version folders under its base path, skipping anything else
 #   (sources/storage_path/file_system_storage_path_source.cc:87-111, 313-317): the artifact is a folder holding
-#   the SavedModel as `1/` (`VersionedArtifact`), staged next to the model by the register step.
+#   the SavedModel as `1/` (`stage_versioned`), staged next to the model by the register step.
 TF_SERVING_VERSION = "2.20.0"
-TF_SERVING_SOURCE = f"docker.io/tensorflow/serving:{TF_SERVING_VERSION}"
 TF_SERVING_IMAGE_NAME = "tensorflow-serving"  # its name in the project's Artifact Registry repository
 TF_SERVING_MODEL_NAME = "model"
 TF_SERVING_PORT = 8501
@@ -241,9 +240,10 @@ def prebuilt_image_for(location: str, accelerator: str = "cpu") -> str:
 def stage_versioned(saved_model_dir: str, serving_dir: str) -> None:
     """Copies the SavedModel at local `saved_model_dir` to `serving_dir/1/`, the layout TensorFlow Serving loads.
 
-    A copy already there with the same files and bytes is kept (a retried task); one that differs is refused,
-    never overwritten. `serving_dir` is a local path (e.g. under the /gcs mount) or a gs:// URI (written with
-    tf.io.gfile)."""
+    A copy already there is kept when its files are the SavedModel's, byte for byte (a retried task), and completed
+    when files are missing (an interrupted copy on gs://, where nothing can be renamed into place); one with other
+    files or other bytes is refused, never overwritten. `serving_dir` is a local path (e.g. under the /gcs mount) or
+    a gs:// URI (written with tf.io.gfile)."""
     if "://" in serving_dir:
         from components.storage import gfile
 
@@ -253,26 +253,35 @@ def stage_versioned(saved_model_dir: str, serving_dir: str) -> None:
         fs, exists, listing, read = None, os.path.exists, os.walk, _read
     source_files = _relative_files(saved_model_dir, os.walk)
     target = serving_dir.rstrip("/") + "/1"
+    missing = source_files
     if exists(target):
-        target_files = _relative_files(target, listing)
-        differs = sorted(set(source_files) ^ set(target_files)) or [
-            rel for rel in source_files if _read(os.path.join(saved_model_dir, rel)) != read(f"{target}/{rel}")]
+        there = _relative_files(target, listing)
+        differs = sorted(set(there) - set(source_files)) or [
+            rel for rel in there if _read(os.path.join(saved_model_dir, rel)) != read(f"{target}/{rel}")]
         if differs:
             raise VertexRegistryError(
-                f"{target} already holds another model ({differs[0]} differs from {saved_model_dir}); TensorFlow "
+                f"{target} already holds another model ({differs[0]} is not {saved_model_dir}'s); TensorFlow "
                 f"Serving would serve that one. Remove {target}, or register a fresh export.")
-        return
-    if fs is not None:
-        for rel in source_files:
-            fs.makedirs(f"{target}/{os.path.dirname(rel)}".rstrip("/"))
-            fs.copy(os.path.join(saved_model_dir, rel), f"{target}/{rel}")
+        missing = [rel for rel in source_files if rel not in there]
+        if not missing:
+            return
+    # saved_model.pb last: a folder without it is no SavedModel yet, whoever looks at it midway.
+    missing = sorted(missing, key=lambda rel: rel == "saved_model.pb")
+    if fs is not None or exists(target):
+        for rel in missing:
+            if fs is not None:
+                fs.makedirs(f"{target}/{os.path.dirname(rel)}".rstrip("/"))
+                fs.copy(os.path.join(saved_model_dir, rel), f"{target}/{rel}")
+            else:
+                os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
+                shutil.copyfile(os.path.join(saved_model_dir, rel), os.path.join(target, rel))
         return
     partial = target + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
-    for rel in source_files:
+    for rel in missing:
         os.makedirs(os.path.dirname(os.path.join(partial, rel)), exist_ok=True)
         shutil.copyfile(os.path.join(saved_model_dir, rel), os.path.join(partial, rel))
-    os.rename(partial, target)  # a crash mid-copy leaves no 1/ for the server to load half of
+    os.rename(partial, target)  # locally, 1/ appears whole or not at all
 
 
 def _relative_files(root: str, walk) -> list[str]:
