@@ -262,7 +262,8 @@ def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predic
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str, registry_root: str,
-                model_name: str, project: str, location: str, run_id: str, registration: Output[Artifact]) -> str:
+                model_name: str, project: str, location: str, run_id: str, registration: Output[Artifact],
+                serving_image: str = "") -> str:
     """Registers the blessed model as a new version and moves the `champion` alias to it.
 
     Returns the registered version.
@@ -277,8 +278,9 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
     with open(evaluation.path) as f:
         metrics = json.load(f)["metrics"]
     # The digest is taken from the local files; Vertex reads the same model from its gs:// URI.
-    result = register(model.path, open_registry(registry, root=registry_root, project=project, location=location),
-                      model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id},
+    opened = open_registry(registry, root=registry_root, project=project, location=location,
+                           serving_image=serving_image)
+    result = register(model.path, opened, model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id},
                       artifact_uri=model.uri if model.uri.startswith("gs://") else None)
     with open(registration.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)

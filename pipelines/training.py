@@ -225,7 +225,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             register = ops.register_op(
                 model=train.outputs["model"], evaluation=evaluate.outputs["evaluation"], registry=registry,
                 registry_root=registry_root, model_name=model_name, project=project, location=location,
-                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, serving_image=settings.images.serving)
             on_cpu(register.set_display_name("Register model"), settings, "1", "2G").set_caching_options(False)
 
     image_classification.__doc__ = PIPELINE_DOC + "\n\n" + params.docstring_args(

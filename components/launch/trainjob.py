@@ -10,8 +10,8 @@ the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which
 
 Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `command`, `env` and `resourcesPerNode`
 (CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:
-the run's node selector and tolerations (GPU, Spot, node pool), the grace period, the service account and the
-pipeline's labels. With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
+the run's node selector and tolerations (GPU, Spot, node pool), the service account and the pipeline's labels (the
+grace period is the runtime's, RUNTIME_GRACE_SECONDS: see there). With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
 Suspended) until the queue admits it, then adds a runtime patch of its own, whose ResourceFlavor tolerations
 replace ours: the launcher stops the job if that drops the Spot (or any other) toleration (`dropped_tolerations`,
 docs/kueue-trainjob.md). A dropped GPU toleration is put back on every node pod by the API server's
@@ -49,12 +49,19 @@ FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")  # MLPolicySourc
 TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
 
 
+# The node pods' grace period is the runtime's, not the TrainJob's: a pod-template patch's
+# terminationGracePeriodSeconds is new in Trainer v2.3.0, and Kueue v0.19.2, built on Trainer v2.2.1's types
+# (go.mod:14), writes the whole TrainJob back when it admits it (trainjob_controller.go:283, an Update), which
+# would drop that field.
+RUNTIME_GRACE_SECONDS = 30
+
+
 def runtime_manifest(name: str = RUNTIME_NAME, *, max_restarts: int = MAX_RESTARTS) -> dict:
     """The plain ClusterTrainingRuntime: one `node` replicated job, no image or command of its own (every
     TrainJob brings them), the failure rules of jobset.py."""
     container = {"name": NODE, "ports": [{"name": "tf-training", "containerPort": TRAINING_PORT}]}
     template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"},
-                                 pod_spec={"terminationGracePeriodSeconds": 30})
+                                 pod_spec={"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS})
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
             "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": jobset_spec(template, max_restarts)}}}
@@ -66,7 +73,13 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
     trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command),
                "env": job.env_list() + cluster_env(job.name, job.nodes),
                "resourcesPerNode": job.container_resources()}
-    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": job.pod_placement()}
+    placement = job.pod_placement()
+    grace = placement.pop("terminationGracePeriodSeconds", RUNTIME_GRACE_SECONDS)
+    if grace != RUNTIME_GRACE_SECONDS:
+        raise ValueError(f"The TrainJob launcher's node pods get the grace period of the runtime "
+                         f"{runtime!r} ({RUNTIME_GRACE_SECONDS} s), not {grace} s; use the JobSet launcher for "
+                         f"another one.")
+    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": placement}
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
     labels = job.pod_labels()
