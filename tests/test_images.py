@@ -1,5 +1,5 @@
-"""The images, checked without Docker: hadolint on both Dockerfiles, pinned bases, layer order, the non-root user,
-the build context, and that every component's entry point exists in the package the images install.
+"""The images, checked without Docker: hadolint on every Dockerfile, bases pinned by digest, layer order, the
+non-root user, the build context, and that every component's entry point exists in the package the images install.
 
 The package check builds the project's wheel from the Docker build context (what .dockerignore lets through),
 installs it into an empty directory and imports from there only, so a module left out of the package, a
@@ -7,6 +7,7 @@ context that misses a file, or a component importing a name that does not exist 
 """
 
 import ast
+import glob
 import importlib.metadata
 import json
 import os
@@ -23,8 +24,7 @@ from packaging.requirements import Requirement
 from pipelines import config, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCKERFILES = {"cpu": os.path.join(ROOT, "images", "cpu", "Dockerfile"),
-               "gpu": os.path.join(ROOT, "images", "gpu", "Dockerfile")}
+DOCKERFILES = {kind: os.path.join(ROOT, "images", kind, "Dockerfile") for kind in ("cpu", "gpu", "torch")}
 BIN = os.path.dirname(sys.executable)
 APP_UID = "10001"
 TENSORFLOW_BUILDS = {"tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-gpu", "tf-nightly"}
@@ -75,8 +75,8 @@ def hadolint(*paths: str) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------------------------- hadolint
 
 
-def test_hadolint_passes_on_both_dockerfiles():
-    result = hadolint(*DOCKERFILES.values())
+def test_hadolint_passes_on_every_dockerfile():
+    result = hadolint(*sorted(glob.glob(os.path.join(ROOT, "images", "*", "Dockerfile"))))
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
     assert not os.path.exists(os.path.join(ROOT, ".hadolint.yaml")), "no rule is ignored: fix the Dockerfile instead"
 
@@ -100,35 +100,83 @@ def test_cpu_base_is_pinned_by_version_and_digest():
     assert "3.11" in requires.replace(">=", "")  # the image's Python is one the project supports
 
 
-def test_gpu_base_is_the_tensorflow_gpu_image_of_the_pinned_version():
-    base = stage(DOCKERFILES["gpu"])[0][1]
-    match = re.fullmatch(r"tensorflow/tensorflow:(\d+\.\d+\.\d+)-gpu(@sha256:[0-9a-f]{64})?", base)
-    assert match, f"the GPU image must build on the official TensorFlow GPU image, not {base!r}"
-    gpu_extra = [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["gpu"]]
-    tensorflow = [r for r in gpu_extra if r.name == "tensorflow"]
-    assert tensorflow and tensorflow[0].specifier.contains(match.group(1)), (
-        f"{base} does not satisfy the [gpu] extra {tensorflow}: change one so that they agree")
-    cpu_extra = [Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["cpu"]]
+def test_gpu_images_build_on_the_cpu_image_base_with_their_extra():
+    """Not tensorflow/tensorflow:*-gpu (no GPU registered on healthy nodes; a cuDNN 8.9 TensorFlow 2.21 does not
+    use): the CPU image's pinned Python base, with CUDA from the extra's NVIDIA wheels."""
+    cpu_base = stage(DOCKERFILES["cpu"])[0][1]
+    extras = pyproject()["project"]["optional-dependencies"]
+    for kind, extra, framework in (("gpu", "gpu", "tensorflow"), ("torch", "torch", "torch")):
+        steps = instructions(DOCKERFILES[kind])
+        assert [a for k, a in steps if k == "FROM"] == [cpu_base], f"{kind}: one stage, on the CPU image's base"
+        assert any(Requirement(r).name == framework for r in extras[extra]), f"[{extra}] must install {framework}"
+        install = next(a for k, a in steps if k == "RUN" and "-r requirements.txt" in a)
+        assert f"requirements.py pyproject.toml --extra {extra} > requirements.txt" in install
+        # The NVIDIA wheel folders go to the dynamic linker, then the check proves every library opens by soname.
+        order = ["pip install --no-cache-dir -r requirements.txt", "gpu_libs.py register /etc/ld.so.conf.d/",
+                 "&& ldconfig &&", f"gpu_libs.py check {framework}"]
+        positions = [install.find(part) for part in order]
+        assert -1 not in positions and positions == sorted(positions), f"{kind}: {install}"
+        env = " ".join(a for k, a in steps if k == "ENV")
+        assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in env, f"{kind}: where GKE mounts the driver's libcuda"
+    torch_forbid = next(a for k, a in instructions(DOCKERFILES["torch"]) if k == "RUN" and "--forbid" in a)
+    assert "--forbid tensorflow --forbid tensorflow-cpu" in torch_forbid, "the torch image has no TensorFlow"
+    tensorflow = [Requirement(r) for r in extras["gpu"] if Requirement(r).name == "tensorflow"]
+    cpu_extra = [Requirement(r) for r in extras["cpu"]]
     assert all(r.specifier == tensorflow[0].specifier for r in cpu_extra if r.name == "tensorflow-cpu"), \
         "the CPU and GPU images must run the same TensorFlow"
 
 
-def test_dataset_stage_of_the_gpu_image_is_the_cpu_image_base():
-    dataset_stage = stage(DOCKERFILES["gpu"], 0)
-    assert dataset_stage[0] == ("FROM", stage(DOCKERFILES["cpu"])[0][1] + " AS dataset")
-    final = stage(DOCKERFILES["gpu"])
-    assert ("COPY", "--from=dataset /usr/share/datasets/fashion-mnist/ /usr/share/datasets/fashion-mnist/") in final
-    installs = [args for keyword, args in stage(DOCKERFILES["cpu"]) + dataset_stage
+def test_every_image_gets_the_same_pinned_dataset_package():
+    installs = [args for path in DOCKERFILES.values() for keyword, args in instructions(path)
                 if keyword == "RUN" and "dataset-fashion-mnist" in args]
     pinned = {re.search(r"dataset-fashion-mnist=(\S+)", args).group(1) for args in installs}
-    assert len(installs) == 2 and len(pinned) == 1, "both images get the same pinned dataset package"
+    assert len(installs) == len(DOCKERFILES) and len(pinned) == 1
     assert training.DEFAULT_SOURCE == "/usr/share/datasets/fashion-mnist"
+
+
+# An image copied from that is not pinned yet, and why; nothing else may join this list.
+UNPINNED_COPY_SOURCES = {
+    # Beam's SDK container (Dataflow's boot program): no public record of its index digest was found to pin it
+    # from a machine without registry access; pin it with `docker buildx imagetools inspect` where there is one.
+    "apache/beam_python3.11_sdk:2.77.0",
+}
+DIGEST_PINNED = re.compile(r"\S+@sha256:[0-9a-f]{64}")
+
+
+def test_every_image_reference_is_pinned_by_digest():
+    """Every FROM of every Dockerfile under images/, and every image a COPY --from copies out of."""
+    unpinned = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "images", "*", "Dockerfile"))):
+        stages = set()
+        for keyword, args in instructions(path):
+            words = args.split()
+            if keyword == "FROM":
+                if len(words) == 3 and words[1].upper() == "AS":
+                    stages.add(words[2])
+                if words[0] not in stages and not DIGEST_PINNED.fullmatch(words[0]):
+                    unpinned.append(f"{os.path.relpath(path, ROOT)}: FROM {words[0]}")
+            source = re.match(r"--from=(\S+)", args) if keyword == "COPY" else None
+            if source and source.group(1) not in stages | UNPINNED_COPY_SOURCES:
+                if not DIGEST_PINNED.fullmatch(source.group(1)):
+                    unpinned.append(f"{os.path.relpath(path, ROOT)}: COPY --from={source.group(1)}")
+    assert not unpinned, "pin these by digest (docker buildx imagetools inspect IMAGE): " + "; ".join(unpinned)
+
+
+def test_the_digest_check_catches_a_tag_alone(tmp_path, monkeypatch):
+    (tmp_path / "images" / "x").mkdir(parents=True)
+    (tmp_path / "images" / "x" / "Dockerfile").write_text(
+        "FROM python:3.11-slim AS build\nFROM build\nCOPY --from=busybox:1.37 /bin/sh /bin/sh\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    with pytest.raises(AssertionError) as failure:
+        test_every_image_reference_is_pinned_by_digest()
+    assert "FROM python:3.11-slim;" in str(failure.value) and "COPY --from=busybox:1.37" in str(failure.value)
+    assert "FROM build" not in str(failure.value)
 
 
 # ----------------------------------------------------------------------------------------------- layers and user
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_layers_are_ordered_for_cache_reuse(kind):
     steps = stage(DOCKERFILES[kind])
 
@@ -138,8 +186,7 @@ def test_layers_are_ordered_for_cache_reuse(kind):
                 return i
         raise AssertionError(f"{kind}: no {what}")
 
-    os_packages = first(lambda k, a: "dataset-fashion-mnist" in a or k == "COPY" and "--from=dataset" in a,
-                        "dataset install")
+    os_packages = first(lambda k, a: "dataset-fashion-mnist" in a, "dataset install")
     user = first(lambda k, a: k == "RUN" and "useradd" in a, "useradd")
     manifest = first(lambda k, a: k == "COPY" and "pyproject.toml" in a, "COPY of pyproject.toml")
     dependencies = first(lambda k, a: k == "RUN" and "-r requirements.txt" in a, "dependency install")
@@ -148,11 +195,12 @@ def test_layers_are_ordered_for_cache_reuse(kind):
     assert os_packages < manifest and user < manifest < dependencies < sources < project
     # Before the dependency layer, nothing but the manifest (and the script that reads it) enters the image.
     early_copies = [a for k, a in steps[:dependencies] if k == "COPY" and "--from=" not in a]
-    assert early_copies == ["pyproject.toml images/requirements.py ./"]
+    assert early_copies == ["pyproject.toml images/requirements.py ./" if kind == "cpu"
+                            else "pyproject.toml images/requirements.py images/gpu_libs.py ./"]
     assert not any(k in ("COPY", "ADD") and a.split()[0] == "." for k, a in steps), "never copy the whole context"
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_runs_as_a_numeric_non_root_user_with_a_writable_home(kind):
     steps = stage(DOCKERFILES[kind])
     users = [a for k, a in steps if k == "USER"]
@@ -166,7 +214,7 @@ def test_runs_as_a_numeric_non_root_user_with_a_writable_home(kind):
     assert f"chown {APP_UID}:{APP_UID} /gcs /minio /s3" in useradd  # where the KFP launcher stages artifacts
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_entrypoint_is_left_to_kfp_and_cmd_is_the_console_script(kind):
     steps = stage(DOCKERFILES[kind])
     entrypoints = [a for k, a in steps if k == "ENTRYPOINT"]
@@ -183,7 +231,7 @@ def test_entrypoint_is_left_to_kfp_and_cmd_is_the_console_script(kind):
     assert cmd[0] in pyproject()["project"]["scripts"], f"CMD runs {cmd[0]!r}, which the project does not install"
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_no_secrets_or_build_time_credentials(kind):
     for keyword, args in instructions(DOCKERFILES[kind]):
         if keyword in ("ARG", "ENV", "LABEL"):
@@ -314,7 +362,7 @@ def build_context(destination: str) -> list[str]:
 
 def test_build_context_holds_what_the_images_copy_and_nothing_else(tmp_path):
     copied = build_context(str(tmp_path))
-    for needed in ("pyproject.toml", "README.md", "images/requirements.py", "components/ops.py",
+    for needed in ("pyproject.toml", "README.md", "images/requirements.py", "images/gpu_libs.py", "components/ops.py",
                    "pipelines/cli.py"):
         assert needed in copied
     patterns = dockerignore_patterns()
