@@ -463,3 +463,18 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
                               "components.preprocess", "components.register", "components.registry",
                               "components.train"]
     assert report["console_script"] == pyproject()["project"]["scripts"]["pipectl"]
+
+
+def test_every_image_and_the_tests_resolve_one_major_version_of_the_vertex_sdk():
+    """apache-beam[gcp] holds google-cloud-aiplatform below 2, so the CPU image and the tests get 1.x; the GPU images
+    have no Beam, so the project's own range must hold it there too (tests/test_audit.py resolves one of them)."""
+    ours = next(Requirement(r) for r in pyproject()["project"]["dependencies"]
+                if Requirement(r).name == "google-cloud-aiplatform")
+    beams = [Requirement(r) for r in importlib.metadata.requires("apache-beam") or []
+             if Requirement(r).name == "google-cloud-aiplatform"]
+    assert beams and all(r.marker and r.marker.evaluate({"extra": "gcp"}) for r in beams)
+    installed = importlib.metadata.version("google-cloud-aiplatform")
+    assert ours.specifier.contains(installed) and beams[0].specifier.contains(installed)
+    majors = {version.split(".")[0] for version in ("1.60.0", installed, "2.0.0", "2.7.0")
+              if ours.specifier.contains(version)}
+    assert majors == {"1"}, f"{ours} lets the images resolve another major version than the tests' {installed}"
