@@ -12,7 +12,7 @@ BENCH ?=
 .PHONY: help install data photos browser gpu-wheels run test audit compile bench clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(BIN)/pipectl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
