@@ -69,7 +69,7 @@ gpu-wheels: $(BIN)/pipectl ## fetch the GPU extras' framework and NVIDIA wheels 
 run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
 	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
 
-test: install browser photos gpu-wheels ## run the test suite
+test: install browser photos ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 audit: $(BIN)/pipectl ## pip-audit over every image's resolved requirements (asks api.osv.dev; Cloud Build runs it)
