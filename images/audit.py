@@ -97,10 +97,14 @@ def resolve(image: str, pyproject: str = os.path.join(ROOT, "pyproject.toml")) -
                                  report, "--target", os.path.join(work, "target"), *lines],
                                 capture_output=True, text=True, timeout=1200)
         if result.returncode != 0:
-            raise AuditError(f"{image}: pip could not resolve its requirements:\n{result.stderr[-3000:]}")
+            raise AuditError(f"{image}: pip could not resolve its requirements:\n{_last_lines(result.stderr)}")
         with open(report) as f:
             installs = json.load(f)["install"]
     return sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in installs)
+
+
+def _last_lines(text: str, count: int = 8) -> str:
+    return "\n".join(text.strip().splitlines()[-count:])
 
 
 def audit(image: str, pins: list[str]) -> list[Finding]:
@@ -115,7 +119,7 @@ def audit(image: str, pins: list[str]) -> list[Finding]:
                                  "--output", output],
                                 capture_output=True, text=True, timeout=900)
         if not os.path.exists(output) or result.returncode not in (0, 1):
-            raise AuditError(f"{image}: pip-audit did not run (exit {result.returncode}):\n{result.stderr[-3000:]}")
+            raise AuditError(f"{image}: pip-audit did not run (exit {result.returncode}):\n{_last_lines(result.stderr)}")
         with open(output) as f:
             report = json.load(f)
     findings = []
