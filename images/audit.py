@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -109,6 +110,8 @@ def _last_lines(text: str, count: int = 8) -> str:
 
 def audit(image: str, pins: list[str]) -> list[Finding]:
     """pip-audit over the pins, as they are (no second resolution)."""
+    if importlib.util.find_spec("pip_audit") is None:
+        raise AuditError(f"pip-audit is not installed for {sys.executable}: pip install -e '.[dev]' (or pip-audit)")
     with tempfile.TemporaryDirectory() as work:
         pinned, output = os.path.join(work, "requirements.txt"), os.path.join(work, "audit.json")
         with open(pinned, "w") as f:

@@ -255,26 +255,6 @@ def test_cpu_requirements_are_pyproject_dependencies_and_the_cpu_extra():
     assert result.stdout.splitlines() == project["dependencies"] + project["optional-dependencies"]["cpu"]
 
 
-def test_from_base_keeps_the_installed_build_and_refuses_a_mismatch(tmp_path):
-    """Run against this environment, whose tensorflow-cpu plays the base image's tensorflow."""
-    installed = importlib.metadata.version("tensorflow-cpu")
-    result = run_requirements("--extra", "cpu", "--from-base", "tensorflow-cpu")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[-1] == f"tensorflow-cpu=={installed}"
-    assert not [line for line in lines[:-1] if Requirement(line).name in TENSORFLOW_BUILDS]
-
-    other = tmp_path / "pyproject.toml"
-    other.write_text('[project]\nname = "x"\ndependencies = ["numpy"]\n'
-                     '[project.optional-dependencies]\ngpu = ["tensorflow-cpu[and-cuda]==1.15.*"]\n')
-    script = os.path.join(ROOT, "images", "requirements.py")
-    result = subprocess.run([sys.executable, script, str(other), "--extra", "gpu", "--from-base", "tensorflow-cpu"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert f"the base image has tensorflow-cpu {installed}" in result.stderr and "==1.15.*" in result.stderr
-    assert "Dockerfile" in result.stderr and "pyproject.toml" in result.stderr
-
-
 def test_forbid_fails_when_the_distribution_is_installed():
     assert run_requirements("--forbid", "tensorflow-intel").returncode == 0  # not installed here
     result = run_requirements("--forbid", "tensorflow-cpu")  # installed here (the [cpu] extra)
