@@ -10,10 +10,10 @@ REQUIRE_PHOTOS ?=
 BENCH ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser run test compile bench clean
+.PHONY: help install data photos browser gpu-wheels run test audit compile bench clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(BIN)/pipectl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,11 +65,17 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 	fi; \
 	echo "chromium is not installed and could not be installed here: the report's browser tests will be skipped."
 
+gpu-wheels: $(BIN)/pipectl ## fetch the GPU extras' framework and NVIDIA wheels once, for the images' library check tests (GBs)
+	$(BIN)/python -m tests.gpu_wheels
+
 run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
 	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
 
 test: install browser photos ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+audit: $(BIN)/pipectl ## pip-audit over every image's resolved requirements (asks api.osv.dev; Cloud Build runs it)
+	$(BIN)/python images/audit.py
 
 bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)

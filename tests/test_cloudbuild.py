@@ -176,7 +176,7 @@ def test_step_scripts_pass_shellcheck(tmp_path):
                 script = tmp_path / f"{os.path.basename(path)}-{step['id']}.sh"
                 script.write_text(step["script"])
                 scripts.append(str(script))
-    assert len(scripts) == 5
+    assert len(scripts) == 7
     # SC1091: .venv/bin/activate exists only in the build's workspace, so shellcheck cannot follow it.
     result = subprocess.run([binary, "--shell=bash", "--exclude=SC1091", *scripts], capture_output=True, text=True,
                             timeout=60)
@@ -191,7 +191,7 @@ def test_step_scripts_pass_shellcheck(tmp_path):
 def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads():
     build = load(MAIN)
     steps, values = steps_by_id(build), substitutions(build)
-    for kind in ("cpu", "gpu", "tensorflow-serving"):
+    for kind in ("cpu", "gpu", "torch", "tensorflow-serving"):
         step = steps[f"build-{kind}" if kind != "tensorflow-serving" else "build-serving"]
         assert KANIKO.fullmatch(step["name"]), "the maintained kaniko fork, pinned by digest"
         args = dict(arg.split("=", 1) for arg in (substitute(a, values) for a in step["args"]))
@@ -206,11 +206,13 @@ def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads(
         assert args["--context"] == "dir:///workspace"
         # compile runs in /workspace (no `dir`) and reads KIND.digest there
         assert args["--digest-file"] == f"/workspace/{kind}.digest" and f'"$1.digest"' in steps["compile"]["script"]
+        assert f"{kind}.digest" in build["artifacts"]["objects"]["paths"]
         assert "dir" not in steps["compile"]
     assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu", "build-serving"}
-    assert steps["publish"]["waitFor"] == ["compile"]
-    assert [step["id"] for step in build["steps"]] == ["test", "build-cpu", "build-gpu", "build-serving", "compile",
-                                                       "publish"]
+    assert steps["publish"]["waitFor"] == ["compile", "audit", "build-torch"], \
+        "nothing is published before the audit passes and every image is pushed"
+    assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-serving",
+                                                       "build-torch", "compile", "publish"]
 
 
 def test_the_serving_image_copied_is_the_version_the_registry_runs():
@@ -219,6 +221,20 @@ def test_the_serving_image_copied_is_the_version_the_registry_runs():
     with open(os.path.join(ROOT, "images", "serving", "Dockerfile")) as f:
         froms = [line.split()[1] for line in f if line.startswith("FROM ")]
     assert [image.split("@")[0] for image in froms] == [f"tensorflow/serving:{TF_SERVING_VERSION}"]
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_every_step_image_is_pinned_by_digest(path):
+    for step in load(path)["steps"]:
+        assert re.fullmatch(r"\S+:\S+@sha256:[0-9a-f]{64}", step["name"]), \
+            f"{os.path.basename(path)} step {step['id']}: pin {step['name']} by digest"
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_the_audit_step_audits_every_image_after_the_tests(path):
+    steps = steps_by_id(load(path))
+    assert steps["audit"]["waitFor"] == ["test"], "it runs on the .venv the test step leaves (pip-audit, [dev])"
+    assert steps["audit"]["script"].splitlines()[-1].strip() == ".venv/bin/python images/audit.py"
 
 
 def test_python_steps_use_the_cpu_images_pinned_python():
@@ -316,7 +332,8 @@ def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == [
         "trigger image-classification-main cloudbuild.yaml", "trigger image-classification-pr cloudbuild-pr.yaml",
-        "build ['test', 'build-cpu', 'build-gpu', 'build-serving', 'compile', 'publish']", "build ['test', 'compile']"]
+        "build ['test', 'audit', 'build-cpu', 'build-gpu', 'build-serving', 'build-torch', 'compile', 'publish']",
+        "build ['test', 'audit', 'compile']"]
 
     broken = load(TRIGGERS["main"])
     broken["github"]["pushes"] = broken["github"].pop("push")
@@ -404,9 +421,9 @@ def test_compile_refuses_a_missing_digest(kfp_api, workspace):
     assert not (workspace / "pipeline.yaml").exists()
 
 
-def test_pr_check_only_tests_and_compiles(workspace):
+def test_pr_check_only_tests_audits_and_compiles(workspace):
     build, main = load(PR), load(MAIN)
-    assert [step["id"] for step in build["steps"]] == ["test", "compile"]
+    assert [step["id"] for step in build["steps"]] == ["test", "audit", "compile"]
     assert steps_by_id(build)["test"]["script"] == steps_by_id(main)["test"]["script"]
     assert "make test" in steps_by_id(build)["test"]["script"]
     assert not {"artifacts", "availableSecrets", "images"} & set(build)
