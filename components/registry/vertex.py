@@ -43,7 +43,7 @@ import time
 from typing import Any, Callable
 
 from components import gcp
-from components.registry.base import CHAMPION, ModelVersion
+from components.registry.base import CHAMPION, ChampionChanged, ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -279,13 +279,14 @@ class VertexRegistry(gcp.VertexService):
         return None
 
     def champion(self, model: str) -> ModelVersion | None:
+        parent = self._find_model(model)
+        return None if parent is None else self._champion_of(parent)
+
+    def _champion_of(self, parent: Any) -> ModelVersion | None:
         from google.api_core import exceptions as gexc
 
-        parent = self._find_model(model)
-        if parent is None:
-            return None
         try:
-            pb = self._call(f"get the {CHAMPION} of {model!r}",
+            pb = self._call(f"get the {CHAMPION} of {parent.display_name!r}",
                             lambda: self._client.get_model(name=f"{parent.name}@{CHAMPION}"))
         except gexc.NotFound:
             return None
@@ -349,13 +350,16 @@ class VertexRegistry(gcp.VertexService):
         return self._call(what, lambda: operation.result(timeout=0), idempotent=False, artifact_uri=artifact_uri)
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion:
-        from google.api_core import exceptions as gexc
-
         if alias != "default" and not ALIAS_RE.match(alias):
             raise ValueError(f"Invalid Vertex version alias {alias!r}: it must match {ALIAS_RE.pattern}")
         parent = self._find_model(model)
         if parent is None:
             raise KeyError(f"{model} has no version {version}")
+        return self._merge_alias(parent, model, version, alias)
+
+    def _merge_alias(self, parent: Any, model: str, version: str, alias: str) -> ModelVersion:
+        from google.api_core import exceptions as gexc
+
         try:
             pb = self._call(f"move alias {alias!r} to version {version} of {model!r}",
                             lambda: self._client.merge_version_aliases(name=f"{parent.name}@{version}",
@@ -363,6 +367,24 @@ class VertexRegistry(gcp.VertexService):
         except gexc.NotFound:
             raise KeyError(f"{model} has no version {version}") from None
         return self._version(pb)
+
+    def move_champion(self, model: str, version: str, *, expected: str | None) -> ModelVersion:
+        """Reads the champion right before moving it, and moves it only if it is still `expected`.
+
+        Vertex offers no conditional alias move: MergeVersionAliasesRequest holds only the version's name and
+        the aliases (googleapis/googleapis google/cloud/aiplatform/v1/model_service.proto:619-646 at f8291d2b),
+        UpdateModel cannot change aliases (its supported fields, :549-550), and `Model.etag` serves UpdateModel
+        only (model.proto:431-433). So a move by another run between this read and the merge (one round trip)
+        is not seen; the window between evaluation and registration (training's end to the register step) is."""
+        parent = self._find_model(model)
+        if parent is None:
+            raise KeyError(f"{model} has no version {version}")
+        current = self._champion_of(parent)
+        if current is not None and current.version == version:
+            return current
+        if (current.version if current else None) != expected:
+            raise ChampionChanged(model, expected, current)
+        return self._merge_alias(parent, model, version, CHAMPION)
 
     def versions(self, model: str) -> list[ModelVersion]:
         """All versions of `model`, oldest first (like LocalRegistry.versions)."""
