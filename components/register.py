@@ -33,7 +33,7 @@ from components.registry import (CHAMPION, ChampionChanged, LocalRegistry, Model
 log = logging.getLogger(__name__)
 
 # How many times registration follows a champion that keeps changing before it registers without the alias.
-MOVE_ATTEMPTS = 3
+MOVE_ATTEMPTS = 5
 
 
 @dataclasses.dataclass

@@ -324,17 +324,41 @@ class VertexRegistry(gcp.VertexService):
                                    idempotent=False, artifact_uri=uri)
         except gexc.Conflict:  # 409 ALREADY_EXISTS
             # Another run created the model between our lookup and upload: become a version of it.
-            parent_model = self._find_model(model)
-            if parent_model is None:
-                raise VertexRegistryError(
-                    f"Cannot create model {model!r}: the model id {self._model_id_for(model)!r} is taken in "
-                    f"{self.parent} by a model with another display name; register under another name.") from None
+            parent_model = self._created_by_another_run(model)
             operation = self._call(what, lambda: self._client.upload_model(request=request_for(parent_model)),
                                    idempotent=False, artifact_uri=uri)
         response = self._wait(operation, what, uri)
         pb = self._call(f"get the new version of {model!r}",
                         lambda: self._client.get_model(name=f"{response.model}@{response.model_version_id}"))
         return self._version(pb)
+
+    def _created_by_another_run(self, model: str) -> Any:
+        """The model whose id our upload found taken. Another run's first upload holds the id from its request
+        to the end of its operation, when the model appears (with its first version): until then it is waited
+        for. A model of that id with another display name is refused."""
+        from google.api_core import exceptions as gexc
+
+        model_id = self._model_id_for(model)
+        deadline = self._monotonic() + self.upload_timeout_seconds
+        while True:
+            parent_model = self._find_model(model)
+            if parent_model is not None:
+                return parent_model
+            try:
+                taken = self._call(f"get model {model_id!r}",
+                                   lambda: self._client.get_model(name=f"{self.parent}/models/{model_id}"))
+                if taken.display_name == model:  # its upload finished between the two reads
+                    return taken
+            except gexc.NotFound:
+                if self._monotonic() < deadline:  # still being created by the other run's upload
+                    self._sleep(self.poll_seconds)
+                    continue
+                raise VertexRegistryError(
+                    f"Cannot create model {model!r}: another upload holds the model id {model_id!r} in {self.parent} "
+                    f"and has not finished in {self.upload_timeout_seconds:.0f}s; register again later.") from None
+            raise VertexRegistryError(
+                f"Cannot create model {model!r}: the model id {model_id!r} is taken in {self.parent} by a model "
+                f"with another display name; register under another name.")
 
     def _wait(self, operation: Any, what: str, artifact_uri: str) -> Any:
         """Follows the upload's long-running operation (each poll retried for quota) and returns its response.
