@@ -255,3 +255,96 @@ def test_without_a_gate_the_champion_moves_as_asked(tmp_path):
     changed = register(make_model(tmp_path, "m3"), registry, model_name="clf", gate=Gate("1"))
     assert changed.promotion == ("the champion became v2 after evaluation (which compared with v1); registered v3 "
                                  "without the champion alias (the gate never compared it with v2)")
+
+
+# -- what a run shows: the step's end line, the summary's decision line, the run page -------------------------------
+
+
+def test_the_register_steps_line_and_the_run_page_say_the_champion_was_kept():
+    from pipelines import runpage, steplogs
+
+    promotion = ("the champion became v1 after evaluation (which found none); against v1 on the same test set: not "
+                 "blessed: 0.933 >= 0.50 but < champion v1 0.967 - 0.00; registered v2 without the champion alias")
+    outputs = {"artifacts": {"registration": {"artifacts": [{"metadata": {
+        "registry": "local", "model": "clf", "version": "2", "new_version": True, "promotion": promotion,
+        "champion_changed": True}}]}}}
+    assert steplogs.key_figures("register", outputs) == f"clf version 2 (local registry); {promotion}"
+    moved = json.loads(json.dumps(outputs).replace('"champion_changed": true', '"champion_changed": false'))
+    assert steplogs.key_figures("register", moved) == "clf version 2 (local registry)"
+
+    summary = {"test_accuracy": 0.933, "test_loss": 0.2, "train_seconds": 1.0, "blessed": True,
+               "images": {"train": 1, "validation": 1, "test": 1, "rejected": 0}, "artifacts": {}, "run_dir": "r",
+               "decision": f"blessed: 0.933 >= 0.50 (no champion yet); at registration: {promotion}",
+               "registered": {"registry": "local", "model": "clf", "version": "2", "aliases": [], "promotion": promotion,
+                              "champion_changed": True, "champion": "1"},
+               "predictions": {"path": "none.jsonl", "count": 0, "errors": 0}}
+    page = runpage.render(summary, "out")
+    # Blessed, but not the champion: the banner is not green, and a card names the champion that was kept.
+    assert f"<p class='decision no'>{html_escape(summary['decision'])}</p>" in page
+    assert "<b>v1</b><span>champion, kept: another run&#x27;s model took it after evaluation" in page
+    summary["registered"].update(aliases=["champion"], champion="2", champion_changed=False)
+    assert "<p class='decision ok'>" in runpage.render(summary, "out") and "kept" not in runpage.render(summary, "out")
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+# -- two local pipeline runs at once, into one registry ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_local_runs_at_once_crown_the_model_the_gate_prefers(fashion_dir, tmp_path):
+    """Two `pipectl run --local` at once, one registry, models of different accuracy (2 and 3 epochs). The test holds
+    the registry's lock (as a third writer would) until both runs have evaluated, so both evaluations find no
+    champion, as in the report; then both register at once. The champion must be the better model, and the run
+    whose registration found the champion changed says so on its decision line, its console and its run page."""
+    import fcntl
+    import time
+
+    base = tmp_path
+    (base / "registry" / "image-classifier").mkdir(parents=True)
+    lock = open(base / "registry" / "image-classifier" / ".lock", "w")  # LocalRegistry's lock file
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    runs = {}
+    for name, epochs in (("two", 2), ("three", 3)):
+        runs[name] = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "run", "--local", "--output-dir", str(base / name), "--limit=600",
+             f"--epochs={epochs}", "--min-accuracy=0.3", "--tolerance=0"], cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONPATH": REPO_ROOT}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 1200
+        evaluated = {}
+        while len(evaluated) < 2:
+            for name in runs:
+                found = list((base / name / "pipeline_root").glob("*/evaluate-op/evaluation"))
+                if found and name not in evaluated:
+                    evaluated[name] = json.loads(found[0].read_text())
+                assert runs[name].poll() is None, runs[name].communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the runs did not evaluate in 20 minutes"
+            time.sleep(2)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+    consoles = {name: run.communicate(timeout=1200)[0] for name, run in runs.items()}
+    for name, run in runs.items():
+        assert run.returncode == 0, consoles[name][-3000:]
+    assert all(e["compared_with"] is None and e["blessed"] for e in evaluated.values())  # both blessed against none
+    summaries = {name: json.loads((base / name / "summary.json").read_text()) for name in runs}
+
+    index = json.loads((base / "registry" / "image-classifier" / "index.json").read_text())
+    (champion,) = [v for v in index["versions"] if "champion" in v["aliases"]]
+    best = max(summaries.values(), key=lambda s: s["test_accuracy"])
+    assert champion["version"] == best["registered"]["version"]
+    assert champion["metrics"]["accuracy"] == best["test_accuracy"]
+
+    changed = [name for name, s in summaries.items() if s["registered"]["champion_changed"]]
+    assert len(changed) == 1  # the second to register found the first one's model as champion
+    summary, console = summaries[changed[0]], consoles[changed[0]]
+    assert "; at registration: the champion became v" in summary["decision"]
+    assert summary["decision"].endswith(("without the champion alias", f"champion moved to v{champion['version']}"))
+    assert f"decision         {summary['decision']}" in console
+    page = (base / changed[0] / "index.html").read_text()
+    assert html_escape(summary["decision"]) in page
