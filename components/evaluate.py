@@ -75,7 +75,7 @@ class Evaluation:
     min_class_recall: float | None = None
     # The champion the gate saw: its version, or None when there was none (also when it could not be compared).
     compared_with: str | None = None
-    test_set: str = ""  # test_set_digest of the images and labels scored
+    test_set: str = ""  # digest_of_test_set of the images and labels scored
     gate: dict = dataclasses.field(default_factory=dict)  # min_accuracy, min_class_recall, tolerance
 
     def to_json(self) -> dict:
@@ -83,7 +83,7 @@ class Evaluation:
         return {**out, "metrics": self.scores.summary()}
 
 
-def test_set_digest(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -> str:
+def digest_of_test_set(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -> str:
     """`sha256:HEX` of the test images (shape, dtype, pixels), their labels and the class names: two evaluations
     with the same digest scored the very same test set."""
     digest = hashlib.sha256()
@@ -273,8 +273,9 @@ def evaluate(model_dir: str, dataset_dir: str, *, min_accuracy: float = 0.0, min
     return Evaluation(class_names, scores, blessed, reasons, decision, champion, worst_mistakes,
                       [images[i] for i in wrong], min_class_recall=min_class_recall,
                       compared_with=champion_version if champion_model_dir else None,
-                      test_set=test_set_digest(images, labels, class_names),
-                      gate={"min_accuracy": min_accuracy, "min_class_recall": min_class_recall, "tolerance": tolerance})
+                      test_set=digest_of_test_set(images, labels, class_names),
+                      gate={"min_accuracy": min_accuracy, "min_class_recall": min_class_recall,
+                            "tolerance": tolerance})
 
 
 def rejudge(evaluation: dict, champion_version: str | None, champion_metrics: dict | None) -> tuple[bool | None, str]:
@@ -284,8 +285,8 @@ def rejudge(evaluation: dict, champion_version: str | None, champion_metrics: di
     The new champion is compared by the test accuracy recorded with it (its registered `accuracy`), and only when
     it was recorded on the very same test set (its registered `test_set` digest equals this evaluation's): that
     number is what evaluation measured for it on these images with this scoring, so re-scoring it would only
-    repeat it (up to float rounding between machines, which can only move an image whose top two classes tie).
-    This keeps registration light: no model or test data to load in the register step. A champion scored on
+    repeat it (up to float rounding between machines, which can only move an image whose top two classes nearly
+    tie). This keeps registration light: no model or test data to load in the register step. A champion scored on
     another test set (other data, another split, registered before test sets were recorded) cannot be compared
     without scoring it on this run's test data, which is evaluation's work: None, and the caller registers
     without the alias."""

@@ -94,7 +94,8 @@ def register(model_dir: str, registry: Registry, *, model_name: str, metrics: di
             return Registration(version, new_version, f"v{version.version} is already the {CHAMPION}",
                                 champion=version.version)
         version = registry.set_alias(model_name, version.version, CHAMPION)
-        return Registration(version, new_version, f"{CHAMPION} moved to v{version.version}", champion=version.version)
+        return Registration(version, new_version, f"{CHAMPION} moved to v{version.version}",
+                            champion=version.version)
     version, promotion, changed, champion = promote_checked(registry, model_name, version, gate)
     (log.warning if changed else log.info)("register: %s", promotion)
     return Registration(version, new_version, promotion, changed, champion)

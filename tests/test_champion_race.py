@@ -6,6 +6,7 @@ earlier one. Here evaluations and registrations race against one registry (threa
 must end on the model the gate prefers, with each registration saying what it did.
 """
 
+import html
 import json
 import os
 import shutil
@@ -224,8 +225,8 @@ def test_two_evaluations_racing_against_one_registry(order, tiny_model, weaker_m
         assert order != "better first"
         assert weaker_line == f"champion moved to v{w} (no champion, as at evaluation)"
         assert better_line == (f"the champion became v{w} after evaluation (which found none); against v{w} on the "
-                               f"same test set: blessed: {acc_b:.3f} >= 0.30 and >= champion v{w} {acc_w:.3f} - 0.00; "
-                               f"champion moved to v{b}")
+                               f"same test set: blessed: {acc_b:.3f} >= 0.30 and >= champion v{w} {acc_w:.3f} "
+                               f"- 0.00; champion moved to v{b}")
         assert results["better"].champion_changed and not results["weaker"].champion_changed
 
 
@@ -275,21 +276,16 @@ def test_the_register_steps_line_and_the_run_page_say_the_champion_was_kept():
     summary = {"test_accuracy": 0.933, "test_loss": 0.2, "train_seconds": 1.0, "blessed": True,
                "images": {"train": 1, "validation": 1, "test": 1, "rejected": 0}, "artifacts": {}, "run_dir": "r",
                "decision": f"blessed: 0.933 >= 0.50 (no champion yet); at registration: {promotion}",
-               "registered": {"registry": "local", "model": "clf", "version": "2", "aliases": [], "promotion": promotion,
-                              "champion_changed": True, "champion": "1"},
+               "registered": {"registry": "local", "model": "clf", "version": "2", "aliases": [],
+                              "promotion": promotion, "champion_changed": True, "champion": "1"},
                "predictions": {"path": "none.jsonl", "count": 0, "errors": 0}}
     page = runpage.render(summary, "out")
     # Blessed, but not the champion: the banner is not green, and a card names the champion that was kept.
-    assert f"<p class='decision no'>{html_escape(summary['decision'])}</p>" in page
+    assert f"<p class='decision no'>{html.escape(summary['decision'])}</p>" in page
     assert "<b>v1</b><span>champion, kept: another run&#x27;s model took it after evaluation" in page
     summary["registered"].update(aliases=["champion"], champion="2", champion_changed=False)
-    assert "<p class='decision ok'>" in runpage.render(summary, "out") and "kept" not in runpage.render(summary, "out")
-
-
-def html_escape(text: str) -> str:
-    import html
-
-    return html.escape(text)
+    page = runpage.render(summary, "out")
+    assert "<p class='decision ok'>" in page and "kept" not in page
 
 
 # -- two local pipeline runs at once, into one registry ------------------------------------------------------------
@@ -311,8 +307,8 @@ def test_two_local_runs_at_once_crown_the_model_the_gate_prefers(fashion_dir, tm
     runs = {}
     for name, epochs in (("two", 2), ("three", 3)):
         runs[name] = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "run", "--local", "--output-dir", str(base / name), "--limit=600",
-             f"--epochs={epochs}", "--min-accuracy=0.3", "--tolerance=0"], cwd=REPO_ROOT,
+            [sys.executable, "-m", "pipelines.cli", "run", "--local", "--output-dir", str(base / name),
+             "--limit=600", f"--epochs={epochs}", "--min-accuracy=0.3", "--tolerance=0"], cwd=REPO_ROOT,
             env={**os.environ, "PYTHONPATH": REPO_ROOT}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 1200
@@ -347,4 +343,4 @@ def test_two_local_runs_at_once_crown_the_model_the_gate_prefers(fashion_dir, tm
     assert summary["decision"].endswith(("without the champion alias", f"champion moved to v{champion['version']}"))
     assert f"decision         {summary['decision']}" in console
     page = (base / changed[0] / "index.html").read_text()
-    assert html_escape(summary["decision"]) in page
+    assert html.escape(summary["decision"]) in page

@@ -354,8 +354,9 @@ class VertexRegistry(gcp.VertexService):
                     self._sleep(self.poll_seconds)
                     continue
                 raise VertexRegistryError(
-                    f"Cannot create model {model!r}: another upload holds the model id {model_id!r} in {self.parent} "
-                    f"and has not finished in {self.upload_timeout_seconds:.0f}s; register again later.") from None
+                    f"Cannot create model {model!r}: another upload holds the model id {model_id!r} in "
+                    f"{self.parent} and has not finished in {self.upload_timeout_seconds:.0f}s; register again "
+                    "later.") from None
             raise VertexRegistryError(
                 f"Cannot create model {model!r}: the model id {model_id!r} is taken in {self.parent} by a model "
                 f"with another display name; register under another name.")
