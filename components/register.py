@@ -121,8 +121,8 @@ def promote_checked(registry: Registry, model_name: str, version: ModelVersion, 
                          if not notes else f"then it became {_named(current)}")
             verdict, line = gate.rejudge(changed.current) if gate.rejudge else (None, "")
             if line:
-                notes.append(f"against {_named(current)} on the same test set: {line}" if verdict is not None
-                             else line)
+                notes.append(line if verdict is None else f"with no champion: {line}" if current is None
+                             else f"against v{current} on the same test set: {line}")
             if not verdict:
                 notes.append(f"registered v{version.version} without the {CHAMPION} alias"
                              + (f" (the gate never compared it with {_named(current)})" if verdict is None else ""))

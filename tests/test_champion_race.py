@@ -258,6 +258,21 @@ def test_without_a_gate_the_champion_moves_as_asked(tmp_path):
                                  "without the champion alias (the gate never compared it with v2)")
 
 
+def test_a_champion_removed_after_evaluation_leaves_the_thresholds_to_decide(tmp_path):
+    registry = LocalRegistry(str(tmp_path / "registry"))
+    register(make_model(tmp_path, "m1"), registry, model_name="clf")
+    index_path = tmp_path / "registry" / "clf" / "index.json"
+    index = json.loads(index_path.read_text())
+    index["versions"][0]["aliases"] = ["default"]  # a person took the alias away
+    index_path.write_text(json.dumps(index))
+    evaluation = evaluation_with(900, compared_with="1")
+    second = register(make_model(tmp_path, "m2"), registry, model_name="clf", metrics=evaluation_metrics(evaluation),
+                      gate=gate_from_evaluation(evaluation))
+    assert second.promotion == ("the champion became none after evaluation (which compared with v1); with no "
+                                "champion: blessed: 0.900 >= 0.50 (no champion yet); champion moved to v2")
+    assert champion_of(registry) == "2"
+
+
 # -- what a run shows: the step's end line, the summary's decision line, the run page -------------------------------
 
 
