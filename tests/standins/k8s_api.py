@@ -31,7 +31,8 @@ for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 
 Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed. Behind the TrainJob and JobSet
 endpoints run the "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts
 a JobSet pod's node down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a
-ResourceFlavor first (kueue.py).
+ResourceFlavor first (kueue.py). With `admission_plugins`, the API server's mutating plugins (admission.py: GKE's
+ExtendedResourceToleration) change each JobSet pod as it is created.
 """
 
 from __future__ import annotations
@@ -167,9 +168,11 @@ class KubernetesStandIn(StandIn):
 
     name = "Kubernetes"
 
-    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None):
+    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None,
+                 admission_plugins: tuple[str, ...] = ()):
         super().__init__()
         self.run_containers = run_containers
+        self.admission_plugins = tuple(admission_plugins)  # mutating plugins run on each pod created (admission.py)
         self.kueue_flavors = kueue_flavors or {}  # Kueue's LocalQueue name -> its ResourceFlavor's spec (kueue.py)
         self.jobs: dict[tuple[str, str], TFJob] = {}
         self.trainjobs: dict[tuple[str, str], TrainJobRun] = {}
@@ -310,7 +313,7 @@ class KubernetesStandIn(StandIn):
         problems = jobset_problems({**jobset_body, "metadata": {**jobset_body["metadata"], "namespace": namespace}})
         if problems:  # the trainer would fail to create it later; the stand-in says so at once
             raise invalid("TrainJob", TRAINER_GROUP, name, [f"the JobSet it makes is invalid: {p}" for p in problems])
-        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0))
+        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0), self.admission_plugins)
         self.jobsets[(namespace, name)] = jobset
         trainjob = TrainJobRun(body, namespace, jobset, lambda: self.now(0))
         self.trainjobs[(namespace, name)] = trainjob
@@ -341,7 +344,7 @@ class KubernetesStandIn(StandIn):
         if (namespace, name) in self.jobsets:
             raise ApiError("ALREADY_EXISTS", f'jobsets.{JOBSET_GROUP} "{name}" already exists')
         self.created_bodies.append(json.loads(json.dumps(body)))
-        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0))
+        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0), self.admission_plugins)
         self.jobsets[(namespace, name)] = jobset
         return 201, jobset.snapshot()
 

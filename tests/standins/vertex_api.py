@@ -60,6 +60,8 @@ from tests.standins.vertex_pipelines import PIPELINE_RPCS, PipelineService, int_
 
 __all__ = ["BATCH_RESULT", "UPLOAD_RESULT", "VertexStandIn"]
 
+# Artifact Registry (LOCATION-docker.pkg.dev) and Container Registry (gcr.io, REGION.gcr.io) image hosts.
+CONTAINER_REGISTRY_RE = re.compile(r"^([a-z0-9-]+-docker\.pkg\.dev|([a-z]+\.)?gcr\.io)/[^\s]+$")
 # fail_next(rpc=UPLOAD_RESULT): the upload's operation finishes with that error instead of a new version.
 UPLOAD_RESULT = "UploadModel:operation"
 
@@ -206,6 +208,11 @@ class ModelService(VertexService):
         image = (model.get("containerSpec") or {}).get("imageUri")
         if not image:
             raise ApiError("INVALID_ARGUMENT", "model.container_spec.image_uri is required for a custom model.")
+        if not CONTAINER_REGISTRY_RE.match(image):
+            # ModelContainerSpec.image_uri: "This URI must identify an image in Artifact Registry or Container
+            # Registry" (google/cloud/aiplatform/v1/model.proto).
+            raise ApiError("INVALID_ARGUMENT", f"model.container_spec.image_uri must name an image in Artifact "
+                                               f"Registry or Container Registry, got {image!r}.")
         artifact_uri = model.get("artifactUri", "")
         if artifact_uri and not artifact_uri.startswith("gs://"):
             raise ApiError("INVALID_ARGUMENT", f"model.artifact_uri must be a Cloud Storage URI (gs://...), got "
