@@ -213,7 +213,8 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
                 tolerance: float, registry: str, registry_root: str, model_name: str, project: str, location: str,
                 metrics: Output[Metrics], confusion: Output[ClassificationMetrics], decision: Output[Markdown],
                 evaluation: Output[Artifact], report: Output[HTML]) -> bool:
-    """Scores the model on the test split, compares it with the registry's champion, and decides if it is blessed."""
+    """Scores the model on the test split, compares it with the registry's champion, and decides if it is blessed.
+    The evaluation records which champion version it compared against (none: no champion) and the test set."""
     import json
 
     from components import stepcli
@@ -231,6 +232,9 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
         f.write(decision_markdown(result))
     with open(evaluation.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
+    # The champion the gate compared against: registration moves the alias only if it is still that one.
+    evaluation.metadata.update({"blessed": result.blessed, "compared_with": result.compared_with or "",
+                                "test_set": result.test_set})
     write_report(result, model.path, dataset.path, report.path)
     return result.blessed
 
@@ -264,29 +268,33 @@ def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predic
 def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str, registry_root: str,
                 model_name: str, project: str, location: str, run_id: str, registration: Output[Artifact],
                 serving_image: str = "") -> str:
-    """Registers the blessed model as a new version and moves the `champion` alias to it.
+    """Registers the blessed model as a new version and moves the `champion` alias to it, if the champion is still
+    the one evaluation compared against; if another run moved it since, the gate is applied again against the new
+    champion, and a model it does not prefer is registered without the alias.
 
     Returns the registered version.
     """
     import json
 
     from components import stepcli
-    from components.register import register
+    from components.register import evaluation_metrics, gate_from_evaluation, register
     from components.registry import open_registry
 
     stepcli.setup_logging(force=True)
     with open(evaluation.path) as f:
-        metrics = json.load(f)["metrics"]
+        evaluated = json.load(f)
     # The digest is taken from the local files; Vertex reads the same model from its gs:// URI.
     opened = open_registry(registry, root=registry_root, project=project, location=location,
                            serving_image=serving_image)
-    result = register(model.path, opened, model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id},
-                      artifact_uri=model.uri if model.uri.startswith("gs://") else None)
+    result = register(model.path, opened, model_name=model_name, metrics=evaluation_metrics(evaluated),
+                      labels={"pipeline_run": run_id}, artifact_uri=model.uri if model.uri.startswith("gs://") else None,
+                      gate=gate_from_evaluation(evaluated))
     with open(registration.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
     registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version,
                                   "new_version": result.new_version,
-                                  "network": result.version.lineage.get("name", "")})
+                                  "network": result.version.lineage.get("name", ""),
+                                  "promotion": result.promotion, "champion_changed": result.champion_changed})
     return result.version.version
 
 

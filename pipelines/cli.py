@@ -118,7 +118,9 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         with open(registration_path) as f:
             reg = json.load(f)
         registered = {"registry": reg["registry"], "model": reg["model"], "version": reg["version"],
-                      "aliases": reg["aliases"], "uri": reg["uri"], "new_version": reg["new_version"]}
+                      "aliases": reg["aliases"], "uri": reg["uri"], "new_version": reg["new_version"],
+                      "promotion": reg.get("promotion", ""), "champion_changed": reg.get("champion_changed", False),
+                      "champion": reg.get("champion")}
     with open(os.path.join(predictions, "summary.json")) as f:
         prediction_summary = json.load(f)
     artifacts = {}
@@ -134,7 +136,9 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         "images": {s: manifest["splits"][s]["count"] for s in ("train", "validation", "test")}
         | {"rejected": manifest["rejected"]},
         "blessed": evaluation["blessed"],
-        "decision": evaluation["decision"],
+        # The gate's line; when another run moved the champion after evaluation, what registration did about it.
+        "decision": evaluation["decision"] + (f"; at registration: {registered['promotion']}"
+                                              if registered and registered["champion_changed"] else ""),
         "registered": registered,
         # Predictions written by reference (data_root) are where their summary says.
         "predictions": {"path": prediction_summary.get("predictions_jsonl")

@@ -1,6 +1,6 @@
 """Model registries: versions of a named model, found by content digest, with a `champion` alias.
 
-- base.py: what every registry is (`Registry`, `ModelVersion`, `CHAMPION`).
+- base.py: what every registry is (`Registry`, `ModelVersion`, `CHAMPION`, `ChampionChanged`).
 - identity.py: `model_digest` (architecture + weights + class names, not timestamps) and `model_lineage`
   (the network and its pretrained weights, from training.json).
 - local.py: `LocalRegistry`, a directory (local runs and tests).
@@ -14,7 +14,8 @@ here imports a step.
 
 from __future__ import annotations
 
-from components.registry.base import CHAMPION, ModelVersion, Registry, model_digest, model_lineage
+from components.registry.base import (CHAMPION, ChampionChanged, ModelVersion, Registry, describe_champion,
+                                      model_digest, model_lineage)
 from components.registry.local import LocalRegistry
 
 REGISTRIES = ("local", "vertex")
@@ -44,5 +45,5 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(argv)
 
 
-__all__ = ["CHAMPION", "LocalRegistry", "ModelVersion", "REGISTRIES", "Registry", "main", "model_digest",
-           "model_lineage", "open_registry"]
+__all__ = ["CHAMPION", "ChampionChanged", "LocalRegistry", "ModelVersion", "REGISTRIES", "Registry",
+           "describe_champion", "main", "model_digest", "model_lineage", "open_registry"]

@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable
 
 from components import gcp
-from components.registry.base import CHAMPION, ModelVersion
+from components.registry.base import CHAMPION, ChampionChanged, ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -431,13 +431,14 @@ class VertexRegistry(gcp.VertexService):
         return None
 
     def champion(self, model: str) -> ModelVersion | None:
+        parent = self._find_model(model)
+        return None if parent is None else self._champion_of(parent)
+
+    def _champion_of(self, parent: Any) -> ModelVersion | None:
         from google.api_core import exceptions as gexc
 
-        parent = self._find_model(model)
-        if parent is None:
-            return None
         try:
-            pb = self._call(f"get the {CHAMPION} of {model!r}",
+            pb = self._call(f"get the {CHAMPION} of {parent.display_name!r}",
                             lambda: self._client.get_model(name=f"{parent.name}@{CHAMPION}"))
         except gexc.NotFound:
             return None
@@ -479,17 +480,42 @@ class VertexRegistry(gcp.VertexService):
                                    idempotent=False, artifact_uri=uri)
         except gexc.Conflict:  # 409 ALREADY_EXISTS
             # Another run created the model between our lookup and upload: become a version of it.
-            parent_model = self._find_model(model)
-            if parent_model is None:
-                raise VertexRegistryError(
-                    f"Cannot create model {model!r}: the model id {self._model_id_for(model)!r} is taken in "
-                    f"{self.parent} by a model with another display name; register under another name.") from None
+            parent_model = self._created_by_another_run(model)
             operation = self._call(what, lambda: self._client.upload_model(request=request_for(parent_model)),
                                    idempotent=False, artifact_uri=uri)
         response = self._wait(operation, what, uri)
         pb = self._call(f"get the new version of {model!r}",
                         lambda: self._client.get_model(name=f"{response.model}@{response.model_version_id}"))
         return self._version(pb)
+
+    def _created_by_another_run(self, model: str) -> Any:
+        """The model whose id our upload found taken. Another run's first upload holds the id from its request
+        to the end of its operation, when the model appears (with its first version): until then it is waited
+        for. A model of that id with another display name is refused."""
+        from google.api_core import exceptions as gexc
+
+        model_id = self._model_id_for(model)
+        deadline = self._monotonic() + self.upload_timeout_seconds
+        while True:
+            parent_model = self._find_model(model)
+            if parent_model is not None:
+                return parent_model
+            try:
+                taken = self._call(f"get model {model_id!r}",
+                                   lambda: self._client.get_model(name=f"{self.parent}/models/{model_id}"))
+                if taken.display_name == model:  # its upload finished between the two reads
+                    return taken
+            except gexc.NotFound:
+                if self._monotonic() < deadline:  # still being created by the other run's upload
+                    self._sleep(self.poll_seconds)
+                    continue
+                raise VertexRegistryError(
+                    f"Cannot create model {model!r}: another upload holds the model id {model_id!r} in "
+                    f"{self.parent} and has not finished in {self.upload_timeout_seconds:.0f}s; register again "
+                    "later.") from None
+            raise VertexRegistryError(
+                f"Cannot create model {model!r}: the model id {model_id!r} is taken in {self.parent} by a model "
+                f"with another display name; register under another name.")
 
     def _stage_versioned(self, model_dir: str, saved_model_dir: str, artifact_uri: str | None) -> str:
         """Stages MODEL_DIR/serving/1/ (`stage_versioned`) and returns its parent's gs:// URI, the artifact URI
@@ -519,13 +545,16 @@ class VertexRegistry(gcp.VertexService):
         return self._call(what, lambda: operation.result(timeout=0), idempotent=False, artifact_uri=artifact_uri)
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion:
-        from google.api_core import exceptions as gexc
-
         if alias != "default" and not ALIAS_RE.match(alias):
             raise ValueError(f"Invalid Vertex version alias {alias!r}: it must match {ALIAS_RE.pattern}")
         parent = self._find_model(model)
         if parent is None:
             raise KeyError(f"{model} has no version {version}")
+        return self._merge_alias(parent, model, version, alias)
+
+    def _merge_alias(self, parent: Any, model: str, version: str, alias: str) -> ModelVersion:
+        from google.api_core import exceptions as gexc
+
         try:
             pb = self._call(f"move alias {alias!r} to version {version} of {model!r}",
                             lambda: self._client.merge_version_aliases(name=f"{parent.name}@{version}",
@@ -533,6 +562,24 @@ class VertexRegistry(gcp.VertexService):
         except gexc.NotFound:
             raise KeyError(f"{model} has no version {version}") from None
         return self._version(pb)
+
+    def move_champion(self, model: str, version: str, *, expected: str | None) -> ModelVersion:
+        """Reads the champion right before moving it, and moves it only if it is still `expected`.
+
+        Vertex offers no conditional alias move: MergeVersionAliasesRequest holds only the version's name and
+        the aliases (googleapis/googleapis google/cloud/aiplatform/v1/model_service.proto:619-646 at f8291d2b),
+        UpdateModel cannot change aliases (its supported fields, :549-550), and `Model.etag` serves UpdateModel
+        only (model.proto:431-433). So a move by another run between this read and the merge (one round trip)
+        is not seen; the window between evaluation and registration (training's end to the register step) is."""
+        parent = self._find_model(model)
+        if parent is None:
+            raise KeyError(f"{model} has no version {version}")
+        current = self._champion_of(parent)
+        if current is not None and current.version == version:
+            return current
+        if (current.version if current else None) != expected:
+            raise ChampionChanged(model, expected, current)
+        return self._merge_alias(parent, model, version, CHAMPION)
 
     def versions(self, model: str) -> list[ModelVersion]:
         """All versions of `model`, oldest first (like LocalRegistry.versions)."""

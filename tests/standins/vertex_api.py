@@ -28,8 +28,13 @@ ModelService:
   default version.
 - `GET v1/{name=.../models/ID}:listVersions` with a `labels` filter and paging.
 - `POST v1/{name=.../models/ID@VERSION}:mergeVersionAliases`: an alias moves to this version (it leaves the
-  version that had it); `-alias` removes it; `default` may move but not be removed; adding and removing the
-  same alias in one request cancel out.
+  version that had it: `ID@ALIAS` names one version); `-alias` removes it; `default` may move but not be
+  removed; adding and removing the same alias in one request cancel out. The request is the version's name and
+  the aliases, nothing else: no etag or expected holder, so the move is unconditional, whoever holds the alias
+  (googleapis/googleapis at f8291d2b, google/cloud/aiplatform/v1/model_service.proto:157-164 the route,
+  :619-646 MergeVersionAliasesRequest; GetModel's `@alias`: :326-338; UpdateModel cannot set aliases:
+  :549-550; `Model.etag` is for UpdateModel: model.proto:431-433). A registry that must not move an alias
+  someone else moved reads it (`GET ...@ALIAS`) right before merging, as components/registry/vertex.py does.
 - `add_model(...)` registers a model as earlier uploads would have, for tests that start from one.
 
 Resource names in responses use the project number, as Vertex does, whichever of id or number the request
@@ -338,6 +343,7 @@ class ModelService(VertexService):
         return self._page(items, req, "models")
 
     def _MergeVersionAliases(self, req: Request) -> dict:
+        """model_service.proto:619-646 at f8291d2b: `name` with a version, `version_aliases`; no precondition."""
         body = req.json()
         model_id, ref = self._split_model_ref(req.params["model"])
         if not ref:
