@@ -1,0 +1,384 @@
+"""The shards without TensorFlow: TFRecord framing, tf.train.Example, and local or gs:// files read with Python's
+own files and google-cloud-storage. The torch and JAX training paths read the datasets through this module, where
+TensorFlow is not installed (components/train/portable_input.py); it imports nothing that imports TensorFlow.
+
+TFRecord framing (tensorflow/core/lib/io/record_writer.cc): each record is
+
+    uint64 length (little-endian) | uint32 masked crc32c of the length | data | uint32 masked crc32c of the data
+
+Both checksums are verified, as tf.data's TFRecordDataset does: a corrupt or truncated shard raises DataError naming
+the file and the byte offset of the bad record. crc32c comes from google-crc32c (installed with the Google Cloud
+libraries; a few tens of KB of C) and, where that is missing, from a numpy implementation (tens of MB/s: carry the
+google-crc32c wheel where shards are large).
+
+tf.train.Example is read by a small protobuf wire-format parser (`parse_example`), not by the protobuf package:
+the message is three levels of length-delimited fields whose layout is fixed by tensorflow/core/example/
+{example,feature}.proto, and the GPU machines' PyTorch/JAX installs carry no protobuf (torch and jax do not depend
+on it), so a parser of our own keeps this path free of any package beyond numpy.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import glob as globlib
+import json
+import os
+import struct
+from typing import BinaryIO, Iterator
+
+import numpy as np
+
+from components.storage import DataError, join
+
+_MASK_DELTA = 0xA282EAD8
+_READ_BUFFER = 4 << 20
+
+
+# ---------------------------------------------------------------------------------------------- crc32c
+
+
+@functools.cache
+def _crc32c_function():
+    try:
+        import google_crc32c
+
+        if google_crc32c.implementation == "c":
+            return google_crc32c.value
+    except ImportError:
+        pass
+    return _crc32c_numpy
+
+
+@functools.cache
+def _table() -> np.ndarray:
+    """The byte table of the reflected Castagnoli polynomial 0x82F63B78."""
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1).astype(np.uint32)
+    return table
+
+
+@functools.cache
+def _zero_shift(log2_bytes: int) -> np.ndarray:
+    """4x256 tables of the linear map 'feed 2**log2_bytes zero bytes to the register' (applied a byte at a time)."""
+    if log2_bytes == 0:
+        basis = np.array([1 << bit for bit in range(32)], dtype=np.uint32)
+        images = _table()[basis & 0xFF] ^ (basis >> 8)
+    else:
+        half = _zero_shift(log2_bytes - 1)
+        basis = np.array([1 << bit for bit in range(32)], dtype=np.uint32)
+        images = _apply_shift(_apply_shift(basis, half), half)
+    tables = np.zeros((4, 256), dtype=np.uint32)
+    values = np.arange(256)
+    for byte in range(4):
+        for bit in range(8):
+            tables[byte] ^= np.where(values >> bit & 1, images[byte * 8 + bit], 0).astype(np.uint32)
+    return tables
+
+
+def _apply_shift(registers: np.ndarray, tables: np.ndarray) -> np.ndarray:
+    return (tables[0][registers & 0xFF] ^ tables[1][(registers >> 8) & 0xFF] ^ tables[2][(registers >> 16) & 0xFF]
+            ^ tables[3][registers >> 24])
+
+
+def _crc32c_numpy(data) -> int:
+    """crc32c without a C extension: the data in 2**k-byte chunks whose registers advance together (numpy over the
+    chunks), then combined pairwise (the register is linear: raw(a + b) = shift(raw(a), len(b)) ^ raw(b)). The
+    standard crc is raw(data) ^ crc(len(data) zero bytes); leading zero bytes leave a zero register as it is, which
+    lets the data be padded at the front to whole chunks."""
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    size = len(buffer)
+    if size == 0:
+        return 0
+    log2_chunk = max(2, (size.bit_length() + 1) // 2)  # about sqrt(size) bytes a chunk, as many chunks
+    chunk = 1 << log2_chunk
+    count = -(-size // chunk)
+    padded = np.zeros(count * chunk, dtype=np.uint8)
+    padded[count * chunk - size:] = buffer
+    columns = padded.reshape(count, chunk)
+    table = _table()
+    registers = np.zeros(count, dtype=np.uint32)
+    for j in range(chunk):
+        registers = table[(registers ^ columns[:, j]) & 0xFF] ^ (registers >> 8)
+    level = log2_chunk
+    while len(registers) > 1:
+        if len(registers) % 2:
+            registers = np.concatenate([np.zeros(1, np.uint32), registers])
+        registers = _apply_shift(registers[0::2], _zero_shift(level)) ^ registers[1::2]
+        level += 1
+    ones = np.array([0xFFFFFFFF], dtype=np.uint32)
+    for bit in range(size.bit_length()):
+        if size >> bit & 1:
+            ones = _apply_shift(ones, _zero_shift(bit))
+    return int(registers[0] ^ ones[0] ^ np.uint32(0xFFFFFFFF))
+
+
+def crc32c(data) -> int:
+    return _crc32c_function()(bytes(data) if isinstance(data, memoryview) else data)
+
+
+def masked_crc32c(data) -> int:
+    """The TFRecord checksum: crc32c rotated right by 15 bits plus a constant (record_writer.h's MaskedCrc)."""
+    crc = crc32c(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(record: bytes) -> bytes:
+    """One record as a TFRecord file holds it (for writing shards and tests without TensorFlow)."""
+    length = struct.pack("<Q", len(record))
+    return length + struct.pack("<I", masked_crc32c(length)) + record + struct.pack("<I", masked_crc32c(record))
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+@functools.cache
+def _gcs_client():
+    from google.cloud import storage
+
+    try:
+        return storage.Client()
+    except Exception as e:  # google.auth's DefaultCredentialsError, or no project: public buckets still read
+        import logging
+
+        logging.getLogger(__name__).info("gs:// reads without credentials (%s): public buckets only",
+                                         str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return storage.Client.create_anonymous_client()
+
+
+def _blob(uri: str):
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    return _gcs_client().bucket(bucket).blob(name)
+
+
+def _check_scheme(uri: str) -> None:
+    if "://" in uri and not uri.startswith("gs://"):
+        raise DataError(f"Cannot read {uri}: without TensorFlow only local paths and gs:// are read")
+
+
+def open_file(uri: str) -> BinaryIO:
+    """A local or gs:// file for reading, buffered (gs://: ranged reads of google-cloud-storage's BlobReader)."""
+    _check_scheme(uri)
+    try:
+        if uri.startswith("gs://"):
+            return _blob(uri).open("rb", chunk_size=_READ_BUFFER)
+        return open(uri, "rb", buffering=_READ_BUFFER)
+    except FileNotFoundError:
+        raise DataError(f"{uri} does not exist") from None
+    except Exception as e:
+        if type(e).__name__ == "NotFound":  # google.api_core.exceptions.NotFound
+            raise DataError(f"{uri} does not exist") from None
+        raise
+
+
+def read_file(uri: str) -> bytes:
+    with open_file(uri) as f:
+        return f.read()
+
+
+def exists(uri: str) -> bool:
+    _check_scheme(uri)
+    return _blob(uri).exists() if uri.startswith("gs://") else os.path.exists(uri)
+
+
+def glob(pattern: str) -> list[str]:
+    """Files matching a glob pattern (`*`, `?`, `[...]` in the last parts), local or gs://, sorted."""
+    _check_scheme(pattern)
+    if not pattern.startswith("gs://"):
+        return sorted(globlib.glob(pattern))
+    bucket, _, name = pattern[len("gs://"):].partition("/")
+    prefix = name[:min((name.find(c) for c in "*?[" if c in name), default=len(name))]
+    blobs = _gcs_client().list_blobs(bucket, prefix=prefix)
+    return sorted(f"gs://{bucket}/{blob.name}" for blob in blobs if fnmatch.fnmatchcase(blob.name, name))
+
+
+# ---------------------------------------------------------------------------------------------- TFRecord
+
+
+def iter_records(uri: str, *, verify: bool = True) -> Iterator[bytes]:
+    """The records of one TFRecord file, in order; DataError for a corrupt or truncated one."""
+    with open_file(uri) as f:
+        yield from _iter_stream(f, uri, verify)
+
+
+def _iter_stream(f: BinaryIO, uri: str, verify: bool) -> Iterator[bytes]:
+    offset = 0
+    while True:
+        header = f.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise DataError(f"{uri} is truncated: {len(header)} bytes of a record header at byte {offset}")
+        length, length_crc = struct.unpack("<QI", header)
+        if verify and masked_crc32c(header[:8]) != length_crc:
+            raise DataError(f"{uri} is corrupt: the length of the record at byte {offset} fails its checksum")
+        body = f.read(length + 4)
+        if len(body) < length + 4:
+            raise DataError(f"{uri} is truncated: the record at byte {offset} needs {length + 4} bytes after its "
+                            f"header, {len(body)} are left")
+        record = body[:length]
+        if verify and masked_crc32c(record) != struct.unpack("<I", body[length:])[0]:
+            raise DataError(f"{uri} is corrupt: the data of the record at byte {offset} ({length} bytes) fails "
+                            "its checksum")
+        yield record
+        offset += 12 + length + 4
+
+
+def interleave(files: list[str], *, cycle_length: int = 8) -> Iterator[bytes]:
+    """The records of several files in tf.data's deterministic `interleave(TFRecordDataset, cycle_length)` order
+    (block length 1): one record from each of the first `cycle_length` files in turn; a file that ends gives its
+    place in the cycle to the next file of the list, which is read from the following turn on. This is the order
+    data.read_split and the training input read a split in, so record positions (the augmentation's example
+    index) agree with the TensorFlow path."""
+    pending = iter(files)
+    cycle: list = [iter_records(f) for f in _take(pending, max(1, min(cycle_length, len(files))))]
+    position = 0
+    while cycle:
+        position %= len(cycle)
+        current = cycle[position]
+        record = next(current, None) if current is not None else None
+        if record is not None:
+            yield record
+            position += 1
+            continue
+        following = next(pending, None)
+        if following is None:
+            del cycle[position]
+        else:
+            cycle[position] = iter_records(following)
+            position += 1
+
+
+def _take(iterator, count):
+    return [item for _, item in zip(range(count), iterator)]
+
+
+# ---------------------------------------------------------------------------------------------- tf.train.Example
+
+
+def _varint(buffer: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buffer[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def _fields(buffer: bytes, start: int, end: int) -> Iterator[tuple[int, int, object]]:
+    """(field number, wire type, value) of a message: ints for varints and fixed64/fixed32, (start, end) for
+    length-delimited fields."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buffer, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buffer, pos)
+        elif wire == 2:
+            size, pos = _varint(buffer, pos)
+            value, pos = (pos, pos + size), pos + size
+        elif wire == 1:
+            value, pos = struct.unpack_from("<Q", buffer, pos)[0], pos + 8
+        elif wire == 5:
+            value, pos = struct.unpack_from("<I", buffer, pos)[0], pos + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if pos > end:
+            raise ValueError("field runs past the end of its message")
+        yield number, wire, value
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _feature(buffer: bytes, start: int, end: int) -> list:
+    """A tf.train.Feature: bytes_list = 1, float_list = 2, int64_list = 3 (each `repeated ... value = 1`, the
+    numbers packed or not)."""
+    values: list = []
+    for kind, wire, span in _fields(buffer, start, end):
+        if wire != 2 or kind not in (1, 2, 3):
+            continue
+        for number, value_wire, value in _fields(buffer, *span):
+            if number != 1:
+                continue
+            if kind == 1 and value_wire == 2:
+                values.append(buffer[value[0]:value[1]])
+            elif kind == 2 and value_wire == 5:
+                values.append(struct.unpack("<f", struct.pack("<I", value))[0])
+            elif kind == 2 and value_wire == 2:
+                values.extend(np.frombuffer(buffer[value[0]:value[1]], "<f4").tolist())
+            elif kind == 3 and value_wire == 0:
+                values.append(_signed(value))
+            elif kind == 3 and value_wire == 2:
+                pos, stop = value
+                while pos < stop:
+                    number_value, pos = _varint(buffer, pos)
+                    values.append(_signed(number_value))
+    return values
+
+
+def parse_example(record: bytes) -> dict[str, list]:
+    """A serialized tf.train.Example -> {feature name: its values (bytes, float or int)}.
+
+    Example { Features features = 1 }, Features { map<string, Feature> feature = 1 } (map entries: key = 1,
+    value = 2). Unknown fields are skipped, as protobuf parsers do."""
+    features: dict[str, list] = {}
+    try:
+        for number, wire, span in _fields(record, 0, len(record)):
+            if number != 1 or wire != 2:
+                continue
+            for entry_number, entry_wire, entry in _fields(record, *span):
+                if entry_number != 1 or entry_wire != 2:
+                    continue
+                key, value = "", []
+                for part, part_wire, part_span in _fields(record, *entry):
+                    if part == 1 and part_wire == 2:
+                        key = record[part_span[0]:part_span[1]].decode()
+                    elif part == 2 and part_wire == 2:
+                        value = _feature(record, *part_span)
+                features[key] = value
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
+        raise DataError(f"A record is not a tf.train.Example ({e})") from None
+    return features
+
+
+def image_label(record: bytes) -> tuple[bytes, int]:
+    """(image bytes, label) of one of our records (data.encode_example)."""
+    features = parse_example(record)
+    try:
+        return features["image"][0], int(features["label"][0])
+    except (KeyError, IndexError):
+        raise DataError(f"A record lacks its image or label (features: {sorted(features)})") from None
+
+
+# ---------------------------------------------------------------------------------------------- datasets
+
+
+def read_manifest(dataset_dir: str) -> dict:
+    """The dataset's manifest (data.read_manifest, without TensorFlow)."""
+    path = join(dataset_dir, "dataset.json")
+    if not exists(path):
+        raise DataError(f"{dataset_dir} is not a dataset produced by preprocess (no dataset.json)")
+    return json.loads(read_file(path))
+
+
+def split_files(dataset_dir: str, split: str, manifest: dict | None = None) -> list[str]:
+    """The shard files of a split, through the manifest as data.split_files finds them (splits written by
+    reference elsewhere included)."""
+    from components.data import locate
+
+    manifest = manifest or read_manifest(dataset_dir)
+    if split not in manifest.get("splits", {}):
+        raise DataError(f"{dataset_dir} has no {split} split (it has {', '.join(sorted(manifest.get('splits', {})))})")
+    info = manifest["splits"][split]
+    base = locate(dataset_dir, info["path"])
+    files = glob(join(base, info["pattern"]))
+    if not files:
+        raise DataError(f"No {split} shards found under {base} (pattern {info['pattern']})")
+    return files
