@@ -9,7 +9,7 @@ path, from the same distributions. What is exact, given the same draws (tests/te
   - the random resized crop's box: TensorFlow's sampler (sample_distorted_bounding_box_op.cc, GenerateRandomCrop:
     an aspect ratio uniform in the range, a height uniform between the area bounds', 10 attempts, else the whole
     image), ported step by step in float32;
-  - the crop's resizing (plain bilinear), the rotation/shift/zoom (ImageProjectiveTransformV3, bilinear, nearest
+  - the crop's resizing (plain bilinear, pixels.crop_to_shape: within a level), the rotation/shift/zoom (ImageProjectiveTransformV3, bilinear, nearest
     fill), the elastic field's smoothing and sampling, the flip, contrast, brightness and cutout: the same
     arithmetic in float32, rounded half to even.
 Whole batches are augmented at once (each example with its own draws), vectorized over the batch.
@@ -128,7 +128,10 @@ def augment_batch(images: np.ndarray, indices, copy: int, policy) -> np.ndarray:
     x = images.astype(np.float32)
     if policy.random_resized_crop:
         boxes = crop_boxes(height, width, example_keys, policy)
-        x = pixels.resize_boxes(x, boxes.astype(np.float64), (height, width))
+        # resized from the uint8 pixels by Pillow (pixels.crop_to_shape), rounded once there: TensorFlow keeps the
+        # crop in float32 until the end of the policy, a half level apart at most
+        x = np.stack([pixels.crop_to_shape(image, box, (height, width)) for image, box in zip(images, boxes)]
+                     ).astype(np.float32)
     if policy.rotation_degrees or policy.zoom_range or policy.shift_fraction:
         angle = u[:, 0] * np.float32(policy.rotation_degrees * math.pi / 180.0)
         scale = np.float32(1.0) + u[:, 1] * np.float32(policy.zoom_range)

@@ -6,9 +6,9 @@ What matches TensorFlow's path, and how closely (tests/test_portable_input.py ch
   - raw and PNG records: the same pixels;
   - JPEG records: Pillow's libjpeg-turbo with the same integer DCT (ISLOW, TensorFlow's INTEGER_ACCURATE) and fancy
     upsampling: the same pixels on our shards, at most a level or two apart in principle;
-  - plain bilinear resizing (half-pixel centres, TensorFlow's clamping) is written here in float32 in the same
-    order of operations as TensorFlow's kernel, rounded half to even as tf.round: the same pixels up to float
-    rounding (a level at most, rarely);
+  - plain bilinear resizing (half-pixel centres, neighbours clamped at the edges of the box) is Pillow's affine
+    transform with bilinear sampling, which is TensorFlow's arithmetic in double precision rounded half up: a
+    level apart, rarely;
   - antialiased resizing (a side shrinking ANTIALIAS_FROM times or more) is Pillow's triangle filter, the kernel
     TensorFlow's scale_and_translate uses: within a level or two;
   - the DCT scale of a JPEG source is chosen by the same rule (data.DCT_RATIOS) and obtained with Image.draft;
@@ -22,6 +22,7 @@ What matches TensorFlow's path, and how closely (tests/test_portable_input.py ch
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 
@@ -114,12 +115,12 @@ def source_size(contents: bytes) -> tuple[int, int]:
 
 def decode_to_shape(contents: bytes, image_shape) -> np.ndarray:
     """The resize rule (data.decode_to_shape): JPEGs decoded at the DCT scale that keeps both sides at least
-    the target's, then `resize_to_shape`."""
+    the target's, then resized as `resize_to_shape` does."""
     height, width, channels = image_shape
     img = _open(contents)
     if img.format == "JPEG":
         _draft(img, channels, dct_ratio((img.height, img.width), (height, width)))
-    return resize_to_shape(_array(img, channels), image_shape)
+    return _resize(_conform(img, channels), image_shape, None)
 
 
 def decode_crop_to_shape(contents: bytes, image_shape, crop_box) -> np.ndarray:
@@ -132,72 +133,74 @@ def decode_crop_to_shape(contents: bytes, image_shape, crop_box) -> np.ndarray:
     if img.format == "JPEG":
         ratio = dct_ratio((crop_height, crop_width), (height, width))
         _draft(img, channels, ratio)
-    image = _array(img, channels)
-    box = np.array([[top / ratio, left / ratio, crop_height / ratio, crop_width / ratio]], dtype=np.float64)
-    return resize_boxes(image[None], box, (height, width))[0]
+    return _sample_box(_conform(img, channels), (top / ratio, left / ratio, crop_height / ratio, crop_width / ratio),
+                       (height, width), channels)
 
 
 def resize_to_shape(image: np.ndarray, image_shape, *, antialias: bool | None = None) -> np.ndarray:
     """uint8 HxWxC of any size -> `image_shape` (data.resize_to_shape): unchanged at that size; antialiased
-    (Pillow's triangle filter) where a side shrinks ANTIALIAS_FROM times or more, or as `antialias` says; plain
-    bilinear otherwise."""
-    height, width, channels = image_shape
-    if image.shape[:2] == (height, width):
+    (Pillow's triangle filter, the kernel of TensorFlow's antialiased bilinear) where a side shrinks ANTIALIAS_FROM
+    times or more, or as `antialias` says; plain bilinear otherwise (`crop_to_shape`)."""
+    if image.shape[:2] == tuple(image_shape[:2]):
         return image
+    return _resize(_pil_image(image), image_shape, antialias)
+
+
+def crop_to_shape(image: np.ndarray, box, out_size: tuple[int, int]) -> np.ndarray:
+    """A box (top, left, height, width) of a uint8 HxWxC image resized to `out_size`, plain bilinear (the random
+    resized crop of augment_image: tf.slice, then tf.image.resize)."""
+    return _sample_box(_pil_image(image), tuple(float(v) for v in box), out_size, image.shape[-1])
+
+
+def _resize(img, image_shape, antialias: bool | None) -> np.ndarray:
+    from PIL import Image
+
+    height, width, channels = image_shape
+    if img.size == (width, height):
+        pixels = np.asarray(img)
+        return pixels[..., None] if channels == 1 else pixels
     if antialias is None:
-        antialias = image.shape[0] >= int(ANTIALIAS_FROM * height) or image.shape[1] >= int(ANTIALIAS_FROM * width)
-    if antialias:
-        from PIL import Image
-
-        resized = Image.fromarray(image[..., 0] if channels == 1 else image).resize(
-            (width, height), Image.Resampling.BILINEAR)
-        out = np.asarray(resized)
-        return out[..., None] if channels == 1 else out
-    box = np.array([[0, 0, image.shape[0], image.shape[1]]], dtype=np.float64)
-    return resize_boxes(image[None], box, (height, width))[0]
+        antialias = img.height >= int(ANTIALIAS_FROM * height) or img.width >= int(ANTIALIAS_FROM * width)
+    if not antialias:
+        return _sample_box(img, (0, 0, img.height, img.width), (height, width), channels)
+    pixels = np.asarray(img.resize((width, height), Image.Resampling.BILINEAR))
+    return pixels[..., None] if channels == 1 else pixels
 
 
-def _axis(starts: np.ndarray, lengths: np.ndarray, size: int, out: int):
-    """Per example, the source rows (or columns) of `out` samples of a box [start, start + length) of an axis of
-    `size` pixels: TensorFlow's half-pixel bilinear (resize_bilinear_op.cc: in = (i + 0.5) * scale - 0.5, lower =
-    max(floor(in), 0), upper = min(ceil(in), size - 1), lerp = in - floor(in)), with the box's edges as the
-    clamps, as slicing the box first would make them. Computed in float32, as the kernel is."""
-    scale = (lengths / out).astype(np.float32)[:, None]
-    local = (np.arange(out, dtype=np.float32)[None] + np.float32(0.5)) * scale - np.float32(0.5)
-    floor = np.floor(local)
-    lerp = (local - floor).astype(np.float32)
-    first = np.floor(starts).astype(np.int64)[:, None]
-    last = np.minimum(np.ceil(starts + lengths).astype(np.int64), size)[:, None] - 1
-    origin = (starts - np.floor(starts)).astype(np.float32)[:, None]  # 0 for integer boxes
-    if np.any(origin):
-        local = local + origin
-        floor = np.floor(local)
-        lerp = (local - floor).astype(np.float32)
-    lower = np.clip(first + floor.astype(np.int64), first, last)
-    upper = np.clip(first + np.ceil(local).astype(np.int64), first, last)
-    return lower, upper, lerp
+def _pil_image(image: np.ndarray):
+    from PIL import Image
+
+    return Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
 
 
-def resize_boxes(images: np.ndarray, boxes: np.ndarray, out_size: tuple[int, int]) -> np.ndarray:
-    """Boxes (top, left, height, width; N x 4, fractional allowed) of N images (uint8 or float, N x h x w x C),
-    each resized to `out_size` with plain bilinear sampling: uint8 rounded half to even (tf.round) for uint8 input,
-    float32 otherwise."""
+def _conform(img, channels: int):
+    mode = "L" if channels == 1 else "RGB"
+    try:
+        return img if img.mode == mode else img.convert(mode)
+    except (OSError, SyntaxError, ValueError) as e:
+        raise DataError(f"A record's image cannot be decoded ({e})") from None
+
+
+def _sample_box(img, box, out_size: tuple[int, int], channels: int) -> np.ndarray:
+    """A box (top, left, height, width; fractional allowed) of a PIL image at `out_size`, plain bilinear: Pillow's
+    affine transform samples each output pixel's centre with the 2x2 bilinear taps and no antialiasing, which is
+    TensorFlow's half-pixel bilinear (in = (i + 0.5) * scale - 0.5, neighbours clamped to the edge) once the box's
+    pixels are cut out, so that the clamping happens at the box's edges as tf.slice + tf.image.resize do. Pillow
+    computes in double precision, TensorFlow in float32: a level apart, rarely."""
+    from PIL import Image
+
     height, width = out_size
-    count = len(images)
-    y0, y1, wy = _axis(boxes[:, 0], boxes[:, 2], images.shape[1], height)
-    x0, x1, wx = _axis(boxes[:, 1], boxes[:, 3], images.shape[2], width)
-    n = np.arange(count)[:, None, None]
-    source = images if images.dtype == np.float32 else images.astype(np.float32)
-
-    def at(rows, cols):
-        return source[n, rows[:, :, None], cols[:, None, :]]
-
-    wx = wx[:, None, :, None]
-    top_left, top_right = at(y0, x0), at(y0, x1)
-    top = top_left + (top_right - top_left) * wx
-    bottom_left, bottom_right = at(y1, x0), at(y1, x1)
-    bottom = bottom_left + (bottom_right - bottom_left) * wx
-    out = top + (bottom - top) * wy[:, :, None, None]
-    if images.dtype == np.uint8:
-        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
-    return out
+    top, left, box_height, box_width = box
+    first_row, first_col = math.floor(top), math.floor(left)
+    region = img.crop((first_col, first_row, min(math.ceil(left + box_width), img.width),
+                       min(math.ceil(top + box_height), img.height)))
+    # Pillow truncates the 8-bit results of a transform: each channel is sampled as 32-bit float instead and
+    # rounded here (half to even, as tf.round)
+    data = (box_width / width, 0, left - first_col, 0, box_height / height, top - first_row)
+    try:
+        bands = [band.convert("F").transform((width, height), Image.Transform.AFFINE, data,
+                                             resample=Image.Resampling.BILINEAR) for band in region.split()]
+    except (OSError, SyntaxError, ValueError) as e:
+        raise DataError(f"A record's image cannot be decoded ({e})") from None
+    sampled = np.stack([np.asarray(band) for band in bands], axis=-1)
+    return np.rint(sampled, out=sampled).clip(0, 255, out=sampled).astype(np.uint8)
