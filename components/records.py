@@ -133,8 +133,13 @@ def frame(record: bytes) -> bytes:
 # ---------------------------------------------------------------------------------------------- files
 
 
-@functools.cache
 def _gcs_client():
+    # One client per endpoint: STORAGE_EMULATOR_HOST (read by google-cloud-storage itself) points it elsewhere
+    return _gcs_client_for(os.environ.get("STORAGE_EMULATOR_HOST", ""))
+
+
+@functools.cache
+def _gcs_client_for(endpoint: str):
     from google.cloud import storage
 
     try:

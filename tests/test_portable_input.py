@@ -458,3 +458,42 @@ def test_bad_settings_and_data_say_what_is_wrong(small_dataset, tmp_path):
         pixels.decode_record_image(buffer.getvalue(), [28, 28, 3], "png")
     with pytest.raises(data.DataError, match="cannot be decoded"):
         pixels.decode_record_image(b"not an image", [28, 28, 3], "jpeg")
+
+
+def test_a_dataset_by_reference_on_gs_is_read_through_its_manifest(small_dataset, tmp_path, monkeypatch,
+                                                                    loopback_only):
+    """Data by reference (docs/data-by-reference.md): the manifest in the artifact, the shards under gs://; read
+    with google-cloud-storage's client (listing, ranged reads) from a Cloud Storage stand-in."""
+    import shutil
+
+    from tests.standins.gcs import GcsStandIn
+
+    bucket = tmp_path / "gcs" / "bucket"
+    shutil.copytree(small_dataset, bucket / "data")
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    manifest = records.read_manifest(small_dataset)
+    manifest["splits"] = {name: {**info, "path": f"gs://bucket/data/{info['path']}"}
+                          for name, info in manifest["splits"].items()}
+    (artifact / "dataset.json").write_text(json.dumps(manifest))
+    with GcsStandIn(tmp_path / "gcs") as gcs:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+        files = records.split_files(str(artifact), "train")
+        assert files == [f"gs://bucket/data/{os.path.relpath(f, small_dataset)}"
+                         for f in data.split_files(small_dataset, "train")]
+        assert records.read_manifest("gs://bucket/data")["splits"]["train"]["count"] == manifest["splits"]["train"][
+            "count"]
+        remote = PortableTrainInput(str(artifact), [28, 28, 1], pipeline_id=0, num_pipelines=1,
+                                    recipe=RECIPES["reference"], online_policy=None, mode="stream", workers=1)
+        local = PortableTrainInput(small_dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1,
+                                   recipe=RECIPES["reference"], online_policy=None, mode="stream", workers=1)
+        for (x, y), (x2, y2) in zip(remote.batches(0, 0, 4, 32), local.batches(0, 0, 4, 32), strict=True):
+            np.testing.assert_array_equal(x, x2)
+            np.testing.assert_array_equal(y, y2)
+        test_images, _ = split_of(str(artifact), "test")
+        np.testing.assert_array_equal(test_images, split_of(small_dataset, "test")[0])
+        assert gcs.calls("storage.objects.list")
+        assert all(call.headers.get("range", "").startswith("bytes=") for call in gcs.calls("storage.objects.media")
+                   if call.path.endswith(".tfrecord"))
+        with pytest.raises(data.DataError, match="gs://bucket/nothing-here is not a dataset"):
+            records.read_manifest("gs://bucket/nothing-here")
