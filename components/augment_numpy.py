@@ -9,9 +9,10 @@ path, from the same distributions. What is exact, given the same draws (tests/te
   - the random resized crop's box: TensorFlow's sampler (sample_distorted_bounding_box_op.cc, GenerateRandomCrop:
     an aspect ratio uniform in the range, a height uniform between the area bounds', 10 attempts, else the whole
     image), ported step by step in float32;
-  - the crop's resizing (plain bilinear, pixels.crop_to_shape: within a level), the rotation/shift/zoom (ImageProjectiveTransformV3, bilinear, nearest
-    fill), the elastic field's smoothing and sampling, the flip, contrast, brightness and cutout: the same
-    arithmetic in float32, rounded half to even.
+  - the rotation/shift/zoom (ImageProjectiveTransformV3, bilinear, nearest fill), the elastic field's smoothing
+    and sampling, the flip, contrast, brightness and cutout: the same arithmetic in float32, rounded half to even;
+  - the crop's plain bilinear resizing (pixels.crop_to_shape) within a level: it is rounded to uint8 once before
+    the rest of the policy, where TensorFlow keeps float32 to the end.
 Whole batches are augmented at once (each example with its own draws), vectorized over the batch.
 """
 

@@ -17,8 +17,7 @@ from PIL import Image
 
 from components import augment as augment_lib
 from components import augment_numpy, data, pixels, records
-from components.train import inputs as tf_inputs
-from components.train.portable_input import MEMORY_INPUT_LIMIT_BYTES, PortableTrainInput, eval_batches
+from components.train.portable_input import PortableTrainInput, eval_batches
 from components.train.recipes import RECIPES, Recipe
 from tests.conftest import REPO_ROOT
 from tests.test_records import photo
@@ -129,7 +128,6 @@ def test_framing_and_crc_agree_with_tensorflow_and_corruption_names_file_and_off
 def test_the_constants_repeated_without_tensorflow_agree():
     assert pixels.IMAGE_ENCODINGS == data.IMAGE_ENCODINGS
     assert (pixels.DCT_RATIOS, pixels.ANTIALIAS_FROM) == (data.DCT_RATIOS, data.ANTIALIAS_FROM)
-    assert MEMORY_INPUT_LIMIT_BYTES == tf_inputs.MEMORY_INPUT_LIMIT_BYTES
 
 
 # ---------------------------------------------------------------------------------------------- pixels
@@ -497,3 +495,18 @@ def test_a_dataset_by_reference_on_gs_is_read_through_its_manifest(small_dataset
                    if call.path.endswith(".tfrecord"))
         with pytest.raises(data.DataError, match="gs://bucket/nothing-here is not a dataset"):
             records.read_manifest("gs://bucket/nothing-here")
+
+
+def test_a_corrupt_shard_stops_the_input_with_the_files_name(small_dataset, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(small_dataset, copy)
+    shard = records.split_files(str(copy), "test")[1]
+    contents = bytearray(open(shard, "rb").read())
+    contents[5000] ^= 0x01
+    with open(shard, "wb") as f:
+        f.write(bytes(contents))
+    with pytest.raises(data.DataError, match=f"{shard} is corrupt: the data of the record at byte"):
+        for _ in eval_batches(str(copy), "test", 64):
+            pass

@@ -31,11 +31,10 @@ import numpy as np
 
 from components import augment_numpy, pixels, records
 from components.storage import DataError
+from components.train.inputs import MEMORY_INPUT_LIMIT_BYTES  # its TensorFlow is inside functions
 
 log = logging.getLogger(__name__)
 
-# As inputs.MEMORY_INPUT_LIMIT_BYTES (that module imports TensorFlow's side; the value is checked equal in tests).
-MEMORY_INPUT_LIMIT_BYTES = 2 << 30
 # A slice of a batch handed to one worker holds at least this many pixels: below it the hand-over costs more than
 # the work (a 28x28 batch goes whole to one worker).
 MIN_SLICE_PIXELS = 1 << 16
