@@ -8,8 +8,8 @@ TFRecord framing (tensorflow/core/lib/io/record_writer.cc): each record is
 
 Both checksums are verified, as tf.data's TFRecordDataset does: a corrupt or truncated shard raises DataError naming
 the file and the byte offset of the bad record. crc32c comes from google-crc32c (installed with the Google Cloud
-libraries; a few tens of KB of C) and, where that is missing, from a numpy implementation (tens of MB/s: carry the
-google-crc32c wheel where shards are large).
+libraries; a few tens of KB of C) and, where that is missing, from a numpy implementation that checks many records
+at once (`crc32c_many`).
 
 tf.train.Example is read by a small protobuf wire-format parser (`parse_example`), not by the protobuf package:
 the message is three levels of length-delimited fields whose layout is fixed by tensorflow/core/example/
@@ -39,15 +39,13 @@ _READ_BUFFER = 4 << 20
 
 
 @functools.cache
-def _crc32c_function():
+def _crc32c_c():
+    """google-crc32c's C function, or None where only its pure-Python fallback (or nothing) is installed."""
     try:
         import google_crc32c
-
-        if google_crc32c.implementation == "c":
-            return google_crc32c.value
     except ImportError:
-        pass
-    return _crc32c_numpy
+        return None
+    return google_crc32c.value if google_crc32c.implementation == "c" else None
 
 
 @functools.cache
@@ -60,14 +58,26 @@ def _table() -> np.ndarray:
 
 
 @functools.cache
+def _python_table() -> tuple[int, ...]:
+    return tuple(int(v) for v in _table())
+
+
+def _crc32c_python(data: bytes) -> int:
+    """For the 8 bytes of a length: a table loop, microseconds where a numpy call costs a hundred."""
+    table, crc = _python_table(), 0xFFFFFFFF
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+@functools.cache
 def _zero_shift(log2_bytes: int) -> np.ndarray:
     """4x256 tables of the linear map 'feed 2**log2_bytes zero bytes to the register' (applied a byte at a time)."""
+    basis = np.array([1 << bit for bit in range(32)], dtype=np.uint32)
     if log2_bytes == 0:
-        basis = np.array([1 << bit for bit in range(32)], dtype=np.uint32)
         images = _table()[basis & 0xFF] ^ (basis >> 8)
     else:
         half = _zero_shift(log2_bytes - 1)
-        basis = np.array([1 << bit for bit in range(32)], dtype=np.uint32)
         images = _apply_shift(_apply_shift(basis, half), half)
     tables = np.zeros((4, 256), dtype=np.uint32)
     values = np.arange(256)
@@ -82,46 +92,70 @@ def _apply_shift(registers: np.ndarray, tables: np.ndarray) -> np.ndarray:
             ^ tables[3][registers >> 24])
 
 
-def _crc32c_numpy(data) -> int:
-    """crc32c without a C extension: the data in 2**k-byte chunks whose registers advance together (numpy over the
-    chunks), then combined pairwise (the register is linear: raw(a + b) = shift(raw(a), len(b)) ^ raw(b)). The
-    standard crc is raw(data) ^ crc(len(data) zero bytes); leading zero bytes leave a zero register as it is, which
-    lets the data be padded at the front to whole chunks."""
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    size = len(buffer)
-    if size == 0:
-        return 0
-    log2_chunk = max(2, (size.bit_length() + 1) // 2)  # about sqrt(size) bytes a chunk, as many chunks
+def crc32c_many(items: list[bytes]) -> list[int]:
+    """crc32c of each of many byte strings: google-crc32c's C extension where it is installed, else numpy, many
+    records at once. The numpy way: every record is cut into chunks of CHUNK bytes (padded with zeros at its front),
+    the registers of all chunks of all records advance together a byte at a time, and each record's chunks are then
+    combined (the register is linear: raw(a + b) = shift(raw(a), len(b)) ^ raw(b), with zero-register shifts as
+    table lookups). Leading zero bytes leave a zero register as it is, and the standard crc is
+    raw(data) ^ crc(len(data) zero bytes)."""
+    native = _crc32c_c()
+    if native is not None:
+        return [native(item) for item in items]
+    if not items:
+        return []
+    lengths = np.array([len(item) for item in items], dtype=np.int64)
+    # about sqrt(longest) bytes a chunk: as many steps a byte at a time as steps combining chunks
+    log2_chunk = int(min(12, max(6, (int(lengths.max()).bit_length() + 1) // 2)))
     chunk = 1 << log2_chunk
-    count = -(-size // chunk)
-    padded = np.zeros(count * chunk, dtype=np.uint8)
-    padded[count * chunk - size:] = buffer
-    columns = padded.reshape(count, chunk)
+    counts = np.maximum(1, -(-lengths // chunk))
+    ends = np.cumsum(counts) * chunk
+    padded = np.zeros(int(ends[-1]), dtype=np.uint8)
+    for item, end in zip(items, ends):
+        if item:
+            padded[end - len(item):end] = np.frombuffer(item, dtype=np.uint8)
+    columns = np.ascontiguousarray(padded.reshape(-1, chunk).T)  # byte j of every chunk, contiguous
     table = _table()
-    registers = np.zeros(count, dtype=np.uint32)
-    for j in range(chunk):
-        registers = table[(registers ^ columns[:, j]) & 0xFF] ^ (registers >> 8)
-    level = log2_chunk
-    while len(registers) > 1:
-        if len(registers) % 2:
-            registers = np.concatenate([np.zeros(1, np.uint32), registers])
-        registers = _apply_shift(registers[0::2], _zero_shift(level)) ^ registers[1::2]
-        level += 1
-    ones = np.array([0xFFFFFFFF], dtype=np.uint32)
-    for bit in range(size.bit_length()):
-        if size >> bit & 1:
-            ones = _apply_shift(ones, _zero_shift(bit))
-    return int(registers[0] ^ ones[0] ^ np.uint32(0xFFFFFFFF))
+    registers = np.zeros(columns.shape[1], dtype=np.uint32)
+    index = np.empty(columns.shape[1], dtype=np.uint32)
+    for column in columns:
+        np.bitwise_xor(registers, column, out=index)
+        np.bitwise_and(index, 0xFF, out=index)
+        registers >>= 8
+        registers ^= table.take(index)
+    # Horner over each record's chunks, right-aligned so that every record ends at the last step
+    most = int(counts.max())
+    aligned = np.zeros((len(items), most), dtype=np.uint32)
+    rows = np.repeat(np.arange(len(items)), counts)
+    firsts = np.cumsum(counts) - counts
+    aligned[rows, most - np.repeat(counts, counts) + (np.arange(len(registers)) - np.repeat(firsts, counts))] = registers
+    raw = np.zeros(len(items), dtype=np.uint32)
+    shift = _zero_shift(log2_chunk)
+    for k in range(most):
+        raw = _apply_shift(raw, shift) ^ aligned[:, k]
+    ones = np.full(len(items), 0xFFFFFFFF, dtype=np.uint32)
+    for bit in range(int(lengths.max()).bit_length()):
+        set_here = (lengths >> bit & 1).astype(bool)
+        ones = np.where(set_here, _apply_shift(ones, _zero_shift(bit)), ones)
+    crcs = raw ^ ones ^ np.uint32(0xFFFFFFFF)
+    return [0 if length == 0 else int(crc) for length, crc in zip(lengths, crcs)]
 
 
 def crc32c(data) -> int:
-    return _crc32c_function()(bytes(data) if isinstance(data, memoryview) else data)
+    data = bytes(data) if isinstance(data, memoryview) else data
+    native = _crc32c_c()
+    if native is not None:
+        return native(data)
+    return _crc32c_python(data) if len(data) <= 64 else crc32c_many([data])[0]
+
+
+def _mask(crc: int) -> int:
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def masked_crc32c(data) -> int:
     """The TFRecord checksum: crc32c rotated right by 15 bits plus a constant (record_writer.h's MaskedCrc)."""
-    crc = crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+    return _mask(crc32c(data))
 
 
 def frame(record: bytes) -> bytes:
@@ -207,27 +241,47 @@ def iter_records(uri: str, *, verify: bool = True) -> Iterator[bytes]:
         yield from _iter_stream(f, uri, verify)
 
 
+# Records whose data checksums are verified together (the numpy crc32c works on many at once)
+_CHECK_RECORDS = 8192
+_CHECK_BYTES = 16 << 20
+
+
 def _iter_stream(f: BinaryIO, uri: str, verify: bool) -> Iterator[bytes]:
     offset = 0
+    pending: list[tuple[int, bytes, int]] = []  # (offset, record, stored masked crc) not yet verified
+    pending_bytes = 0
     while True:
         header = f.read(12)
         if not header:
-            return
+            break
         if len(header) < 12:
+            yield from _verified(pending, uri, verify)
             raise DataError(f"{uri} is truncated: {len(header)} bytes of a record header at byte {offset}")
         length, length_crc = struct.unpack("<QI", header)
-        if verify and masked_crc32c(header[:8]) != length_crc:
+        if verify and masked_crc32c(header[:8]) != length_crc:  # before reading `length` bytes it may not hold
+            yield from _verified(pending, uri, verify)
             raise DataError(f"{uri} is corrupt: the length of the record at byte {offset} fails its checksum")
         body = f.read(length + 4)
         if len(body) < length + 4:
+            yield from _verified(pending, uri, verify)
             raise DataError(f"{uri} is truncated: the record at byte {offset} needs {length + 4} bytes after its "
                             f"header, {len(body)} are left")
-        record = body[:length]
-        if verify and masked_crc32c(record) != struct.unpack("<I", body[length:])[0]:
-            raise DataError(f"{uri} is corrupt: the data of the record at byte {offset} ({length} bytes) fails "
+        pending.append((offset, body[:length], struct.unpack("<I", body[length:])[0]))
+        pending_bytes += length
+        offset += 12 + length + 4
+        if len(pending) >= _CHECK_RECORDS or pending_bytes >= _CHECK_BYTES:
+            yield from _verified(pending, uri, verify)
+            pending, pending_bytes = [], 0
+    yield from _verified(pending, uri, verify)
+
+
+def _verified(pending: list[tuple[int, bytes, int]], uri: str, verify: bool) -> Iterator[bytes]:
+    crcs = crc32c_many([record for _, record, _ in pending]) if verify else [None] * len(pending)
+    for (offset, record, stored), crc in zip(pending, crcs):
+        if verify and _mask(crc) != stored:
+            raise DataError(f"{uri} is corrupt: the data of the record at byte {offset} ({len(record)} bytes) fails "
                             "its checksum")
         yield record
-        offset += 12 + length + 4
 
 
 def interleave(files: list[str], *, cycle_length: int = 8) -> Iterator[bytes]:
