@@ -403,7 +403,10 @@ def test_two_workers_share_the_split_by_file_and_by_record(small_dataset, tmp_pa
 NO_TENSORFLOW = """
 import json, sys
 import numpy as np
-sys.modules["tensorflow"] = None  # `import tensorflow` raises ImportError from here on
+# As on the PyTorch GPU image: no TensorFlow, Keras, google-crc32c or google-cloud-storage (`import` of a module
+# set to None raises ImportError)
+for name in ("tensorflow", "keras", "google_crc32c", "google.cloud.storage"):
+    sys.modules[name] = None
 from components.train.portable_input import PortableTrainInput, eval_batches
 from components.train.recipes import RECIPES, Recipe
 dataset, photos, out = sys.argv[1:4]
@@ -418,7 +421,7 @@ pipeline = PortableTrainInput(photos, [64, 64, 3], pipeline_id=0, num_pipelines=
 results["photos"] = next(pipeline.batches(epoch=0, first_batch=0, num_batches=1, batch=8))[0]
 results["test"] = np.concatenate([x for x, _ in eval_batches(dataset, "test", 100)])
 loaded = sorted(name for name, module in sys.modules.items() if module is not None and name.split(".")[0] in
-                ("tensorflow", "keras", "tf_keras", "tensorboard"))
+                ("tensorflow", "keras", "tf_keras", "tensorboard", "google_crc32c"))
 assert not loaded, loaded
 np.savez(out, **results)
 """
@@ -514,3 +517,17 @@ def test_a_corrupt_shard_stops_the_input_with_the_files_name(small_dataset, tmp_
     with pytest.raises(data.DataError, match=f"{shard} is corrupt: the data of the record at byte"):
         for _ in eval_batches(str(copy), "test", 64):
             pass
+
+
+def test_evaluation_batches_are_decoded_once_and_the_same_every_pass(small_dataset):
+    from components.train.portable_input import PortableEvalInput
+
+    validation = PortableEvalInput(small_dataset, "validation", 100, workers=1)
+    first = list(validation.batches())
+    assert validation._held is not None and len(first) == -(-len(data.load_split_arrays(small_dataset,
+                                                                                         "validation")[1]) // 100)
+    second = list(validation.batches())
+    for (x, y), (x2, y2) in zip(first, second, strict=True):
+        assert x2.dtype == np.float32
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)

@@ -329,3 +329,23 @@ def _fill_decoded(parsed: list[tuple[bytes, int]], shape, encoding: str):
             labels[i] = parsed[i][1]
 
     return fill
+
+
+class PortableEvalInput:
+    """A split's batches for evaluation after every epoch (inputs.make_eval_dataset's `.cache()`): decoded once, on
+    the first pass, and held as uint8 (a quarter of float32's bytes); later passes only convert."""
+
+    def __init__(self, dataset_dir: str, split: str, batch: int, *, workers: int | None = None):
+        self.dataset_dir, self.split, self.batch, self.workers = dataset_dir, split, batch, workers
+        self._held: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if self._held is not None:
+            for images, labels in self._held:
+                yield images.astype(np.float32), labels
+            return
+        held = []
+        for images, labels in eval_batches(self.dataset_dir, self.split, self.batch, workers=self.workers):
+            held.append((images.astype(np.uint8), labels))
+            yield images, labels
+        self._held = held  # only a whole pass is kept: one stopped early decodes again next time
