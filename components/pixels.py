@@ -124,8 +124,16 @@ def decode_to_shape(contents: bytes, image_shape) -> np.ndarray:
 
 
 def decode_crop_to_shape(contents: bytes, image_shape, crop_box) -> np.ndarray:
-    """A crop (top, left, height, width, in the file's pixels) of a JPEG or PNG file at `image_shape`, plain
-    bilinear (data.decode_crop_to_shape; see the module docstring for the DCT scale)."""
+    """A crop (top, left, height, width, in the file's pixels) of a JPEG or PNG file at `image_shape`, uint8, plain
+    bilinear rounded as TensorFlow rounds (data.decode_crop_to_shape; see the module docstring for the DCT
+    scale)."""
+    img, box = _open_crop(contents, image_shape, crop_box)
+    return _sample_box(img, box, tuple(image_shape[:2]), image_shape[2])
+
+
+def _open_crop(contents: bytes, image_shape, crop_box):
+    """The file opened at the DCT scale its crop allows (the largest keeping the crop at least the target's size),
+    and the crop's box at that scale."""
     height, width, channels = image_shape
     top, left, crop_height, crop_width = (int(v) for v in crop_box)
     img = _open(contents)
@@ -133,8 +141,7 @@ def decode_crop_to_shape(contents: bytes, image_shape, crop_box) -> np.ndarray:
     if img.format == "JPEG":
         ratio = dct_ratio((crop_height, crop_width), (height, width))
         _draft(img, channels, ratio)
-    return _sample_box(_conform(img, channels), (top / ratio, left / ratio, crop_height / ratio, crop_width / ratio),
-                       (height, width), channels)
+    return _conform(img, channels), (top / ratio, left / ratio, crop_height / ratio, crop_width / ratio)
 
 
 def resize_to_shape(image: np.ndarray, image_shape, *, antialias: bool | None = None) -> np.ndarray:

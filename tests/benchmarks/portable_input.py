@@ -8,7 +8,8 @@ side with the TensorFlow one (components/train/inputs.py TrainInput), in one run
     32, in memory and stream modes.
 
 Both sides hand batches to nobody (the input alone is measured): TensorFlow's as tensors, ours as numpy arrays.
-Each figure is images/s over whole epochs after a first one (loading, tracing); best of the repeats.
+Each figure is over a whole epoch after a first one (loading, tracing): images/s (best of the repeats) and CPU ms
+per image over all the process's threads (least of the repeats; steadier than rates on a shared machine).
 
     python -m tests.benchmarks.portable_input [--fashion 20000] [--photos 156] [--repeats 2] [--workdir DIR]
 """
@@ -24,18 +25,18 @@ import time
 FASHION_POLICY = {"rotation_degrees": 10.0, "shift_fraction": 0.08, "zoom_range": 0.08}
 
 
-def _rate(make, batches) -> float:
-    """images/s of the second pass over `batches` (the first one warms up)."""
-    rates = []
+def _rate(make, batches) -> tuple[float, float]:
+    """(images/s, CPU ms per image over all the process's threads) of the second pass over `batches` (the first one
+    warms up). The CPU time is steadier than the rate on a shared machine."""
     pipeline = make()
-    for epoch in range(2):
-        start = time.monotonic()
-        count = sum(int(labels.shape[0]) for _, labels in batches(pipeline, epoch))
-        rates.append(count / (time.monotonic() - start))
-    return rates[-1]
+    for _ in range(2):
+        start, cpu = time.monotonic(), time.process_time()
+        count = sum(int(labels.shape[0]) for _, labels in batches(pipeline, _))
+        rate, cpu_ms = count / (time.monotonic() - start), (time.process_time() - cpu) * 1e3 / count
+    return rate, cpu_ms
 
 
-def _sides(dataset: str, shape, policy, mode: str, batch: int) -> tuple[float, float]:
+def _sides(dataset: str, shape, policy, mode: str, batch: int) -> tuple[tuple[float, float], tuple[float, float]]:
     from components import records
     from components.train.inputs import TrainInput
     from components.train.portable_input import PortableTrainInput
@@ -86,14 +87,17 @@ def main(argv: list[str] | None = None) -> dict:
         results = {}
         for name, dataset, shape, policy, mode, batch in cases:
             runs = [_sides(dataset, shape, policy, mode, batch) for _ in range(args.repeats)]
-            results[name] = {"ours": max(r[0] for r in runs), "tensorflow": max(r[1] for r in runs)}
+            results[name] = {"ours": max(r[0][0] for r in runs), "tensorflow": max(r[1][0] for r in runs),
+                             "ours_cpu_ms": min(r[0][1] for r in runs), "tensorflow_cpu_ms": min(r[1][1] for r in runs)}
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\ntraining input, images/s ({available_cpus()} CPUs; best of {args.repeats}; the input alone)")
-    print(f"{'':44} {'no TF':>9} {'TF':>9} {'ratio':>7}")
-    for name, rates in results.items():
-        print(f"{name:44} {rates['ours']:9.0f} {rates['tensorflow']:9.0f} {rates['ours'] / rates['tensorflow']:6.2f}x")
+    print(f"\ntraining input ({available_cpus()} CPUs; best of {args.repeats}; the input alone): images/s, and CPU ms "
+          "per image (all threads; steadier on a shared machine)")
+    print(f"{'':40} {'no TF':>9} {'TF':>9} {'ratio':>6} {'no TF ms':>9} {'TF ms':>8}")
+    for name, r in results.items():
+        print(f"{name:40} {r['ours']:9.0f} {r['tensorflow']:9.0f} {r['ours'] / r['tensorflow']:5.2f}x "
+              f"{r['ours_cpu_ms']:9.3f} {r['tensorflow_cpu_ms']:8.3f}")
     return results
 
 
