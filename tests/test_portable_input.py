@@ -247,27 +247,39 @@ def test_plain_bilinear_boxes_are_tensorflows():
 # ---------------------------------------------------------------------------------------------- augmentation
 
 
+def kolmogorov_smirnov(a: np.ndarray, b: np.ndarray) -> float:
+    """The two-sample statistic: the largest gap between the empirical distribution functions."""
+    a, b = np.sort(a), np.sort(b)
+    points = np.concatenate([a, b])
+    return float(np.max(np.abs(np.searchsorted(a, points, side="right") / len(a)
+                               - np.searchsorted(b, points, side="right") / len(b))))
+
+
 def test_crop_boxes_follow_tensorflows_sampler():
-    """The box sampler's constraints hold for every box, and its distribution is TensorFlow's: the area, the
-    aspect ratio and the position, over a thousand draws each, for a photo and a small image."""
+    """The box sampler's constraints hold for every box, and its distributions are TensorFlow's: the area, the
+    aspect ratio and the centre's position, 2,000 boxes each for a camera photo, a food photo and a 28x28 image,
+    within the two-sample Kolmogorov-Smirnov statistic's 0.1% critical value (0.062; the seeds are fixed, so the
+    test is deterministic)."""
     import tensorflow as tf
 
     policy = augment_lib.AugmentPolicy.from_json("photo")
-    for height, width in ((480, 640), (28, 28)):
-        ours = augment_numpy.crop_boxes(height, width, augment_numpy.keys(np.arange(1000), 1, 0), policy)
+    for height, width in ((480, 640), (173, 307), (28, 28)):
+        ours = augment_numpy.crop_boxes(height, width, augment_numpy.keys(np.arange(2000), 1, 0), policy)
         theirs = np.array([np.concatenate([b[:2], s[:2]]) for b, s in (
             augment_lib._crop_box(tf.constant([height, width, 3]), tf.constant([7, i], tf.int64), policy)
-            for i in range(1000))])
+            for i in range(2000))])
         for boxes in (ours, theirs):
             top, left, h, w = boxes.T
             assert (top >= 0).all() and (left >= 0).all() and (top + h <= height).all() and (left + w <= width).all()
             whole = (h == height) & (w == width)
-            area = h * w / (height * width)
-            assert (area[~whole] >= 0.08 - 1e-6).all()
-        features = lambda b: np.array([np.mean(b[:, 2] * b[:, 3] / (height * width)),  # noqa: E731
-                                       np.mean(b[:, 3] / b[:, 2]), np.mean((b[:, 0] + b[:, 2] / 2) / height),
-                                       np.mean((b[:, 2] == height) & (b[:, 3] == width))])
-        np.testing.assert_allclose(features(ours), features(theirs), atol=0.04)
+            assert ((h * w / (height * width))[~whole] >= 0.08 - 1e-6).all()
+
+        def features(b):
+            return (b[:, 2] * b[:, 3] / (height * width), b[:, 3] / b[:, 2], (b[:, 0] + b[:, 2] / 2) / height,
+                    (b[:, 1] + b[:, 3] / 2) / width)
+
+        for name, mine, reference in zip(("area", "aspect", "centre y", "centre x"), features(ours), features(theirs)):
+            assert kolmogorov_smirnov(mine, reference) < 0.062, (height, width, name)
 
 
 def test_the_geometric_transform_and_smoothing_are_tensorflows():
