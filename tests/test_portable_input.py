@@ -543,3 +543,18 @@ def test_evaluation_batches_are_decoded_once_and_the_same_every_pass(small_datas
         assert x2.dtype == np.float32
         np.testing.assert_array_equal(x, x2)
         np.testing.assert_array_equal(y, y2)
+
+
+def test_the_portable_modules_import_no_framework_even_lazily():
+    """What the subprocess test cannot reach (gs:// paths, error paths) still imports no TensorFlow or Keras: no
+    `import` of them anywhere in these modules, inside functions included."""
+    import ast
+
+    for module in ("components/records.py", "components/pixels.py", "components/augment_numpy.py",
+                   "components/train/portable_input.py"):
+        with open(os.path.join(REPO_ROOT, module)) as f:
+            tree = ast.parse(f.read())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"tensorflow", "keras", "tf_keras", "torch", "jax"}, (module, imported)
