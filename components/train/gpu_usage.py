@@ -343,6 +343,12 @@ class GpuUsageSampler:
             self.writer = None
         return self.summary()
 
+    def __enter__(self) -> "GpuUsageSampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def _close_reader(self) -> None:
         reader, self.reader = self.reader, None
         if reader is not None:
