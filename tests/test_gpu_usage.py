@@ -372,3 +372,58 @@ def test_training_here_runs_and_says_once_why_no_gpu_is_recorded(small_dataset, 
     said = [r.getMessage() for r in caplog.records if "GPU utilization" in r.getMessage()]
     assert said == [f"train: GPU utilization is not recorded: {usage['reason']}"]
     assert os.listdir(logs) and not (logs / "gpu").exists()  # TensorFlow's own scalars, no empty GPU run
+
+
+# ---------------------------------------------------------------------------------------------- the NVML reader
+
+
+def nvml_with(**overrides):
+    from tests.standins.nvml import Gpu, NvmlStandIn
+
+    gpus = [Gpu("GPU-0a0a", "NVIDIA H100 80GB HBM3", 80 * (1 << 30), 97, 41, 30 * (1 << 30), 512_345),
+            Gpu("GPU-1b1b", "NVIDIA H100 80GB HBM3", 80 * (1 << 30), 12, 3, 2 * (1 << 30), None),
+            Gpu("GPU-2c2c", "NVIDIA H100 80GB HBM3", 80 * (1 << 30), 55, 20, 10 * (1 << 30), 300_000)]
+    return NvmlStandIn(gpus, **overrides)
+
+
+def test_the_nvml_reader_reads_the_visible_gpus_in_the_frameworks_order():
+    nvml = nvml_with()
+    reader = gpu_usage.NvmlReader.open({"CUDA_VISIBLE_DEVICES": "2,GPU-1b"}, nvml=nvml)
+    devices = reader.devices()
+    assert [(d.index, d.uuid) for d in devices] == [(0, "GPU-2c2c"), (1, "GPU-1b1b")]
+    assert devices[0].memory_total_bytes == 80 * (1 << 30) and devices[0].name == "NVIDIA H100 80GB HBM3"
+    assert reader.sample(devices[0]) == GpuSample(55, 20, 10 * (1 << 30), 300.0)  # milliwatts to watts
+    assert reader.sample(devices[1]) == GpuSample(12, 3, 2 * (1 << 30), None)  # no power on this card
+    reads = nvml.power_reads
+    reader.sample(devices[1])
+    assert nvml.power_reads == reads  # not asked again
+    reader.close()
+    assert nvml.initialized == 0
+
+
+def test_the_nvml_reader_says_why_not_and_leaves_nvml_shut():
+    with pytest.raises(GpuUsageUnavailable, match=r"NVML did not start \(NVML Shared Library Not Found\)"):
+        gpu_usage.NvmlReader.open({}, nvml=nvml_with(library=False))
+    nvml = nvml_with()
+    with pytest.raises(GpuUsageUnavailable, match=r"no GPU is visible to this process \(NVML sees 3; "
+                                                  r"CUDA_VISIBLE_DEVICES=''\)"):
+        gpu_usage.NvmlReader.open({"CUDA_VISIBLE_DEVICES": ""}, nvml=nvml)
+    assert nvml.initialized == 0
+
+
+def test_a_gpu_lost_mid_run_ends_the_sampling_not_the_training(caplog):
+    nvml = nvml_with()
+    sampler = GpuUsageSampler(lambda: gpu_usage.NvmlReader.open({}, nvml=nvml), clock=Clock())
+    assert sampler.open()
+    sampler.sample_once()
+    nvml.gpus[1].lost = True
+    with caplog.at_level(logging.WARNING, logger=gpu_usage.__name__):
+        sampler.sample_once()
+        sampler.sample_once()
+    usage = sampler.stop()
+    assert [g["run"]["samples"] for g in usage["gpus"]] == [1, 1, 1]
+    assert usage["gpus"][0]["run"]["power_watts_mean"] == pytest.approx(512.3, abs=0.05)
+    assert usage["stopped_early"] == "reading NVML failed mid-run: GPU is lost"
+    assert [m for m in caplog.messages if "reading NVML failed" in m] == [
+        "train: GPU utilization: reading NVML failed (NVMLError_GpuIsLost: GPU is lost); no more samples this run"]
+    assert nvml.initialized == 0

@@ -101,40 +101,43 @@ def visible_devices(nvml_uuids: list[str], environ: dict | None = None) -> list[
 class NvmlReader:
     """`GpuReader` on NVML through `pynvml`; `NvmlReader.open()` raises GpuUsageUnavailable saying why not."""
 
-    def __init__(self, pynvml, handles: list, devices: list[GpuDevice]):
-        self._nvml = pynvml
+    def __init__(self, nvml, handles: list, devices: list[GpuDevice]):
+        self._nvml = nvml
         self._handles = handles
         self._devices = devices
         self._power = [True] * len(devices)  # False once a card said it does not report power
 
     @classmethod
-    def open(cls, environ: dict | None = None) -> "NvmlReader":
+    def open(cls, environ: dict | None = None, nvml=None) -> "NvmlReader":
+        """`nvml` is the `pynvml` module, imported here when not given."""
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError:
+                raise GpuUsageUnavailable("pynvml is not installed (the nvidia-ml-py package: the gpu and torch "
+                                          "extras bring it)") from None
         try:
-            import pynvml
-        except ImportError:
-            raise GpuUsageUnavailable("pynvml is not installed (the nvidia-ml-py package: the gpu and torch "
-                                      "extras bring it)") from None
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            raise GpuUsageUnavailable(f"NVML did not start ({error}): no NVIDIA driver that this process "
+                                      "can reach") from None
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as error:
-            raise GpuUsageUnavailable(f"NVML did not start ({error}): no NVIDIA driver on this machine") from None
-        try:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            uuids = [_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in handles]
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            uuids = [_text(nvml.nvmlDeviceGetUUID(handle)) for handle in handles]
             chosen = visible_devices(uuids, environ)
             if not chosen:
                 raise GpuUsageUnavailable(
                     f"no GPU is visible to this process (NVML sees {len(handles)}; CUDA_VISIBLE_DEVICES="
                     f"{(os.environ if environ is None else environ).get('CUDA_VISIBLE_DEVICES')!r})")
-            devices = [GpuDevice(position, uuids[i], _text(pynvml.nvmlDeviceGetName(handles[i])),
-                                 int(pynvml.nvmlDeviceGetMemoryInfo(handles[i]).total))
+            devices = [GpuDevice(position, uuids[i], _text(nvml.nvmlDeviceGetName(handles[i])),
+                                 int(nvml.nvmlDeviceGetMemoryInfo(handles[i]).total))
                        for position, i in enumerate(chosen)]
-            return cls(pynvml, [handles[i] for i in chosen], devices)
-        except pynvml.NVMLError as error:
-            pynvml.nvmlShutdown()
+            return cls(nvml, [handles[i] for i in chosen], devices)
+        except nvml.NVMLError as error:
+            nvml.nvmlShutdown()
             raise GpuUsageUnavailable(f"NVML could not list the GPUs ({error})") from None
         except GpuUsageUnavailable:
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
             raise
 
     def devices(self) -> list[GpuDevice]:
