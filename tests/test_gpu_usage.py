@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,6 +19,7 @@ import pytest
 from components.train import gpu_usage
 from components.train.gpu_usage import (GIB, GpuDevice, GpuSample, GpuUsageSampler, GpuUsageUnavailable,
                                         TensorBoardScalars, visible_devices)
+from tests.conftest import REPO_ROOT
 
 H100 = GpuDevice(0, "GPU-11111111-2222-3333-4444-555555555555", "NVIDIA H100 80GB HBM3", 80 * (1 << 30))
 L4 = GpuDevice(1, "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "NVIDIA L4", 24 * (1 << 30))
@@ -427,3 +430,27 @@ def test_a_gpu_lost_mid_run_ends_the_sampling_not_the_training(caplog):
     assert [m for m in caplog.messages if "reading NVML failed" in m] == [
         "train: GPU utilization: reading NVML failed (NVMLError_GpuIsLost: GPU is lost); no more samples this run"]
     assert nvml.initialized == 0
+
+
+def test_the_tensorboard_scalars_need_no_tensorflow(tmp_path):
+    """As on the PyTorch image, where `import tensorflow` fails: TensorBoard writes through its own file layer."""
+    script = (
+        "import sys; sys.modules['tensorflow'] = None\n"
+        "from components.train.gpu_usage import GpuDevice, TensorBoardScalars\n"
+        f"writer = TensorBoardScalars({str(tmp_path)!r})\n"
+        "writer.write(7, [GpuDevice(0, 'GPU-1', 'card', 1 << 30)], {0: {'samples': 1, 'utilization_mean': 42.0}})\n"
+        "writer.close()\n"
+        "from tensorboard.compat import tf\n"
+        "print(tf.__name__)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tensorboard.compat.tensorflow_stub"
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(tmp_path / "gpu"))
+    events.Reload()
+    assert [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors("gpu/0/utilization")] \
+        == [(7, 42.0)]

@@ -298,10 +298,13 @@ class GpuUsageSampler:
         try:
             samples = [(d.index, reader.sample(d)) for d in self.devices]
         except Exception as error:  # monitoring must never fail training: say so once, keep what was recorded
-            log.warning("train: GPU utilization: reading NVML failed (%s: %s); no more samples this run",
-                        type(error).__name__, error)
-            self.reason = f"reading NVML failed mid-run: {error}"
-            self._close_reader()
+            with self._lock:
+                first, self.reader = self.reader is reader, None  # the thread and end_epoch may both sample
+            if first:
+                log.warning("train: GPU utilization: reading NVML failed (%s: %s); no more samples this run",
+                            type(error).__name__, error)
+                self.reason = f"reading NVML failed mid-run: {error}"
+                reader.close()
             return
         now = self.clock()
         with self._lock:
