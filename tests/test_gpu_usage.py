@@ -294,7 +294,7 @@ def test_visible_devices_follow_what_the_framework_sees(environ, expected):
     assert visible_devices(UUIDS, environ) == expected
 
 
-# ---------------------------------------------------------------------------------------------- training.json, KFP, page
+# ---------------------------------------------------------------------------------------------- KFP, the page
 
 
 def recorded_usage() -> dict:
@@ -319,8 +319,8 @@ def test_the_kfp_metrics_and_the_steps_console_line_carry_it(tmp_path):
     from pipelines.steplogs import key_figures
 
     info = {"history": {"loss": [0.5, 0.4]}, "train_seconds": 12.0, "images_per_second": 900.0, "steps": 20,
-            "resumed_from_step": 0, "exported_epoch": 2, "strategy": "default", "replicas": 1, "workers": 1, "global_batch_size": 128,
-            "gpu_usage": recorded_usage()}
+            "resumed_from_step": 0, "exported_epoch": 2, "strategy": "default", "replicas": 1, "workers": 1,
+            "global_batch_size": 128, "gpu_usage": recorded_usage()}
     metrics = dsl.Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
     model = dsl.Model(name="model", uri=str(tmp_path / "model"), metadata={})
     log_to_kfp(info, metrics, model)
