@@ -454,3 +454,16 @@ def test_the_tensorboard_scalars_need_no_tensorflow(tmp_path):
     events.Reload()
     assert [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors("gpu/0/utilization")] \
         == [(7, 42.0)]
+
+
+def test_a_reader_that_fails_to_list_its_gpus_does_not_stop_training(caplog):
+    class Broken(ScriptedReader):
+        def devices(self):
+            raise OSError("permission denied on /dev/nvidiactl")
+
+    with caplog.at_level(logging.INFO, logger=gpu_usage.__name__):
+        sampler = GpuUsageSampler(lambda: Broken({0: []})).start()
+        usage = sampler.stop()
+    assert usage == {"recorded": False,
+                     "reason": "reading the GPUs failed (OSError: permission denied on /dev/nvidiactl)"}
+    assert caplog.messages == ["train: GPU utilization is not recorded: " + usage["reason"]]

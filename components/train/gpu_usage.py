@@ -230,7 +230,8 @@ class GpuUsageSampler:
     """Samples the GPUs while training runs; see the module docstring.
 
     `reader_factory()` returns a GpuReader or raises GpuUsageUnavailable (default: `NvmlReader.open`).
-    `writer`, when given, gets `write(step, epoch_summary)` at each `end_epoch` (e.g. TensorBoardScalars).
+    `writer`, when given, gets `write(step, devices, summaries)` at each `end_epoch` and `close()` at the stop
+    (TensorBoardScalars).
     `clock` is injectable so that tests can give each sample its duration.
     """
 
@@ -254,10 +255,6 @@ class GpuUsageSampler:
         self._thread: threading.Thread | None = None
         self._last = 0.0
 
-    @property
-    def recording(self) -> bool:
-        return self.reader is not None
-
     def open(self) -> bool:
         """Opens the reader without starting the thread (start() calls it); False, logged once, when it cannot."""
         try:
@@ -267,8 +264,12 @@ class GpuUsageSampler:
             self.reason = str(why)
             log.info("train: GPU utilization is not recorded: %s", self.reason)
             return False
+        except Exception as error:  # a reader that breaks in its own way: still no reason to stop training
+            self.reason = f"reading the GPUs failed ({type(error).__name__}: {error})"
+            log.warning("train: GPU utilization is not recorded: %s", self.reason)
+            return False
         if not devices:
-            reader.close()
+            _close(reader)
             self.reason = "no GPU is visible to this process"
             log.info("train: GPU utilization is not recorded: %s", self.reason)
             return False
@@ -304,7 +305,7 @@ class GpuUsageSampler:
                 log.warning("train: GPU utilization: reading NVML failed (%s: %s); no more samples this run",
                             type(error).__name__, error)
                 self.reason = f"reading NVML failed mid-run: {error}"
-                reader.close()
+                _close(reader)
             return
         now = self.clock()
         with self._lock:
@@ -356,12 +357,10 @@ class GpuUsageSampler:
         self.stop()
 
     def _close_reader(self) -> None:
-        reader, self.reader = self.reader, None
+        with self._lock:
+            reader, self.reader = self.reader, None
         if reader is not None:
-            try:
-                reader.close()
-            except Exception as error:
-                log.warning("train: GPU utilization: closing NVML failed (%s)", error)
+            _close(reader)
 
     def summary(self) -> dict:
         if not self.run:
@@ -374,6 +373,13 @@ class GpuUsageSampler:
                               "run": self.run[d.index].to_json(),
                               "epochs": [{"epoch": e["epoch"], **e["gpus"][d.index]} for e in self.epochs]}
                              for d in self.devices]}
+
+
+def _close(reader: GpuReader) -> None:
+    try:
+        reader.close()
+    except Exception as error:  # nothing left to record: a failed shutdown only needs saying
+        log.warning("train: GPU utilization: closing NVML failed (%s)", error)
 
 
 def describe(devices: list[GpuDevice], summaries: dict) -> str:
