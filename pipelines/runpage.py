@@ -184,17 +184,20 @@ def _gpu_usage(summary: dict) -> str:
             f"{run[f'seconds_at_least_{busy}']:.0f}s of {run['seconds']:.0f}s; memory up to "
             f"{run['memory_used_gib_max']:.1f} of {gpu['memory_total_gib']:.0f} GiB"
             + (f"; power {run['power_watts_mean']:.0f} W mean" if "power_watts_mean" in run else "") + "</p>"
-            + (_sparkline([e["utilization_mean"] for e in epochs]) if epochs else ""))
+            + (f"<p>{_sparkline([e['utilization_mean'] for e in epochs])} mean utilization per epoch, "
+               "0-100%</p>" if epochs else ""))
+        power = any("power_watts_mean" in e for e in epochs)
         rows = "".join(
             f"<tr><td class='n'>{e['epoch']}</td><td class='n'>{e['utilization_mean']:.0f}%</td>"
             f"<td class='n'>{e['utilization_p95']}%</td><td class='n'>{e['utilization_max']}%</td>"
             f"<td class='n'>{e[f'seconds_at_least_{busy}']:.0f}s / {e['seconds']:.0f}s</td>"
-            f"<td class='n'>{e['memory_used_gib_max']:.1f} GiB</td><td class='n'>"
-            + (f"{e['power_watts_mean']:.0f} W" if "power_watts_mean" in e else "") + "</td></tr>"
+            f"<td class='n'>{e['memory_used_gib_max']:.1f} GiB</td>"
+            + (f"<td class='n'>{e['power_watts_mean']:.0f} W</td>" if "power_watts_mean" in e else
+               "<td></td>" if power else "") + "</tr>"
             for e in epochs)
         if rows:
             parts.append(f"<table><tr><th>epoch</th><th>mean</th><th>p95</th><th>max</th><th>{busy}%+</th>"
-                         f"<th>memory (max)</th><th>power</th></tr>{rows}</table>")
+                         f"<th>memory (max)</th>{'<th>power (mean)</th>' if power else ''}</tr>{rows}</table>")
     return "".join(parts)
 
 

@@ -467,3 +467,12 @@ def test_a_reader_that_fails_to_list_its_gpus_does_not_stop_training(caplog):
     assert usage == {"recorded": False,
                      "reason": "reading the GPUs failed (OSError: permission denied on /dev/nvidiactl)"}
     assert caplog.messages == ["train: GPU utilization is not recorded: " + usage["reason"]]
+
+
+def test_the_run_page_leaves_out_power_where_no_card_reported_it(tmp_path):
+    reader = ScriptedReader({0: [sample(60), sample(70)]})
+    sampler = GpuUsageSampler(lambda: reader, clock=Clock())
+    sampler.open()
+    sampler.end_epoch(0, step=5)
+    page = page_for(tmp_path, {"gpu_usage": sampler.stop()})
+    assert "power" not in page and "<td class='n'>60%</td>" in page
