@@ -45,7 +45,7 @@ from components.train.cluster import ClusterRole, choose_strategy, cluster_role,
 from components.train.faults import (NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before,
                                      peer_loss_is_preemption)
 from components.train.inputs import TrainInput, make_eval_dataset
-from components.train import batchnorm, models
+from components.train import batchnorm, gpu_usage, models
 from components.train import pretrained as pretrained_lib
 from components.train.learning_rate import keras_schedule, peak_learning_rate
 from components.train.model import check_gpus_visible, resolve_jit, resolve_precision, write_model
@@ -364,9 +364,10 @@ class TrainingLoop:
             if plan.role.workers == 1 and batchnorm.trainable_batchnorm(self.model) else None
         self.writer = tf.summary.create_file_writer(settings.tensorboard_dir) if settings.tensorboard_dir and chief \
             else tf.summary.create_noop_writer()
+        self.gpu_sampler = gpu_usage.start_for_training(settings.tensorboard_dir, chief=chief)
         start = time.monotonic()
         self.last_save = time.monotonic()
-        with PreemptionWatch() as watch, self.writer.as_default():
+        with PreemptionWatch() as watch, self.writer.as_default(), self.gpu_sampler:
             log.info("train: starting at step %d of %d", self.step, plan.total_steps)
             while self.step < plan.total_steps:
                 self.run_epoch(watch, validation)
@@ -438,6 +439,7 @@ class TrainingLoop:
             tf.summary.scalar(f"epoch_{name}", value, step=self.step)
         log.info("epoch %d/%d (%.1fs) %s", epoch + 1, self.plan.recipe.epochs, time.monotonic() - epoch_start,
                  " ".join(f"{k}={v:.4f}" for k, v in sorted(logs.items())))
+        self.gpu_sampler.end_epoch(epoch, self.step)
         if self.epoch_callback is not None and self.plan.role.is_chief:
             self.epoch_callback(epoch, dict(logs), self.predict_logits)
         self.save(f"end of epoch {epoch + 1}")
@@ -532,7 +534,7 @@ class TrainingLoop:
             data.write_json(data.join(settings.model_dir, TRAINING_INFO), {
                 **result.to_json(), "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
                 "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
-                "model": self.model_lineage(),
+                "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary(),
             })
             self.writer.flush()
         if self.scratch:
