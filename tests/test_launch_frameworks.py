@@ -1,0 +1,443 @@
+"""Multi-node training for each framework, each its native way: what every node runs (torchrun for torch), the
+variables it gets from each platform (Trainer v2's torch and JAX policies, the JobSet's indices, the Training
+Operator's PyTorchJob, Vertex AI's CLUSTER_SPEC), the shipped runtimes and manifests checked against the real CRDs,
+and the launchers end to end against the stand-ins.
+
+The stand-ins (tests/standins/) follow the controllers' code at their release tags: Trainer v2.3.0's torch and JAX
+plugins (trainer.py), the Training Operator v1.9.4's PyTorchJob env (k8s_api.py), Vertex AI's documented
+CLUSTER_SPEC (vertex_jobs.py). The test environment has no PyTorch, so the nodes run scripts that show what they
+received and meet at the coordinator's address over TCP; where torch is installed, one test runs real torchrun
+processes (gloo) in the TrainJob's pods.
+"""
+
+import json
+import os
+import shutil
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from components import launch
+from components.launch.frameworks import TORCHRUN_ENV, setup
+from components.launch.rendezvous import framework_env, node_of
+from tests.conftest import REPO_ROOT, vertex_client
+from tests.standins.jobsets import jobset_problems
+from tests.standins.k8s_api import KubernetesStandIn
+from tests.standins.trainer import trainjob_jobset
+from tests.standins.validation import crd_problems, job_problems
+from tests.standins.vertex_jobs import VertexJobsStandIn
+from tests.test_launch import KNOWN, job, script
+
+TRAIN = ["python", "-m", "components.train", "--dataset-dir", "gs://b/d", "--model-dir", "gs://b/m"]
+
+
+def framework_job(framework: str, nodes: int = 2, command=None, **kwargs) -> launch.TrainingJob:
+    node_command = command or setup(framework).node_command(TRAIN)
+    return job(workers=nodes - 1, command=node_command, framework=framework, labels={"pipeline-run": "run-1"},
+               **kwargs)
+
+
+def node_container(jobset: dict) -> dict:
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+
+
+# ---------------------------------------------------------------------------------------------- node commands
+
+
+def test_each_framework_starts_its_nodes_its_own_way():
+    assert setup("tensorflow").node_command(TRAIN) == TRAIN
+    assert setup("torch").node_command(TRAIN) == ["torchrun", "-m", "components.train", *TRAIN[3:],
+                                                  "--framework", "torch"]
+    assert setup("jax").node_command(TRAIN) == ["python", "-m", "components.train", *TRAIN[3:], "--framework", "jax"]
+    assert setup("torch").node_command([*TRAIN, "--framework", "torch"]) == ["torchrun", "-m", "components.train",
+                                                                              *TRAIN[3:], "--framework", "torch"]
+    with pytest.raises(ValueError, match="trains with --framework 'tensorflow', but the job is launched for 'torch'"):
+        setup("torch").node_command([*TRAIN, "--framework", "tensorflow"])
+    with pytest.raises(ValueError, match="runs the training step"):
+        setup("jax").node_command(["python", "train.py"])
+    with pytest.raises(ValueError, match="framework must be one of tensorflow, torch, jax"):
+        setup("mxnet")
+    # On Vertex AI the rendezvous module turns CLUSTER_SPEC into torchrun's or JAX's variables first.
+    torch_node = setup("torch").node_command(TRAIN)
+    assert setup("torch").vertex_command(torch_node) == [
+        "python", "-m", "components.launch.rendezvous", "--framework", "torch", "--", *torch_node]
+    assert setup("tensorflow").vertex_command(TRAIN) == TRAIN
+
+
+def test_launch_settings_pair_launchers_with_frameworks():
+    settings = launch.LaunchSettings("trainjob", "img", framework="torch")
+    node = launch.training_job(settings, TRAIN, run_id="run-1", task_name="train")
+    assert node.command[0] == "torchrun" and node.framework == "torch"
+    with pytest.raises(ValueError, match="launcher=tfjob runs tensorflow only; for torch use trainjob, jobset, "
+                                         "pytorchjob, vertex-job"):
+        launch.LaunchSettings("tfjob", "img", framework="torch")
+    with pytest.raises(ValueError, match="launcher=pytorchjob runs torch only; for jax use trainjob, jobset, "
+                                         "vertex-job"):
+        launch.LaunchSettings("pytorchjob", "img", framework="jax")
+    with pytest.raises(ValueError, match="a TFJob trains with TensorFlow, not torch"):
+        launch.tfjob_manifest(framework_job("torch"), "ml")
+    # A shipped runtime's name stands for the framework's shipped runtime; another name is the user's own.
+    assert launch.trainjob.runtime_for("torch") == "torch-multinode"
+    assert launch.trainjob.runtime_for("jax", "tensorflow-multiworker") == "jax-multinode"
+    assert launch.trainjob.runtime_for("torch", "team-torch") == "team-torch"
+
+
+# ---------------------------------------------------------------------------------------------- Trainer v2
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_the_shipped_framework_runtimes_are_what_the_code_builds(framework, capsys):
+    assert launch.main(["--runtime-manifest", "--framework", framework]) == 0
+    with open(os.path.join(REPO_ROOT, "manifests", "trainer", f"{framework}-multinode.yaml")) as f:
+        assert f.read() == capsys.readouterr().out, (
+            f"regenerate: python -m components.launch --runtime-manifest --framework {framework} > "
+            f"manifests/trainer/{framework}-multinode.yaml")
+    runtime = launch.runtime_manifest(framework=framework)
+    assert crd_problems(runtime) == []
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1, framework: {}}  # as upstream's {framework}-distributed
+    assert launch.trainjob.runtime_problems(runtime, framework) == ([], [])
+    errors, _ = launch.trainjob.runtime_problems(runtime, "tensorflow")
+    assert errors == [f"it has a {framework} policy (a plain runtime has none)"]
+    errors, _ = launch.trainjob.runtime_problems(launch.runtime_manifest(), framework)
+    assert errors == [f"it has no framework policy (a {framework} runtime has mlPolicy.{framework})"]
+
+
+def test_a_torch_trainjob_gets_torchruns_variables_from_trainers_torch_policy():
+    """What Trainer v2.3.0 makes of a torch TrainJob: the node container runs torchrun with the PET_* of the torch
+    plugin; its JobSet passes the JobSet CRD and webhook, its Job the Kubernetes schema."""
+    manifest = launch.trainjob_manifest(framework_job("torch", 3), "ml", runtime="torch-multinode")
+    assert crd_problems(manifest) == []
+    trainer = manifest["spec"]["trainer"]
+    assert trainer["command"][:3] == ["torchrun", "-m", "components.train"]
+    assert trainer["numProcPerNode"] == 2  # one process per GPU (2 L4s per node)
+    assert not any(var["name"] in TORCHRUN_ENV or var["name"].startswith("TRAINING_NODE") for var in trainer["env"])
+    jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="torch"))
+    assert problems == []
+    assert jobset_problems({**jobset, "metadata": {**jobset["metadata"], "namespace": "ml"}}) == []
+    assert job_problems(jobset["spec"]["replicatedJobs"][0]["template"]) == []
+    container = node_container(jobset)
+    env = {var["name"]: var for var in container["env"]}
+    assert {name: env[name].get("value") for name in TORCHRUN_ENV} == {
+        "PET_NNODES": "3", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": None,
+        "PET_MASTER_ADDR": "train-1-node-0-0.train-1", "PET_MASTER_PORT": "29500"}
+    assert env["PET_NODE_RANK"]["valueFrom"] == {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert {"containerPort": 29500} in container["ports"]
+    # The JobSet launcher gives its pods the very same variables, as the plugin would.
+    direct = node_container(launch.jobset_manifest(framework_job("torch", 3), "ml"))
+    assert [var for var in direct["env"] if var["name"] in TORCHRUN_ENV] == \
+        [var for var in container["env"] if var["name"] in TORCHRUN_ENV]
+    assert jobset_problems(launch.jobset_manifest(framework_job("torch", 3), "ml")) == []
+
+
+def test_why_a_torch_trainjob_sets_its_processes_and_no_pet_variables():
+    """Trainer's torch plugin starts one process per CPU on a CPU node when numProcPerNode is left out ("auto",
+    torch.go:131-135), and its webhook refuses a TrainJob that sets torchrun's variables itself (torch.go:65-77)."""
+    cpu_job = launch.TrainingJob(name="train-1", image="img", command=setup("torch").node_command(TRAIN), workers=1,
+                                 framework="torch", cpu="4")
+    manifest = launch.trainjob_manifest(cpu_job, "ml", runtime="torch-multinode")
+    assert manifest["spec"]["trainer"]["numProcPerNode"] == 1
+    runtime = launch.runtime_manifest(framework="torch")
+    auto = json.loads(json.dumps(manifest))
+    del auto["spec"]["trainer"]["numProcPerNode"]
+    env = {v["name"]: v.get("value") for v in node_container(trainjob_jobset(auto, runtime)[0])["env"]}
+    assert env["PET_NPROC_PER_NODE"] == "4"
+    manifest["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "2"}]
+    _, problems = trainjob_jobset(manifest, runtime)
+    assert problems == ["spec.trainer.env: Invalid value: must not have reserved envs, invalid envs configured: "
+                        "['PET_NNODES']"]
+
+
+def test_a_jax_trainjob_and_jobset_get_jax_distributeds_variables():
+    manifest = launch.trainjob_manifest(framework_job("jax", 2), "ml", runtime="jax-multinode")
+    assert crd_problems(manifest) == [] and "numProcPerNode" not in manifest["spec"]["trainer"]
+    assert manifest["spec"]["trainer"]["command"] == ["python", "-m", "components.train", *TRAIN[3:],
+                                                      "--framework", "jax"]
+    jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="jax"))
+    assert problems == []
+    names = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")
+    plugin = [var for var in node_container(jobset)["env"] if var["name"] in names]
+    assert {var["name"]: var.get("value") for var in plugin} == {
+        "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": None, "JAX_COORDINATOR_ADDRESS": "train-1-node-0-0.train-1:29500"}
+    direct = launch.jobset_manifest(framework_job("jax", 2), "ml")
+    assert jobset_problems(direct) == []
+    assert [var for var in node_container(direct)["env"] if var["name"] in names] == plugin
+
+
+def test_dry_run_prints_the_framework_manifests(capsys):
+    argv = ["--dry-run", "--name", "train-1", "--namespace", "ml", "--image", "registry.example/torch@sha256:abc",
+            "--workers", "1", "--accelerator", "nvidia-l4", "--gpus", "2", "--framework", "torch", "--", *TRAIN]
+    assert launch.main(argv) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [m["kind"] for m in printed] == ["ClusterTrainingRuntime", "TrainJob"]
+    assert printed[0] == launch.runtime_manifest(framework="torch")
+    assert printed[1]["spec"]["runtimeRef"]["name"] == "torch-multinode"
+    assert printed[1]["spec"]["trainer"]["command"][:3] == ["torchrun", "-m", "components.train"]
+    assert launch.main([*argv[:1], "--launcher", "pytorchjob", *argv[1:]]) == 0
+    (pytorchjob,) = yaml.safe_load_all(capsys.readouterr().out)
+    assert pytorchjob["kind"] == "PyTorchJob" and crd_problems(pytorchjob) == []
+    assert launch.main([*argv[:1], "--launcher", "tfjob", *argv[1:]]) == 2
+    assert "a TFJob trains with TensorFlow, not torch" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- against the API
+
+
+SHOW_TORCH = """
+    import json, os, socket, time
+    names = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+    env = {name: os.environ.get(name) for name in names}
+    rank, address = int(env["PET_NODE_RANK"]), (env["PET_MASTER_ADDR"], int(env["PET_MASTER_PORT"]))
+    if rank == 0:  # node 0 listens where torchrun's store would, and hears every other node there
+        server = socket.create_server(address)
+        heard = sorted(server.accept()[0].recv(16).decode() for _ in range(int(env["PET_NNODES"]) - 1))
+        print("node 0 heard", heard, flush=True)
+    else:
+        for _ in range(200):
+            try:
+                socket.create_connection(address).sendall(str(rank).encode())
+                break
+            except OSError:
+                time.sleep(0.05)
+    print(json.dumps(env), flush=True)
+"""
+
+
+@pytest.fixture
+def k8s():
+    with KubernetesStandIn() as api:
+        for framework in ("torch", "jax"):
+            api.add_runtime(launch.runtime_manifest(framework=framework))
+        yield api
+
+
+def test_a_torch_trainjobs_nodes_meet_at_node_zero(k8s):
+    lines = []
+    launcher = launch.TrainJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                       echo=lines.append)
+    outcome = launcher.run(launch.trainjob_manifest(framework_job("torch", 3, command=script(SHOW_TORCH)), "ml",
+                                                    runtime="torch-multinode"))
+    assert outcome.state == "Complete"
+    assert lines[0].endswith("node 0 heard ['1', '2']")
+    by_rank = {}
+    for pod in k8s.jobset_pods("ml"):
+        seen = json.loads(pod.lines[-1][1])
+        by_rank[seen["PET_NODE_RANK"]] = seen
+        assert (seen["PET_NNODES"], seen["PET_NPROC_PER_NODE"]) == ("3", "2")
+        assert seen["PET_MASTER_ADDR"] == "127.0.0.1"  # train-1-node-0-0.train-1, on loopback
+    assert sorted(by_rank) == ["0", "1", "2"]
+    assert len({seen["PET_MASTER_PORT"] for seen in by_rank.values()}) == 1
+
+
+def test_a_torch_runtime_is_required_for_a_torch_trainjob(k8s):
+    k8s.add_runtime(launch.runtime_manifest())
+    launcher = launch.TrainJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05)
+    with pytest.raises(launch.LaunchError, match=r"'tensorflow-multiworker' cannot run PyTorch DDP under torchrun: "
+                                                 r"it has no framework policy .* Use 'torch-multinode' "
+                                                 r"\(manifests/trainer/torch-multinode.yaml\)"):
+        launcher.run(launch.trainjob_manifest(framework_job("torch"), "ml", runtime="tensorflow-multiworker"))
+    with pytest.raises(launch.LaunchError, match=r"'team-torch' is not installed: apply it with `kubectl apply "
+                                                 r"--server-side -f manifests/trainer/torch-multinode.yaml`"):
+        launcher.run(launch.trainjob_manifest(framework_job("torch"), "ml", runtime="team-torch"))
+    assert not k8s.requests_to("POST", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs")
+
+
+def test_a_jax_jobsets_nodes_find_the_coordinator(k8s):
+    command = script("""
+        import os, socket, time
+        host, port = os.environ["JAX_COORDINATOR_ADDRESS"].rsplit(":", 1)
+        if os.environ["JAX_PROCESS_ID"] == "0":
+            server = socket.create_server((host, int(port)))
+            print("coordinator heard", server.accept()[0].recv(16).decode(), "of", os.environ["JAX_NUM_PROCESSES"],
+                  flush=True)
+        else:
+            for _ in range(200):
+                try:
+                    socket.create_connection((host, int(port))).sendall(os.environ["JAX_PROCESS_ID"].encode())
+                    break
+                except OSError:
+                    time.sleep(0.05)
+    """)
+    lines = []
+    outcome = launch.JobSetLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                    echo=lines.append).run(launch.jobset_manifest(framework_job("jax", 2, command),
+                                                                                 "ml"))
+    assert outcome.state == "Completed" and lines[0].endswith("coordinator heard 1 of 2")
+
+
+@pytest.mark.skipif(not shutil.which("torchrun", path=os.path.dirname(sys.executable)),
+                    reason="torch is not installed here (the CPU test environment has no PyTorch)")
+def test_real_torchrun_processes_form_one_group_in_a_trainjob(k8s, tmp_path):
+    """torchrun itself, on each node of a torch TrainJob, reads only the PET_* the torch plugin set, and its
+    processes (gloo) all-reduce across the nodes."""
+    program = tmp_path / "allreduce.py"
+    program.write_text(textwrap.dedent("""
+        import os, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        total = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(total)
+        print("rank", dist.get_rank(), "of", dist.get_world_size(), "local", os.environ["LOCAL_RANK"], "sum",
+              int(total.item()), flush=True)
+        dist.destroy_process_group()
+    """))
+    lines = []
+    nodes = launch.TrainingJob(name="train-1", image="img", command=["torchrun", str(program)], workers=1,
+                               framework="torch", cpu="1")
+    outcome = launch.TrainJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                      echo=lines.append).run(launch.trainjob_manifest(nodes, "ml",
+                                                                                      runtime="torch-multinode"))
+    assert outcome.state == "Complete", lines
+    assert any(line.endswith("rank 0 of 2 local 0 sum 3") for line in lines), lines
+
+
+# ---------------------------------------------------------------------------------------------- PyTorchJob
+
+
+def test_pytorchjob_manifest_is_valid_against_the_operators_crd():
+    manifest = launch.pytorchjob_manifest(framework_job("torch", 4, kueue_queue="team-gpu"), "ml")
+    assert crd_problems(manifest) == []
+    assert manifest["apiVersion"] == "kubeflow.org/v1" and manifest["kind"] == "PyTorchJob"
+    assert manifest["spec"]["nprocPerNode"] == "2"
+    specs = manifest["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 3)
+    for spec in specs.values():
+        assert spec["restartPolicy"] == "ExitCode"
+        container = spec["template"]["spec"]["containers"][0]
+        assert container["name"] == "pytorch" and container["command"][0] == "torchrun"
+        assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpu"
+    assert "Worker" not in launch.pytorchjob_manifest(framework_job("torch", 1), "ml")["spec"]["pytorchReplicaSpecs"]
+    bad = json.loads(json.dumps(manifest))
+    bad["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] = 3
+    assert crd_problems(bad) == ["spec.pytorchReplicaSpecs.Master.restartPolicy: 3 is not of type 'string'"]
+
+
+def test_pytorchjob_replicas_get_the_operators_variables():
+    lines = []
+    with KubernetesStandIn() as k8s:
+        launcher = launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                             echo=lines.append)
+        outcome = launcher.run(launch.pytorchjob_manifest(framework_job("torch", 3, command=script(SHOW_TORCH)),
+                                                          "ml"))
+        assert outcome.state == "Succeeded"
+        assert lines[0] == "[train-1-master-0] node 0 heard ['1', '2']"
+        job_run = k8s.pytorchjob("ml", "train-1")
+        assert sorted(job_run.pods) == ["train-1-master-0", "train-1-worker-0", "train-1-worker-1"]
+        declared = job_run.declared_env
+        assert declared["train-1-worker-1"] == {
+            "PYTHONUNBUFFERED": "1", "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456",
+            "MASTER_ADDR": "train-1-master-0", "PET_MASTER_ADDR": "train-1-master-0", "WORLD_SIZE": "6",
+            "RANK": "2", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "2", "PET_NNODES": "3"}
+        assert [declared[f"train-1-{pod}"]["PET_NODE_RANK"] for pod in ("master-0", "worker-0")] == ["0", "1"]
+        assert k8s.requests_to("POST", "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs")
+
+
+def test_pytorchjob_restarts_a_preempted_replica_and_fails_on_a_bad_one(tmp_path):
+    marker = tmp_path / "preempted-once"
+    command = script(f"""
+        import os, sys
+        if not os.path.exists({str(marker)!r}):
+            open({str(marker)!r}, "w").close()
+            sys.exit(143)
+        print("resumed and finished")
+    """)
+    with KubernetesStandIn() as k8s:
+        client = launch.kubernetes_client(k8s.url)
+        outcome = launch.PyTorchJobLauncher(client, "ml", poll_seconds=0.05, echo=lambda _: None).run(
+            launch.pytorchjob_manifest(framework_job("torch", 1, command=command), "ml"))
+        assert outcome.state == "Succeeded" and outcome.restarts == 1
+        failing = script("import sys; print('error: no shards under gs://b/d', flush=True); sys.exit(2)")
+        with pytest.raises(launch.LaunchError, match=r"PyTorchJob ml/train-2 ended Failed: .*exited with code 2"
+                                                     r"(.|\n)*no shards under gs://b/d"):
+            launch.PyTorchJobLauncher(client, "ml", poll_seconds=0.05, echo=lambda _: None).run(
+                launch.pytorchjob_manifest(framework_job("torch", 1, name="train-2", command=failing), "ml"))
+
+
+def test_the_operators_webhook_refuses_a_second_master():
+    with KubernetesStandIn(run_containers=False) as k8s:
+        manifest = launch.pytorchjob_manifest(framework_job("torch", 2), "ml")
+        manifest["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+        with pytest.raises(launch.LaunchError, match=r"PyTorchJob.kubeflow.org \"train-1\" is invalid: "
+                                                     r"spec.pytorchReplicaSpecs\[Master\].replicas: Forbidden: must be 1"):
+            launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml").run(manifest)
+
+
+# ---------------------------------------------------------------------------------------------- Vertex AI
+
+
+def test_rendezvous_reads_vertex_cluster_spec():
+    spec = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
+                        "workerpool1": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"]},
+            "environment": "cloud", "task": {"type": "workerpool1", "index": 1, "trial": ""}}
+    assert node_of(spec) == (2, 3, "cmle-training-workerpool0-ab-0", 2222)
+    assert framework_env("torch", spec, 4) == {
+        "PET_NNODES": "3", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "2",
+        "PET_MASTER_ADDR": "cmle-training-workerpool0-ab-0", "PET_MASTER_PORT": "2222"}
+    assert framework_env("jax", spec, 1) == {"JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2",
+                                             "JAX_COORDINATOR_ADDRESS": "cmle-training-workerpool0-ab-0:2222"}
+    with pytest.raises(ValueError, match="only workerpool0 and workerpool1 train"):
+        node_of({**spec, "task": {"type": "workerpool2", "index": 0}})
+    with pytest.raises(ValueError, match="the primary pool has exactly one"):
+        node_of({**spec, "cluster": {"workerpool1": ["a:1"]}})
+
+
+@pytest.mark.parametrize("framework, names", [
+    ("torch", ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")),
+    ("jax", ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")),
+])
+def test_vertex_custom_job_replicas_get_their_frameworks_variables(framework, names):
+    command = script(f"""
+        import json, os
+        print(json.dumps({{name: os.environ.get(name) for name in {names!r}}}), flush=True)
+    """)
+    with VertexJobsStandIn() as vertex:
+        custom_job = launch.custom_job(framework_job(framework, 3, command=command), vertex_accelerators=KNOWN,
+                                       spot=False)
+        pool = custom_job.job_spec.worker_pool_specs[0].container_spec
+        assert list(pool.command[:5]) == [sys.executable, "-m", "components.launch.rendezvous", "--framework",
+                                          framework]
+        outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1",
+                                           poll_seconds=0.05).run(custom_job)
+        assert outcome.state == "JOB_STATE_SUCCEEDED"
+        pods = vertex.jobs[outcome.name].pods
+        seen = {pod.name: json.loads(pod.lines[-1][1]) for pod in pods}
+        primary = json.loads(pods[0].env["CLUSTER_SPEC"])["cluster"]["workerpool0"][0]
+    host, port = primary.rsplit(":", 1)
+    if framework == "torch":
+        assert [seen[p]["PET_NODE_RANK"] for p in ("workerpool0-0", "workerpool1-0", "workerpool1-1")] == \
+            ["0", "1", "2"]
+        assert {(s["PET_NNODES"], s["PET_NPROC_PER_NODE"], s["PET_MASTER_ADDR"], s["PET_MASTER_PORT"])
+                for s in seen.values()} == {("3", "2", host, port)}
+    else:
+        assert [seen[p]["JAX_PROCESS_ID"] for p in ("workerpool0-0", "workerpool1-0", "workerpool1-1")] == \
+            ["0", "1", "2"]
+        assert {(s["JAX_NUM_PROCESSES"], s["JAX_COORDINATOR_ADDRESS"]) for s in seen.values()} == {("3", primary)}
+
+
+def test_rendezvous_leaves_a_single_replica_and_the_platforms_own_variables_alone(tmp_path):
+    import subprocess
+
+    show = [sys.executable, "-c", "import os; print(os.environ.get('PET_NODE_RANK'), os.environ.get('PET_NNODES'))"]
+    run = [sys.executable, "-m", "components.launch.rendezvous", "--framework", "torch", "--", *show]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "CLUSTER_SPEC"))}
+    single = subprocess.run(run, env=base, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert single.stdout.strip() == "None None"
+    spec = {"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]}, "task": {"type": "workerpool1",
+                                                                                          "index": 0}}
+    given = subprocess.run(run, env={**base, "CLUSTER_SPEC": json.dumps(spec), "PET_NNODES": "5"}, cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True)
+    assert given.stdout.strip() == "1 5"
+    bad = subprocess.run(run, env={**base, "CLUSTER_SPEC": json.dumps({"cluster": {}})}, cwd=REPO_ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "the primary pool has exactly one" in bad.stderr
+
+
+def test_the_launchers_rbac_covers_pytorchjobs():
+    with open(os.path.join(REPO_ROOT, "manifests", "trainer", "launcher-rbac.yaml")) as f:
+        role = next(yaml.safe_load_all(f))
+    granted = {(r["apiGroups"][0], resource): set(r["verbs"]) for r in role["rules"] for resource in r["resources"]}
+    assert {"create", "get", "delete"} <= granted[("kubeflow.org", "pytorchjobs")]
+
