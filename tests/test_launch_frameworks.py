@@ -441,3 +441,16 @@ def test_the_launchers_rbac_covers_pytorchjobs():
     granted = {(r["apiGroups"][0], resource): set(r["verbs"]) for r in role["rules"] for resource in r["resources"]}
     assert {"create", "get", "delete"} <= granted[("kubeflow.org", "pytorchjobs")]
 
+
+
+@pytest.mark.parametrize("launcher", ["trainjob", "jobset", "pytorchjob"])
+def test_explain_shows_the_command_each_torch_node_runs(launcher):
+    """`pipectl compile --explain` lists a cluster job's nodes from the launcher's own manifests: their command too."""
+    from pipelines import explain
+
+    settings = launch.LaunchSettings(launcher, "img", workers=2, framework="torch")
+    manifest = launch.job_manifests(launcher, launch.training_job(settings, TRAIN, run_id="RUN", task_name="train"),
+                                    "ml", runtime=settings.runtime)[-1]
+    nodes = explain.node_pods(manifest)
+    assert sum(node["replicas"] for node in nodes) == 3
+    assert all(node["command"][:3] == ["torchrun", "-m", "components.train"] for node in nodes)
