@@ -53,19 +53,12 @@ def _train_args(command: list[str]) -> list[str]:
 
 def _with_framework(args: list[str], framework: str) -> list[str]:
     """`args` naming `framework`: added when they name none; refused when they name another."""
-    for flag in ("--framework",):
-        if flag in args:
-            named = args[args.index(flag) + 1] if args.index(flag) + 1 < len(args) else ""
-            if named != framework:
-                raise ValueError(f"the training command trains with --framework {named!r}, but the job is launched "
-                                 f"for {framework!r}: give both the same framework")
-            return args
-        for arg in args:
-            if arg.startswith(flag + "="):
-                if arg.split("=", 1)[1] != framework:
-                    raise ValueError(f"the training command says {arg!r}, but the job is launched for {framework!r}")
-                return args
-    return [*args, "--framework", framework]
+    named = [args[k + 1] if k + 1 < len(args) else "" for k, arg in enumerate(args) if arg == "--framework"]
+    named += [arg.split("=", 1)[1] for arg in args if arg.startswith("--framework=")]
+    if any(other != framework for other in named):
+        raise ValueError(f"the training command trains with --framework {named[0]!r}, but the job is launched for "
+                         f"{framework!r}: give both the same framework")
+    return args if named else [*args, "--framework", framework]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,11 +9,13 @@ same failure rules from the same builders below, and costs a manifest function a
 The pods. One replicated job `node` (Trainer v2 overrides the Job and the container of that name: its trainer
 step), 1 replica, `parallelism = completions = nodes`, `completionMode: Indexed`. JobSet names pod k's host
 `{jobset}-node-0-{k}` in the subdomain `{jobset}` (its headless Service), and Kubernetes gives the pod the
-annotation `batch.kubernetes.io/job-completion-index: k`. `cluster_env` turns that into TRAINING_NODE_HOSTS and
-TRAINING_NODE_INDEX, from which each pod builds its own TF_CONFIG (components/train/cluster.py), as Trainer's JAX
-plugin does with JAX_COORDINATOR_ADDRESS and JAX_PROCESS_ID. Node 0 is the chief: its log is the one streamed.
+annotation `batch.kubernetes.io/job-completion-index: k`. `node_env` turns that into what the job's framework
+reads (frameworks.py): for TensorFlow TRAINING_NODE_HOSTS and TRAINING_NODE_INDEX (`cluster_env`), from which each
+pod builds its own TF_CONFIG (components/train/cluster.py); for torch torchrun's PET_* and for JAX the JAX_*, the
+same values Trainer's torch and JAX plugins set. Node 0 is the chief: its log is the one streamed.
 
-Failures. MultiWorkerMirroredStrategy cannot take one replaced worker back into a running collective, so a
+Failures. MultiWorkerMirroredStrategy (and a DDP or JAX process group alike) cannot take one replaced worker back
+into a running collective, so a
 retryable failure restarts the whole group, which resumes from the chief's checkpoints (components/train/):
 - the node Job's `podFailurePolicy` (Kubernetes Job API; needs `restartPolicy: Never` and `backoffLimit: 0`):
   1. a pod with the `DisruptionTarget` condition (preempted, evicted, its node shut down) is counted, whatever its

@@ -1,12 +1,14 @@
-"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the plain
-ClusterTrainingRuntime it runs on, the status reader and `TrainJobLauncher`.
+"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the
+ClusterTrainingRuntimes it runs on (one per framework), the status reader and `TrainJobLauncher`.
 
-The runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework policy:
-its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
-TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). Its JobSet
-template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly as
-the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints;
-1-127 fail at once).
+TensorFlow's runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework
+policy: its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
+TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). The torch and
+JAX runtimes (torch-multinode.yaml, jax-multinode.yaml) carry Trainer's torch or jax policy instead, whose plugins
+give the nodes torchrun's PET_* or jax.distributed's JAX_* (frameworks.py); the TrainJob then sets none of them. Its
+JobSet template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly
+as the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints; 1-127
+fail at once).
 
 Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `command`, `env` and `resourcesPerNode`
 (CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:

@@ -1,17 +1,19 @@
 """A stand-in for the parts of the Kubernetes API that the launchers call, on 127.0.0.1.
 
 It follows the public definitions: the Kubeflow training operator's TFJob CRD (kubeflow.org/v1, the
-`kubeflow/training-operator` v1 API types and CRD manifest), Kubeflow Trainer v2.3.0's TrainJob and
-ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0 (jobset.x-k8s.io/v1alpha2), whose CRDs
-are vendored under tests/schemas/ and whose controllers are in trainer.py and jobsets.py, and the Kubernetes core/v1
-REST API reference for pods and pod logs; errors are meta/v1 `Status` objects, as the API server writes them
-(shared stand-in base, base.py).
+`kubeflow/training-operator` v1 API types and CRD manifest) and PyTorchJob (its v1.9.4 CRD, vendored), Kubeflow
+Trainer v2.3.0's TrainJob and ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0
+(jobset.x-k8s.io/v1alpha2), whose CRDs are vendored under tests/schemas/ and whose controllers are in trainer.py and
+jobsets.py, and the Kubernetes core/v1 REST API reference for pods and pod logs; errors are meta/v1 `Status` objects,
+as the API server writes them (shared stand-in base, base.py).
 
 Endpoints, as the `kubernetes` Python client calls them:
 
     POST   /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs             create (201; 409 AlreadyExists; 422 Invalid)
     GET    /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      read, with .status (404 NotFound)
     DELETE /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      delete (200 Status), stops its pods
+    POST/GET/DELETE /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]  the same for PyTorchJobs (422:
+                                                                    the vendored CRD or the operator's webhook)
     POST   /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes          create (cluster-scoped)
     GET    /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/{name}   read
     POST   /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs        create (422 Invalid: CRD schema;
@@ -22,16 +24,17 @@ Endpoints, as the `kubernetes` Python client calls them:
     GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...       list the JobSets' pods (equality selectors)
     GET    /api/v1/namespaces/{ns}/pods/{pod}/log?container=&follow=&tailLines=  pod log (follow streams until exit)
 
-Behind the TFJob endpoints runs a small local "training operator": each replica of a created TFJob becomes a
-process running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment
-stands in for it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the
-container's `env`. Pods are named `{job}-{type}-{index}` as the operator names them. With
-`restartPolicy: ExitCode`, a replica exiting 128-255 is restarted (up to `runPolicy.backoffLimit` restarts
-for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 without a chief) exits 0.
-Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed. Behind the TrainJob and JobSet
-endpoints run the "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts
-a JobSet pod's node down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a
-ResourceFlavor first (kueue.py).
+Behind the TFJob endpoints runs a small local "training operator": each replica of a created TFJob becomes a process
+running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment stands in for
+it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the container's `env`.
+Pods are named `{job}-{type}-{index}` as the operator names them. With `restartPolicy: ExitCode`, a replica exiting
+128-255 is restarted (up to `runPolicy.backoffLimit` restarts for the job), 1-127 fails the job; the job succeeds when
+the chief (or worker 0 without a chief) exits 0. Conditions follow the operator's: Created, Running, Restarting,
+Succeeded, Failed. A PyTorchJob runs the same way with a Master instead of a Chief and the env of the operator's
+v1.9.4 PyTorch controller instead of TF_CONFIG (`PyTorchJob`). Behind the TrainJob and JobSet endpoints run the
+"trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts a JobSet pod's node
+down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a ResourceFlavor first
+(kueue.py).
 """
 
 from __future__ import annotations

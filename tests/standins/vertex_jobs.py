@@ -7,13 +7,14 @@ its `CustomJob` / `WorkerPoolSpec` resources; errors use Google's JSON error bod
     GET  /v1/projects/{p}/locations/{l}/customJobs/{id}         read
     POST /v1/projects/{p}/locations/{l}/customJobs/{id}:cancel  cancel (CANCELLING, then CANCELLED)
 
-As on Vertex AI, each worker pool's replicas run the pool's container command with the `TF_CONFIG` and
-`CLUSTER_SPEC` Vertex sets (pool 0 is the chief, pool 1 the workers; CLUSTER_SPEC names the pools `workerpool0`,
-`workerpool1`, ... and the task by its pool and index: cloud.google.com/vertex-ai/docs/training/distributed-training,
-"In your training code, you can use the CLUSTER_SPEC or TF_CONFIG environment variables", #cluster-variables); here
-they are local processes on 127.0.0.1 (pods.py: the image is not pulled). The job succeeds when the replicas of pool 0 exit 0 and fails, with Vertex's message, when any
-replica exits otherwise. `google.cloud.aiplatform_v1.JobServiceClient(transport="rest")` talks to it
-unchanged, with `client_options={"api_endpoint": standin.url}`.
+As on Vertex AI, each worker pool's replicas run the pool's container command with the `TF_CONFIG` and `CLUSTER_SPEC`
+Vertex sets (pool 0 is the chief, pool 1 the workers; CLUSTER_SPEC names the pools `workerpool0`, `workerpool1`, ...
+and the task by its pool and index: cloud.google.com/vertex-ai/docs/training/distributed-training, "In your training
+code, you can use the CLUSTER_SPEC or TF_CONFIG environment variables", #cluster-variables); here they are local
+processes on 127.0.0.1 (pods.py: the image is not pulled). The job succeeds when the replicas of pool 0 exit 0 and
+fails, with Vertex's message, when any replica exits otherwise.
+`google.cloud.aiplatform_v1.JobServiceClient(transport="rest")` talks to it unchanged, with
+`client_options={"api_endpoint": standin.url}`.
 """
 
 from __future__ import annotations
