@@ -384,14 +384,20 @@ def test_rendezvous_reads_vertex_cluster_spec():
         node_of({**spec, "cluster": {"workerpool1": ["a:1"]}})
 
 
-@pytest.mark.parametrize("framework, names", [
-    ("torch", ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")),
-    ("jax", ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")),
+@pytest.mark.parametrize("framework, rank, names", [
+    ("torch", "PET_NODE_RANK", ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT")),
+    ("jax", "JAX_PROCESS_ID", ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS")),
 ])
-def test_vertex_custom_job_replicas_get_their_frameworks_variables(framework, names):
+def test_vertex_custom_job_replicas_get_their_frameworks_variables(framework, rank, names, tmp_path):
+    names = (rank, *names)
+    # Each replica writes what it got; the primary ends last (the job ends when it does), as in training.
     command = script(f"""
-        import json, os
-        print(json.dumps({{name: os.environ.get(name) for name in {names!r}}}), flush=True)
+        import json, os, time
+        seen = {{name: os.environ.get(name) for name in {names!r}}}
+        with open(os.path.join({str(tmp_path)!r}, "rank-" + seen[{rank!r}]), "w") as f:
+            json.dump(seen, f)
+        while seen[{rank!r}] == "0" and len(os.listdir({str(tmp_path)!r})) < 3:
+            time.sleep(0.05)
     """)
     with VertexJobsStandIn() as vertex:
         custom_job = launch.custom_job(framework_job(framework, 3, command=command), vertex_accelerators=KNOWN,
@@ -402,18 +408,15 @@ def test_vertex_custom_job_replicas_get_their_frameworks_variables(framework, na
         outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1",
                                            poll_seconds=0.05).run(custom_job)
         assert outcome.state == "JOB_STATE_SUCCEEDED"
-        pods = vertex.jobs[outcome.name].pods
-        seen = {pod.name: json.loads(pod.lines[-1][1]) for pod in pods}
-        primary = json.loads(pods[0].env["CLUSTER_SPEC"])["cluster"]["workerpool0"][0]
+        pods = {pod.name: pod for pod in vertex.jobs[outcome.name].pods}
+        primary = json.loads(pods["workerpool0-0"].env["CLUSTER_SPEC"])["cluster"]["workerpool0"][0]
     host, port = primary.rsplit(":", 1)
+    seen = {name: json.loads((tmp_path / name).read_text()) for name in os.listdir(tmp_path)}
+    assert sorted(seen) == ["rank-0", "rank-1", "rank-2"]  # workerpool0-0, then workerpool1-0 and -1
     if framework == "torch":
-        assert [seen[p]["PET_NODE_RANK"] for p in ("workerpool0-0", "workerpool1-0", "workerpool1-1")] == \
-            ["0", "1", "2"]
         assert {(s["PET_NNODES"], s["PET_NPROC_PER_NODE"], s["PET_MASTER_ADDR"], s["PET_MASTER_PORT"])
                 for s in seen.values()} == {("3", "2", host, port)}
     else:
-        assert [seen[p]["JAX_PROCESS_ID"] for p in ("workerpool0-0", "workerpool1-0", "workerpool1-1")] == \
-            ["0", "1", "2"]
         assert {(s["JAX_NUM_PROCESSES"], s["JAX_COORDINATOR_ADDRESS"]) for s in seen.values()} == {("3", primary)}
 
 
