@@ -267,29 +267,50 @@ def test_a_jax_jobsets_nodes_find_the_coordinator(k8s):
     assert outcome.state == "Completed" and lines[0].endswith("coordinator heard 1 of 2")
 
 
-@pytest.mark.skipif(not shutil.which("torchrun", path=os.path.dirname(sys.executable)),
-                    reason="torch is not installed here (the CPU test environment has no PyTorch)")
+NO_TORCHRUN = not shutil.which("torchrun", path=os.path.dirname(sys.executable))
+ALLREDUCE = """
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(total)
+    print("rank", dist.get_rank(), "of", dist.get_world_size(), "local", os.environ["LOCAL_RANK"], "sum",
+          int(total.item()), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def allreduce_job(tmp_path) -> launch.TrainingJob:
+    """2 nodes x 2 processes (2 GPUs each: torchrun starts one process per GPU) running `torchrun -m MODULE`, the
+    shape of the training step's torch command, on the variables the platform gives them."""
+    (tmp_path / "allreduce_check.py").write_text(textwrap.dedent(ALLREDUCE))
+    placement = launch.gpu_placement("nvidia-l4", 2, known_accelerators=KNOWN)
+    return launch.TrainingJob(name="train-1", image="img", command=["torchrun", "-m", "allreduce_check"], workers=1,
+                              framework="torch", placement=placement, env={"PYTHONPATH": str(tmp_path)})
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
 def test_real_torchrun_processes_form_one_group_in_a_trainjob(k8s, tmp_path):
-    """torchrun itself, on each node of a torch TrainJob, reads only the PET_* the torch plugin set, and its
-    processes (gloo) all-reduce across the nodes."""
-    program = tmp_path / "allreduce.py"
-    program.write_text(textwrap.dedent("""
-        import os, torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        total = torch.tensor([dist.get_rank() + 1.0])
-        dist.all_reduce(total)
-        print("rank", dist.get_rank(), "of", dist.get_world_size(), "local", os.environ["LOCAL_RANK"], "sum",
-              int(total.item()), flush=True)
-        dist.destroy_process_group()
-    """))
+    """torchrun itself, on each node of a torch TrainJob, reads only the PET_* Trainer's torch plugin set, and its
+    4 processes (gloo) all-reduce across the 2 nodes."""
+    nodes = allreduce_job(tmp_path)
     lines = []
-    nodes = launch.TrainingJob(name="train-1", image="img", command=["torchrun", str(program)], workers=1,
-                               framework="torch", cpu="1")
     outcome = launch.TrainJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
                                       echo=lines.append).run(launch.trainjob_manifest(nodes, "ml",
                                                                                       runtime="torch-multinode"))
     assert outcome.state == "Complete", lines
-    assert any(line.endswith("rank 0 of 2 local 0 sum 3") for line in lines), lines
+    assert any(line.endswith("rank 0 of 4 local 0 sum 10") for line in lines), lines
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
+def test_real_torchrun_processes_form_one_group_in_a_pytorchjob(tmp_path):
+    """The same on a PyTorchJob's replicas, from the variables the Training Operator sets."""
+    nodes = allreduce_job(tmp_path)
+    lines = []
+    with KubernetesStandIn() as k8s:
+        outcome = launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                            echo=lines.append).run(launch.pytorchjob_manifest(nodes, "ml"))
+    assert outcome.state == "Succeeded", lines
+    assert any(line.endswith("rank 0 of 4 local 0 sum 10") for line in lines), lines
 
 
 # ---------------------------------------------------------------------------------------------- PyTorchJob
