@@ -6,8 +6,8 @@ and the launchers end to end against the stand-ins.
 The stand-ins (tests/standins/) follow the controllers' code at their release tags: Trainer v2.3.0's torch and JAX
 plugins (trainer.py), the Training Operator v1.9.4's PyTorchJob env (k8s_api.py), Vertex AI's documented
 CLUSTER_SPEC (vertex_jobs.py). The test environment has no PyTorch, so the nodes run scripts that show what they
-received and meet at the coordinator's address over TCP; where torch is installed, one test runs real torchrun
-processes (gloo) in the TrainJob's pods.
+received and meet at the coordinator's address over TCP; where torch is installed, real torchrun processes (gloo)
+form one group across the nodes of a TrainJob, a PyTorchJob and a Vertex AI CustomJob.
 """
 
 import json
@@ -311,6 +311,18 @@ def test_real_torchrun_processes_form_one_group_in_a_pytorchjob(tmp_path):
                                             echo=lines.append).run(launch.pytorchjob_manifest(nodes, "ml"))
     assert outcome.state == "Succeeded", lines
     assert any(line.endswith("rank 0 of 4 local 0 sum 10") for line in lines), lines
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
+def test_real_torchrun_processes_form_one_group_on_vertex_ai(tmp_path):
+    """The same on a Vertex AI CustomJob's replicas, from CLUSTER_SPEC through the rendezvous module."""
+    nodes = allreduce_job(tmp_path)
+    with VertexJobsStandIn() as vertex:
+        outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05).run(
+            launch.custom_job(nodes, vertex_accelerators=KNOWN, spot=False))
+        log = vertex.jobs[outcome.name].log_text()
+    assert outcome.state == "JOB_STATE_SUCCEEDED", log
+    assert "rank 0 of 4 local 0 sum 10" in log, log
 
 
 # ---------------------------------------------------------------------------------------------- PyTorchJob
