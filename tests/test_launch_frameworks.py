@@ -7,9 +7,11 @@ The stand-ins (tests/standins/) follow the controllers' code at their release ta
 plugins (trainer.py), the Training Operator v1.9.4's PyTorchJob env (k8s_api.py), Vertex AI's documented
 CLUSTER_SPEC (vertex_jobs.py). The test environment has no PyTorch, so the nodes run scripts that show what they
 received and meet at the coordinator's address over TCP; where torch is installed, real torchrun processes (gloo)
-form one group across the nodes of a TrainJob, a PyTorchJob and a Vertex AI CustomJob.
+form one group across the nodes of a TrainJob, a PyTorchJob and a Vertex AI CustomJob, and where JAX is installed,
+jax.distributed processes across those of a TrainJob, a JobSet and a CustomJob.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -323,6 +325,45 @@ def test_real_torchrun_processes_form_one_group_on_vertex_ai(tmp_path):
         log = vertex.jobs[outcome.name].log_text()
     assert outcome.state == "JOB_STATE_SUCCEEDED", log
     assert "rank 0 of 4 local 0 sum 10" in log, log
+
+
+JAX_GROUP = """
+    import os, jax, jax.numpy as jnp
+    from jax.experimental import multihost_utils
+    jax.config.update("jax_platforms", "cpu")
+    jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
+                               int(os.environ["JAX_PROCESS_ID"]))
+    ranks = multihost_utils.process_allgather(jnp.array([jax.process_index()]))
+    print("process", jax.process_index(), "of", jax.process_count(), "saw", sorted(int(r) for r in ranks.ravel()),
+          flush=True)
+    jax.distributed.shutdown()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                    reason="JAX is not installed here (the CPU test environment has no JAX)")
+@pytest.mark.parametrize("launcher", ["trainjob", "jobset"])
+def test_real_jax_processes_form_one_group(k8s, launcher):
+    """jax.distributed on each node of a JAX TrainJob (Trainer's jax plugin's variables) or JobSet (ours)."""
+    nodes = framework_job("jax", 2, command=script(JAX_GROUP))
+    lines = []
+    kind = launch.TrainJobLauncher if launcher == "trainjob" else launch.JobSetLauncher
+    outcome = kind(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05, echo=lines.append).run(
+        launch.job_manifests(launcher, nodes, "ml", runtime="jax-multinode")[-1])
+    assert outcome.state in ("Complete", "Completed"), lines
+    assert any(line.endswith("process 0 of 2 saw [0, 1]") for line in lines), lines
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                    reason="JAX is not installed here (the CPU test environment has no JAX)")
+def test_real_jax_processes_form_one_group_on_vertex_ai():
+    with VertexJobsStandIn() as vertex:
+        outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05).run(
+            launch.custom_job(framework_job("jax", 2, command=script(JAX_GROUP)), vertex_accelerators=KNOWN,
+                              spot=False))
+        log = vertex.jobs[outcome.name].log_text()
+    assert outcome.state == "JOB_STATE_SUCCEEDED", log
+    assert "process 0 of 2 saw [0, 1]" in log, log
 
 
 # ---------------------------------------------------------------------------------------------- PyTorchJob
