@@ -23,7 +23,7 @@ import yaml
 
 from components import launch
 from components.launch.frameworks import TORCHRUN_ENV, setup
-from components.launch.rendezvous import framework_env, node_of
+from components.launch.node import framework_env, node_of
 from tests.conftest import REPO_ROOT, vertex_client
 from tests.standins.jobsets import jobset_problems
 from tests.standins.k8s_api import KubernetesStandIn
@@ -50,28 +50,25 @@ def node_container(jobset: dict) -> dict:
 
 def test_each_framework_starts_its_nodes_its_own_way():
     assert setup("tensorflow").node_command(TRAIN) == TRAIN
-    assert setup("torch").node_command(TRAIN) == ["torchrun", "-m", "components.train", *TRAIN[3:],
-                                                  "--framework", "torch"]
-    assert setup("jax").node_command(TRAIN) == ["python", "-m", "components.train", *TRAIN[3:], "--framework", "jax"]
-    assert setup("torch").node_command([*TRAIN, "--framework", "torch"]) == ["torchrun", "-m", "components.train",
-                                                                              *TRAIN[3:], "--framework", "torch"]
+    node = ["python", "-m", "components.launch.node"]
+    assert setup("torch").node_command(TRAIN) == [*node, "--framework", "torch", "--", "-m", "components.train",
+                                                  *TRAIN[3:], "--framework", "torch"]
+    assert setup("jax").node_command(TRAIN) == [*node, "--framework", "jax", "--", "-m", "components.train",
+                                                *TRAIN[3:], "--framework", "jax"]
+    assert setup("torch").node_command([*TRAIN, "--framework", "torch"]) == setup("torch").node_command(TRAIN)
     with pytest.raises(ValueError, match="trains with --framework 'tensorflow', but the job is launched for 'torch'"):
         setup("torch").node_command([*TRAIN, "--framework", "tensorflow"])
     with pytest.raises(ValueError, match="runs the training step"):
         setup("jax").node_command(["python", "train.py"])
     with pytest.raises(ValueError, match="framework must be one of tensorflow, torch, jax"):
         setup("mxnet")
-    # On Vertex AI the rendezvous module turns CLUSTER_SPEC into torchrun's or JAX's variables first.
-    torch_node = setup("torch").node_command(TRAIN)
-    assert setup("torch").vertex_command(torch_node) == [
-        "python", "-m", "components.launch.rendezvous", "--framework", "torch", "--", *torch_node]
-    assert setup("tensorflow").vertex_command(TRAIN) == TRAIN
 
 
 def test_launch_settings_pair_launchers_with_frameworks():
     settings = launch.LaunchSettings("trainjob", "img", framework="torch")
     node = launch.training_job(settings, TRAIN, run_id="run-1", task_name="train")
-    assert node.command[0] == "torchrun" and node.framework == "torch"
+    assert node.command[2:6] == ["components.launch.node", "--framework", "torch", "--"]
+    assert node.framework == "torch"
     with pytest.raises(ValueError, match="launcher=tfjob runs tensorflow only; for torch use trainjob, jobset, "
                                          "pytorchjob, vertex-job"):
         launch.LaunchSettings("tfjob", "img", framework="torch")
@@ -112,7 +109,7 @@ def test_a_torch_trainjob_gets_torchruns_variables_from_trainers_torch_policy():
     manifest = launch.trainjob_manifest(framework_job("torch", 3), "ml", runtime="torch-multinode")
     assert crd_problems(manifest) == []
     trainer = manifest["spec"]["trainer"]
-    assert trainer["command"][:3] == ["torchrun", "-m", "components.train"]
+    assert trainer["command"] == setup("torch").node_command(TRAIN)
     assert trainer["numProcPerNode"] == 2  # one process per GPU (2 L4s per node)
     assert not any(var["name"] in TORCHRUN_ENV or var["name"].startswith("TRAINING_NODE") for var in trainer["env"])
     jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="torch"))
@@ -155,8 +152,7 @@ def test_why_a_torch_trainjob_sets_its_processes_and_no_pet_variables():
 def test_a_jax_trainjob_and_jobset_get_jax_distributeds_variables():
     manifest = launch.trainjob_manifest(framework_job("jax", 2), "ml", runtime="jax-multinode")
     assert crd_problems(manifest) == [] and "numProcPerNode" not in manifest["spec"]["trainer"]
-    assert manifest["spec"]["trainer"]["command"] == ["python", "-m", "components.train", *TRAIN[3:],
-                                                      "--framework", "jax"]
+    assert manifest["spec"]["trainer"]["command"] == setup("jax").node_command(TRAIN)
     jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="jax"))
     assert problems == []
     names = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")
@@ -176,7 +172,7 @@ def test_dry_run_prints_the_framework_manifests(capsys):
     assert [m["kind"] for m in printed] == ["ClusterTrainingRuntime", "TrainJob"]
     assert printed[0] == launch.runtime_manifest(framework="torch")
     assert printed[1]["spec"]["runtimeRef"]["name"] == "torch-multinode"
-    assert printed[1]["spec"]["trainer"]["command"][:3] == ["torchrun", "-m", "components.train"]
+    assert printed[1]["spec"]["trainer"]["command"] == setup("torch").node_command(TRAIN)
     assert launch.main([*argv[:1], "--launcher", "pytorchjob", *argv[1:]]) == 0
     (pytorchjob,) = yaml.safe_load_all(capsys.readouterr().out)
     assert pytorchjob["kind"] == "PyTorchJob" and crd_problems(pytorchjob) == []
@@ -270,6 +266,8 @@ def test_a_jax_jobsets_nodes_find_the_coordinator(k8s):
 
 
 NO_TORCHRUN = not shutil.which("torchrun", path=os.path.dirname(sys.executable))
+TORCH_NODE = [sys.executable, "-m", "components.launch.node", "--framework", "torch", "--"]
+JAX_NODE = [sys.executable, "-m", "components.launch.node", "--framework", "jax", "--"]
 ALLREDUCE = """
     import os, torch, torch.distributed as dist
     dist.init_process_group("gloo")
@@ -282,11 +280,11 @@ ALLREDUCE = """
 
 
 def allreduce_job(tmp_path) -> launch.TrainingJob:
-    """2 nodes x 2 processes (2 GPUs each: torchrun starts one process per GPU) running `torchrun -m MODULE`, the
-    shape of the training step's torch command, on the variables the platform gives them."""
+    """2 nodes x 2 processes (2 GPUs each: torchrun starts one process per GPU) running torchrun through the node
+    module, as the training step's torch command does, on the variables the platform gives them."""
     (tmp_path / "allreduce_check.py").write_text(textwrap.dedent(ALLREDUCE))
     placement = launch.gpu_placement("nvidia-l4", 2, known_accelerators=KNOWN)
-    return launch.TrainingJob(name="train-1", image="img", command=["torchrun", "-m", "allreduce_check"], workers=1,
+    return launch.TrainingJob(name="train-1", image="img", command=TORCH_NODE + ["-m", "allreduce_check"], workers=1,
                               framework="torch", placement=placement, env={"PYTHONPATH": str(tmp_path)})
 
 
@@ -317,7 +315,7 @@ def test_real_torchrun_processes_form_one_group_in_a_pytorchjob(tmp_path):
 
 @pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
 def test_real_torchrun_processes_form_one_group_on_vertex_ai(tmp_path):
-    """The same on a Vertex AI CustomJob's replicas, from CLUSTER_SPEC through the rendezvous module."""
+    """The same on a Vertex AI CustomJob's replicas, from CLUSTER_SPEC through the node module."""
     nodes = allreduce_job(tmp_path)
     with VertexJobsStandIn() as vertex:
         outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05).run(
@@ -359,8 +357,8 @@ def test_real_jax_processes_form_one_group(k8s, launcher):
 def test_real_jax_processes_form_one_group_on_vertex_ai():
     with VertexJobsStandIn() as vertex:
         outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05).run(
-            launch.custom_job(framework_job("jax", 2, command=script(JAX_GROUP)), vertex_accelerators=KNOWN,
-                              spot=False))
+            launch.custom_job(framework_job("jax", 2, command=JAX_NODE + ["-c", textwrap.dedent(JAX_GROUP)]),
+                              vertex_accelerators=KNOWN, spot=False))
         log = vertex.jobs[outcome.name].log_text()
     assert outcome.state == "JOB_STATE_SUCCEEDED", log
     assert "process 0 of 2 saw [0, 1]" in log, log
@@ -379,7 +377,7 @@ def test_pytorchjob_manifest_is_valid_against_the_operators_crd():
     for spec in specs.values():
         assert spec["restartPolicy"] == "ExitCode"
         container = spec["template"]["spec"]["containers"][0]
-        assert container["name"] == "pytorch" and container["command"][0] == "torchrun"
+        assert container["name"] == "pytorch" and container["command"] == setup("torch").node_command(TRAIN)
         assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
     assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpu"
@@ -442,7 +440,7 @@ def test_the_operators_webhook_refuses_a_second_master():
 # ---------------------------------------------------------------------------------------------- Vertex AI
 
 
-def test_rendezvous_reads_vertex_cluster_spec():
+def test_the_node_module_reads_vertex_cluster_spec():
     spec = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
                         "workerpool1": ["cmle-training-workerpool1-ab-0:2222", "cmle-training-workerpool1-ab-1:2222"]},
             "environment": "cloud", "task": {"type": "workerpool1", "index": 1, "trial": ""}}
@@ -458,58 +456,91 @@ def test_rendezvous_reads_vertex_cluster_spec():
         node_of({**spec, "cluster": {"workerpool1": ["a:1"]}})
 
 
-@pytest.mark.parametrize("framework, rank, names", [
-    ("torch", "PET_NODE_RANK", ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT")),
-    ("jax", "JAX_PROCESS_ID", ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS")),
-])
-def test_vertex_custom_job_replicas_get_their_frameworks_variables(framework, rank, names, tmp_path):
-    names = (rank, *names)
+def test_vertex_custom_job_nodes_get_their_frameworks_variables(tmp_path):
+    """Vertex AI sets CLUSTER_SPEC; the node module turns it into JAX's variables (torch's alike, from the same
+    node_of above) before it starts the node's Python."""
     # Each replica writes what it got; the primary ends last (the job ends when it does), as in training.
-    command = script(f"""
+    code = textwrap.dedent(f"""
         import json, os, time
-        seen = {{name: os.environ.get(name) for name in {names!r}}}
-        with open(os.path.join({str(tmp_path)!r}, "rank-" + seen[{rank!r}]), "w") as f:
+        seen = {{name: os.environ.get(name) for name in ("JAX_PROCESS_ID", "JAX_NUM_PROCESSES",
+                                                          "JAX_COORDINATOR_ADDRESS")}}
+        with open(os.path.join({str(tmp_path)!r}, "rank-" + seen["JAX_PROCESS_ID"]), "w") as f:
             json.dump(seen, f)
-        while seen[{rank!r}] == "0" and len(os.listdir({str(tmp_path)!r})) < 3:
+        while seen["JAX_PROCESS_ID"] == "0" and len(os.listdir({str(tmp_path)!r})) < 3:
             time.sleep(0.05)
     """)
+    command = [sys.executable, "-m", "components.launch.node", "--framework", "jax", "--", "-c", code]
     with VertexJobsStandIn() as vertex:
-        custom_job = launch.custom_job(framework_job(framework, 3, command=command), vertex_accelerators=KNOWN,
+        custom_job = launch.custom_job(framework_job("jax", 3, command=command), vertex_accelerators=KNOWN,
                                        spot=False)
-        pool = custom_job.job_spec.worker_pool_specs[0].container_spec
-        assert list(pool.command[:5]) == [sys.executable, "-m", "components.launch.rendezvous", "--framework",
-                                          framework]
         outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1",
                                            poll_seconds=0.05).run(custom_job)
         assert outcome.state == "JOB_STATE_SUCCEEDED"
         pods = {pod.name: pod for pod in vertex.jobs[outcome.name].pods}
         primary = json.loads(pods["workerpool0-0"].env["CLUSTER_SPEC"])["cluster"]["workerpool0"][0]
-    host, port = primary.rsplit(":", 1)
     seen = {name: json.loads((tmp_path / name).read_text()) for name in os.listdir(tmp_path)}
     assert sorted(seen) == ["rank-0", "rank-1", "rank-2"]  # workerpool0-0, then workerpool1-0 and -1
-    if framework == "torch":
-        assert {(s["PET_NNODES"], s["PET_NPROC_PER_NODE"], s["PET_MASTER_ADDR"], s["PET_MASTER_PORT"])
-                for s in seen.values()} == {("3", "2", host, port)}
-    else:
-        assert {(s["JAX_NUM_PROCESSES"], s["JAX_COORDINATOR_ADDRESS"]) for s in seen.values()} == {("3", primary)}
+    assert {(s["JAX_NUM_PROCESSES"], s["JAX_COORDINATOR_ADDRESS"]) for s in seen.values()} == {("3", primary)}
+    # A torch CustomJob runs the node module with torchrun's arguments, one process per GPU.
+    torch_job = launch.custom_job(framework_job("torch", 3), vertex_accelerators=KNOWN, spot=False)
+    container = torch_job.job_spec.worker_pool_specs[1].container_spec
+    assert list(container.command) == setup("torch").node_command(TRAIN)
+    assert {e.name: e.value for e in container.env} == {"PET_NPROC_PER_NODE": "2"}
 
 
-def test_rendezvous_leaves_a_single_replica_and_the_platforms_own_variables_alone(tmp_path):
+def test_the_node_module_leaves_a_single_replica_and_the_platforms_own_variables_alone():
     import subprocess
 
-    show = [sys.executable, "-c", "import os; print(os.environ.get('PET_NODE_RANK'), os.environ.get('PET_NNODES'))"]
-    run = [sys.executable, "-m", "components.launch.rendezvous", "--framework", "torch", "--", *show]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "CLUSTER_SPEC"))}
+    show = ["-c", "import os; print(os.environ.get('JAX_PROCESS_ID'), os.environ.get('JAX_NUM_PROCESSES'))"]
+    run = [sys.executable, "-m", "components.launch.node", "--framework", "jax", "--", *show]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "CLUSTER_SPEC"))}
     single = subprocess.run(run, env=base, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert single.stdout.strip() == "None None"
     spec = {"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]}, "task": {"type": "workerpool1",
                                                                                           "index": 0}}
-    given = subprocess.run(run, env={**base, "CLUSTER_SPEC": json.dumps(spec), "PET_NNODES": "5"}, cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True)
+    given = subprocess.run(run, env={**base, "CLUSTER_SPEC": json.dumps(spec), "JAX_NUM_PROCESSES": "5"},
+                           cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert given.stdout.strip() == "1 5"
     bad = subprocess.run(run, env={**base, "CLUSTER_SPEC": json.dumps({"cluster": {}})}, cwd=REPO_ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "the primary pool has exactly one" in bad.stderr
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
+@pytest.mark.parametrize("ending, code", [("sys.exit(2)", 2), ("os.kill(os.getpid(), signal.SIGKILL)", 137),
+                                          ("sigterm", 143)])
+def test_a_torch_node_ends_with_the_steps_exit_codes(tmp_path, ending, code):
+    """torchrun alone ends with 1 (permanent to the failure rules) whatever stopped it; the node module ends with
+    the first failed process's own code (2 bad input; 137 killed: retryable), and 143 after SIGTERM, once its
+    processes have written their checkpoint."""
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "ending.py").write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        def checkpoint(*_):
+            print("checkpoint written", flush=True)
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, checkpoint)
+        print("started", flush=True)
+        if {ending!r} == "sigterm":
+            time.sleep(60)
+        else:
+            {ending if ending != "sigterm" else "pass"}
+    """))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1"}
+    node = subprocess.Popen([*TORCH_NODE, "--standalone", "-m", "ending"], cwd=REPO_ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if ending == "sigterm":
+        deadline = time.monotonic() + 60
+        while "started" not in node.stdout.readline() and time.monotonic() < deadline:
+            pass
+        node.send_signal(signal.SIGTERM)
+    output = node.communicate(timeout=120)[0]
+    assert node.returncode == code, output
+    if ending == "sigterm":
+        assert "checkpoint written" in output
 
 
 def test_the_launchers_rbac_covers_pytorchjobs():
@@ -530,4 +561,4 @@ def test_explain_shows_the_command_each_torch_node_runs(launcher):
                                     "ml", runtime=settings.runtime)[-1]
     nodes = explain.node_pods(manifest)
     assert sum(node["replicas"] for node in nodes) == 3
-    assert all(node["command"][:3] == ["torchrun", "-m", "components.train"] for node in nodes)
+    assert all(node["command"] == setup("torch").node_command(TRAIN) for node in nodes)

@@ -20,7 +20,8 @@ cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not o
 - trainjob.py: the Kubeflow Trainer v2 TrainJob, the plain ClusterTrainingRuntime shipped in manifests/trainer/,
   and `TrainJobLauncher`: the default on GKE.
 - frameworks.py: what each framework's nodes run and the variables they need where the platform sets none;
-  rendezvous.py: run on a Vertex AI replica, turns CLUSTER_SPEC into torchrun's or JAX's variables.
+  node.py: what a torch or JAX node runs (torchrun with the steps' exit codes; on Vertex AI, CLUSTER_SPEC turned
+  into torchrun's or JAX's variables first).
 - tfjob.py, pytorchjob.py: the Kubeflow Training Operator v1 TFJob and PyTorchJob (legacy: for clusters that
   still run it).
 - vertex.py: the Vertex AI CustomJob and `VertexJobLauncher`.

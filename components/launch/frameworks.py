@@ -7,19 +7,20 @@ needs where the platform does not set them itself:
 - tensorflow: `python -m components.train` on every node; MultiWorkerMirroredStrategy reads TF_CONFIG, which TFJob
   and Vertex AI set and which a JobSet/TrainJob node builds from TRAINING_NODE_HOSTS and TRAINING_NODE_INDEX
   (jobset.cluster_env, components/train/cluster.py).
-- torch: `torchrun -m components.train --framework torch` on every node. torchrun reads its options from the PET_*
-  variables (torch.distributed.run: every option's default is the environment variable PET_<OPTION>): PET_NNODES,
-  PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT; it starts PET_NPROC_PER_NODE processes
-  (one per GPU, one on CPU) with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, which the training
-  step's DDP reads. Trainer v2's torch plugin (kubeflow/trainer v2.3.0,
-  pkg/runtime/framework/plugins/torch/torch.go:145-166) and the Training Operator's PyTorchJob (kubeflow/trainer
-  v1.9.4, pkg/controller.v1/pytorch/envvar.go:85-123, master.go:44-59) set the PET_* variables; on a bare JobSet
-  `torch_env` sets the same from the pod's completion index; on Vertex AI, `components.launch.rendezvous`
+- torch: torchrun with `-m components.train --framework torch` on every node, through `python -m
+  components.launch.node` (node.py: torchrun's own entry point, with its exit codes made the steps' contract).
+  torchrun reads its options from the PET_* variables (torch.distributed.run: every option's default is the
+  environment variable PET_<OPTION>): PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR,
+  PET_MASTER_PORT; it starts PET_NPROC_PER_NODE processes (one per GPU, one on CPU) with RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR and MASTER_PORT, which the training step's DDP reads. Trainer v2's torch plugin
+  (kubeflow/trainer v2.3.0, pkg/runtime/framework/plugins/torch/torch.go:145-166) and the Training Operator's
+  PyTorchJob (kubeflow/trainer v1.9.4, pkg/controller.v1/pytorch/envvar.go:85-123, master.go:44-59) set the PET_*
+  variables; on a bare JobSet `torch_env` sets the same from the pod's completion index; on Vertex AI node.py
   derives them from CLUSTER_SPEC.
-- jax: `python -m components.train --framework jax` on every node, one process per node (JAX drives all the
-  node's GPUs), which calls jax.distributed.initialize with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-  JAX_PROCESS_ID: Trainer v2's JAX plugin sets them (pkg/runtime/framework/plugins/jax/jax.go:76-97), `jax_env`
-  the same on a bare JobSet, the rendezvous module on Vertex AI.
+- jax: `python -m components.train --framework jax` on every node, through node.py too, one process per node (JAX
+  drives all the node's GPUs), which calls jax.distributed.initialize with JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID: Trainer v2's JAX plugin sets them
+  (pkg/runtime/framework/plugins/jax/jax.go:76-97), `jax_env` the same on a bare JobSet, node.py on Vertex AI.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import dataclasses
 
 FRAMEWORKS = ("tensorflow", "torch", "jax")
 TRAIN_MODULE = "components.train"
-RENDEZVOUS_MODULE = "components.launch.rendezvous"
+NODE_MODULE = "components.launch.node"
 # Trainer v2's port for the nodes' own traffic (torch's c10d store, JAX's coordinator): kubeflow/trainer v2.3.0
 # pkg/constants/constants.go:72 ContainerTrainerPort.
 TRAINER_PORT = 29500
@@ -68,21 +69,12 @@ class NodeSetup:
     framework: str
 
     def node_command(self, train_command: list[str]) -> list[str]:
-        """What each node runs for the training command `train_command` (`python -m components.train ...`)."""
+        """What each node runs for the training command `train_command` (`python -m components.train ...`): for
+        torch and JAX, node.py with torchrun's or Python's arguments (`-m components.train ... --framework F`)."""
         if self.framework == "tensorflow":
             return list(train_command)
         args = _with_framework(_train_args(train_command), self.framework)
-        if self.framework == "torch":
-            return ["torchrun", "-m", TRAIN_MODULE, *args]
-        return [train_command[0], "-m", TRAIN_MODULE, *args]
-
-    def vertex_command(self, node_command: list[str]) -> list[str]:
-        """Vertex AI sets CLUSTER_SPEC and TF_CONFIG (and nothing torchrun or JAX reads): for them, the rendezvous
-        module turns CLUSTER_SPEC into their variables, then runs the node's command."""
-        if self.framework == "tensorflow":
-            return list(node_command)
-        python = "python" if node_command[0] == "torchrun" else node_command[0]
-        return [python, "-m", RENDEZVOUS_MODULE, "--framework", self.framework, "--", *node_command]
+        return [train_command[0], "-m", NODE_MODULE, "--framework", self.framework, "--", "-m", TRAIN_MODULE, *args]
 
 
 def setup(framework: str) -> NodeSetup:

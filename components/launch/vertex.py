@@ -6,7 +6,6 @@ import logging
 
 from components import gcp
 from components.gcp.accelerators import vertex_machine_type
-from components.launch.frameworks import setup
 from components.launch.job import Launcher, TrainingJob
 from components.launch.placement import DNS_LABEL_CHARS
 
@@ -16,7 +15,7 @@ log = logging.getLogger(__name__)
 def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machine_type: str = "",
                base_output_dir: str = ""):
     """The Vertex AI CustomJob for `job`: worker pool 0 is the chief, pool 1 the workers. Vertex sets TF_CONFIG and
-    CLUSTER_SPEC; for torch and JAX each replica first turns CLUSTER_SPEC into their variables (rendezvous.py)."""
+    CLUSTER_SPEC; a torch or JAX node (node.py) turns CLUSTER_SPEC into their variables."""
     from google.cloud import aiplatform_v1 as v1
 
     gpus = job.placement.gpus
@@ -27,7 +26,7 @@ def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machi
     env = dict(job.env)
     if job.framework == "torch":
         env["PET_NPROC_PER_NODE"] = str(job.processes_per_node)
-    container = v1.ContainerSpec(image_uri=job.image, command=setup(job.framework).vertex_command(job.command),
+    container = v1.ContainerSpec(image_uri=job.image, command=list(job.command),
                                  env=[v1.EnvVar(name=k, value=str(v)) for k, v in sorted(env.items())])
     pools = [v1.WorkerPoolSpec(machine_spec=machine, replica_count=1, container_spec=container)]
     if job.workers:
