@@ -58,6 +58,10 @@ def test_each_framework_starts_its_nodes_its_own_way():
     assert setup("torch").node_command([*TRAIN, "--framework", "torch"]) == setup("torch").node_command(TRAIN)
     with pytest.raises(ValueError, match="trains with --framework 'tensorflow', but the job is launched for 'torch'"):
         setup("torch").node_command([*TRAIN, "--framework", "tensorflow"])
+    with pytest.raises(ValueError, match="trains with --framework 'torch', but the job is launched for 'tensorflow'"):
+        setup("tensorflow").node_command([*TRAIN, "--framework", "torch"])
+    assert setup("tensorflow").node_command([*TRAIN, "--framework", "tensorflow"]) == [*TRAIN, "--framework",
+                                                                                       "tensorflow"]
     with pytest.raises(ValueError, match="runs the training step"):
         setup("jax").node_command(["python", "train.py"])
     with pytest.raises(ValueError, match="framework must be one of tensorflow, torch, jax"):

@@ -72,6 +72,8 @@ class NodeSetup:
         """What each node runs for the training command `train_command` (`python -m components.train ...`): for
         torch and JAX, node.py with torchrun's or Python's arguments (`-m components.train ... --framework F`)."""
         if self.framework == "tensorflow":
+            if train_command[1:3] == ["-m", TRAIN_MODULE]:  # a training command that names torch or JAX is refused
+                _with_framework(list(train_command[3:]), self.framework)
             return list(train_command)
         args = _with_framework(_train_args(train_command), self.framework)
         return [train_command[0], "-m", NODE_MODULE, "--framework", self.framework, "--", "-m", TRAIN_MODULE, *args]

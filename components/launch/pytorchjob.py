@@ -4,11 +4,11 @@ TensorFlow: for clusters that still run Training Operator v1; a new cluster runs
 runtime (trainjob.py).
 
 Followed at the operator's last release, kubeflow/trainer v1.9.4 (the repository was kubeflow/training-operator):
-- every replica runs torchrun (frameworks.py), which reads the PET_* variables the operator sets on every
-  container (pkg/controller.v1/pytorch/envvar.go:85-123: WORLD_SIZE, RANK and PET_NODE_RANK = the replica's rank,
-  master 0 and worker k k+1; PET_NPROC_PER_NODE = spec.nprocPerNode; PET_NNODES = all replicas; master.go:44-59:
-  MASTER_ADDR and PET_MASTER_ADDR = `{job}-master-0`, MASTER_PORT and PET_MASTER_PORT = the master container's
-  port named `pytorchjob-port`). `nprocPerNode` is set (one per GPU, one on CPU): its default `auto`
+- every replica runs torchrun (through components.launch.node, frameworks.py), which reads the PET_* variables the
+  operator sets on every container (pkg/controller.v1/pytorch/envvar.go:85-123: WORLD_SIZE, RANK and PET_NODE_RANK =
+  the replica's rank, master 0 and worker k k+1; PET_NPROC_PER_NODE = spec.nprocPerNode; PET_NNODES = all replicas;
+  master.go:44-59: MASTER_ADDR and PET_MASTER_ADDR = `{job}-master-0`, MASTER_PORT and PET_MASTER_PORT = the master
+  container's port named `pytorchjob-port`). `nprocPerNode` is set (one per GPU, one on CPU): its default `auto`
   (pkg/apis/kubeflow.org/v1/pytorch_defaults.go:68-74) would start one process per CPU on a CPU node.
 - the operator's webhook wants a container named `pytorch` in every replica and exactly one Master
   (pkg/webhooks/pytorch/pytorchjob_webhook.go:137-157).
