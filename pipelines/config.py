@@ -18,6 +18,8 @@ from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KU
 from components.launch.trainjob import RUNTIME_NAME as DEFAULT_TRAIN_RUNTIME  # noqa: F401
 # The reference setup: training on a T4 pool, batch prediction on an H100 pool (components/params.py).
 from components.params import DEFAULT_PREDICT_ACCELERATOR, DEFAULT_TRAIN_ACCELERATOR  # noqa: F401
+# The serving container's version and its name in the image repository: the Vertex registry's (one place).
+from components.registry.vertex import TF_SERVING_IMAGE_NAME, TF_SERVING_VERSION
 
 DEFAULT_IMAGE_REPO = "localhost/kfp-image-classification"
 DEFAULT_IMAGE_TAG = "dev"
@@ -41,11 +43,15 @@ TRAIN_LAUNCHERS = ("pod", *CLUSTER_LAUNCHERS, "vertex-job")
 class Images:
     cpu: str
     gpu: str
+    # What serves registered models on Vertex AI (the register step's `serving_image`): TensorFlow Serving, copied
+    # into the image repository by Cloud Build (components/registry/vertex.py); empty: the registry's default.
+    serving: str = ""
 
     @classmethod
     def from_repo(cls, repo: str = DEFAULT_IMAGE_REPO, tag: str = DEFAULT_IMAGE_TAG) -> "Images":
         repo = repo.rstrip("/")
-        return cls(cpu=f"{repo}/{CPU_IMAGE_NAME}:{tag}", gpu=f"{repo}/{GPU_IMAGE_NAME}:{tag}")
+        return cls(cpu=f"{repo}/{CPU_IMAGE_NAME}:{tag}", gpu=f"{repo}/{GPU_IMAGE_NAME}:{tag}",
+                   serving=f"{repo}/{TF_SERVING_IMAGE_NAME}:{TF_SERVING_VERSION}")
 
 
 def check_accelerator(accelerator: str) -> str:

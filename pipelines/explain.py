@@ -58,7 +58,7 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     tolerations, or the Vertex AI machine, and the command each node runs for the step's framework), from the step's
     resolved inputs and TaskConfig; [] for other steps."""
     from components.gcp.accelerators import ACCELERATORS
-    from components.launch import LaunchSettings, custom_job, job_manifests, training_job
+    from components.launch import LaunchSettings, custom_job, job_manifests, node_resources, training_job
 
     inputs = pod.inputs
     if "launcher" not in inputs or "workers" not in inputs:
@@ -77,7 +77,10 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
             "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name,
             "command": list(p.container_spec.command)} for p in job.job_spec.worker_pool_specs]
     config = task_config_as_step_reads_it(pod.task_config or {})
-    launch = LaunchSettings(launcher, **common, runtime=inputs["runtime"], task_config=dataclasses.asdict(config))
+    sizes = node_resources(inputs.get("node_cpu", ""), inputs.get("node_memory", ""), inputs.get("node_gpus", "")) \
+        if "node_cpu" in inputs else None
+    launch = LaunchSettings(launcher, **common, runtime=inputs["runtime"], task_config=dataclasses.asdict(config),
+                            node_resources=sizes)
     manifest = job_manifests(launcher, training_job(launch, command, run_id="RUN", task_name=pod.task),
                              launch.namespace, runtime=launch.runtime)[-1]
     return node_pods(manifest)
@@ -160,13 +163,19 @@ def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str
 
 
 def explain(package_path: str, parameters: dict, release: str = kfp_driver.PINNED_RELEASE) -> dict:
-    """Per step, the pod `release` creates for these parameter values (and a cluster job's nodes), and the
-    features the pipeline needs with their first releases."""
+    """Per step, the pod `release` creates for these parameter values (and a cluster job's nodes), or why the
+    driver or the API server would fail it (`fails`), and the features the pipeline needs with their first
+    releases."""
     spec, executors = kfp_driver.read_package(package_path)
-    pods = kfp_driver.resolve_pods(spec, executors, parameters, producer_outputs(spec, parameters), release)
+    failures: list = []
+    pods = kfp_driver.resolve_pods(spec, executors, parameters, producer_outputs(spec, parameters), release, failures)
     downloads = pod_downloads(spec, parameters, release)
     steps = []
-    for pod in pods:
+    for index, pod in enumerate([*pods, None]):
+        steps += [{"task": task, "display_name": name, "fails": why} for task, name, why, before in failures
+                  if before == index]
+        if pod is None:
+            break
         entry = {k: v for k, v in pod.to_json().items() if v not in (None, {}, [])}
         nodes = cluster_nodes(pod) if kfp_driver.has(release, "task_config_passthrough") or \
             pod.inputs.get("launcher") == "vertex-job" else []

@@ -176,16 +176,22 @@ def render(summary: dict, output_dir: str) -> str:
     artifacts = summary["artifacts"]
     report = _read(artifacts.get("evaluate", {}).get("report"))
     reg = summary.get("registered")
+    # Blessed, but another run's model became the champion after evaluation and the gate, applied again, kept it.
+    unpromoted = bool(reg and reg.get("champion_changed") and "champion" not in reg["aliases"])
     images = summary["images"]
     cards = [(f"{summary['test_accuracy']:.4f}", "test accuracy"), (f"{summary['test_loss']:.4f}", "test loss"),
              (f"{summary['train_seconds']:.1f}s", "training"),
              (f"{images['train']} / {images['validation']} / {images['test']}", "train / validation / test images"),
              (str(images["rejected"]), "rejected inputs"),
              (f"v{reg['version']}" if reg else "none", f"registered as {reg['model']}" if reg else "registered"),
+             *([(f"v{reg['champion']}" if reg.get("champion") else "none",
+                 "champion, kept: another run's model took it after evaluation, and the gate prefers it")]
+               if unpromoted else []),
              (str(summary["predictions"]["count"]), f"predictions, {summary['predictions']['errors']} errors")]
     body = [
         f"<h1>Local run <code>{esc(os.path.basename(os.path.abspath(output_dir)))}</code></h1>",
-        f"<p class='decision {'ok' if summary['blessed'] else 'no'}'>{esc(summary['decision'])}</p>",
+        f"<p class='decision {'ok' if summary['blessed'] and not unpromoted else 'no'}'>"
+        f"{esc(summary['decision'])}</p>",
         "<div class='cards'>" + "".join(f"<div class='card'><b>{esc(v)}</b><span>{esc(k)}</span></div>"
                                         for v, k in cards) + "</div>",
         "<nav>" + " &middot; ".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in SECTIONS) + "</nav>",

@@ -346,6 +346,8 @@ def key_figures(step: str, outputs: dict | None) -> str:
             text = f"{meta['model']} version {meta['version']} ({meta['registry']} registry)"
             if meta.get("new_version") is False:  # the same digest: an identical retrain, or a retried task
                 text += ", already registered (the same model)"
+            if meta.get("champion_changed"):  # another run moved the champion after this run's evaluation
+                text += f"; {meta['promotion']}"
             return text
     except (KeyError, IndexError, TypeError, ValueError):
         return ""

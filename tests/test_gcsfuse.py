@@ -35,7 +35,8 @@ def cluster_objects() -> dict[str, dict]:
 def pod_of(spec: dict, executors: dict, task: str) -> dict:
     """The parts of the pod a KFP 2.17.0 backend makes for `task` that the option sets: the volume and mount per
     PVC mount (backend/src/v2/driver/k8s.go:156-172 and makeVolumeMountPatch, 1111-1170: both named after the
-    claim), and the pod annotations (compiler/argocompiler/container.go:376-390, the executor template's metadata)."""
+    claim), and the pod annotations (compiler/argocompiler/container.go:744-787 extendPodMetadata, called at
+    :590-592: the executor template's metadata)."""
     config_ = executors.get(f"exec-{task}", {})
     mounts = config_.get("pvcMount", [])
     claims = [m["pvcNameParameter"]["runtimeValue"]["constant"] for m in mounts]

@@ -41,7 +41,8 @@ from components.launch.k8s import CustomResourceLauncher, LogFollower, kubernete
 from components.launch.jobset import JobSetLauncher, jobset_manifest, jobset_status
 from components.launch.frameworks import FRAMEWORKS
 from components.launch.placement import (ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL, NODE_POOL_LABEL,
-                                         SPOT_NODE_LABEL, Placement, gpu_placement, placement_from_task_config)
+                                         SPOT_NODE_LABEL, Placement, gpu_placement, node_resources,
+                                         placement_from_task_config)
 from components.launch.pytorchjob import PyTorchJobLauncher, pytorchjob_manifest, pytorchjob_status
 from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifest, tfjob_status
 from components.launch.trainjob import (RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest,
@@ -56,7 +57,7 @@ __all__ = [
     "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL", "Placement", "PyTorchJobLauncher", "RUNTIME_NAME",
     "SPOT_NODE_LABEL", "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher",
     "copy_tree", "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
-    "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "placement_from_task_config",
-    "pytorchjob_manifest", "pytorchjob_status", "runtime_manifest", "tfjob_manifest", "tfjob_status", "training_job",
-    "trainjob_manifest", "trainjob_status", "vertex_machine_type",
+    "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "node_resources",
+    "placement_from_task_config", "pytorchjob_manifest", "pytorchjob_status", "runtime_manifest", "tfjob_manifest",
+    "tfjob_status", "training_job", "trainjob_manifest", "trainjob_status", "vertex_machine_type",
 ]

@@ -89,6 +89,9 @@ class LaunchSettings:
     # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
     # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
     task_config: dict | None = None
+    # The nodes' resources (Kubernetes ResourceRequirements) with task_config, when the task keeps its own
+    # resources for the launcher's pod and hands the nodes' over as values (placement.node_resources).
+    node_resources: dict | None = None
     project: str = ""  # Vertex AI
     location: str = ""  # Vertex AI
 
@@ -111,11 +114,11 @@ def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, tas
     (torchrun for torch, frameworks.py); its replicas placed by the pipeline task's config (KFP's TaskConfig
     passthrough) when given, else by launch's accelerator, GPUs, Spot and node pool."""
     if launch.task_config is not None:
-        from_task = placement_from_task_config(launch.task_config)
+        from_task = placement_from_task_config(launch.task_config, launch.node_resources)
         if from_task is None:
-            raise ValueError("The training task passed on no resources, node selector or tolerations (KFP's "
-                             "TaskConfig passthrough, KFP 2.15 or newer): the nodes' GPUs are unknown. Upgrade KFP, "
-                             "or compile with --train-launcher pod")
+            raise ValueError("The training task received no TaskConfig (KFP's TaskConfig passthrough, KFP 2.15 or "
+                             "newer): the nodes' node selector and tolerations are unknown. Upgrade KFP, or "
+                             "compile with --train-launcher pod")
         placement, sizes = from_task
     else:
         placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,

@@ -12,11 +12,12 @@ fail at once).
 
 Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `command`, `env` and `resourcesPerNode`
 (CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:
-the run's node selector and tolerations (GPU, Spot, node pool), the grace period, the service account and the
-pipeline's labels. With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
+the run's node selector and tolerations (GPU, Spot, node pool), the service account and the pipeline's labels (the
+grace period is the runtime's, RUNTIME_GRACE_SECONDS: see there). With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
 Suspended) until the queue admits it, then adds a runtime patch of its own, whose ResourceFlavor tolerations
-replace ours: the launcher stops the job if that drops the GPU or Spot tolerations (`dropped_tolerations`,
-docs/kueue-trainjob.md).
+replace ours: the launcher stops the job if that drops the Spot (or any other) toleration (`dropped_tolerations`,
+docs/kueue-trainjob.md). A dropped GPU toleration is put back on every node pod by the API server's
+ExtendedResourceToleration admission plugin, which GKE runs (`readded_by_admission`): a warning, not a stop.
 
 The step's service account needs create/get/delete on trainjobs, get/list on pods and get on pods/log in the
 namespace, and get on clustertrainingruntimes (manifests/trainer/launcher-rbac.yaml): the launcher reads the
@@ -58,6 +59,13 @@ TRAINING = {"tensorflow": "TensorFlow multi-worker training", "torch": "PyTorch 
             "jax": "JAX multi-process training"}
 
 
+# The node pods' grace period is the runtime's, not the TrainJob's: a pod-template patch's
+# terminationGracePeriodSeconds is new in Trainer v2.3.0, and Kueue v0.19.2, built on Trainer v2.2.1's types
+# (go.mod:14), writes the whole TrainJob back when it admits it (trainjob_controller.go:283, an Update), which
+# would drop that field.
+RUNTIME_GRACE_SECONDS = 30
+
+
 def runtime_file(framework: str = "tensorflow") -> str:
     return f"manifests/trainer/{RUNTIMES[check_framework(framework)]}.yaml"
 
@@ -82,7 +90,7 @@ def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framew
     else:
         policy[check_framework(framework)] = {}
     template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"},
-                                 pod_spec={"terminationGracePeriodSeconds": 30})
+                                 pod_spec={"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS})
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
             "metadata": {"name": name or RUNTIMES[framework],
                          "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
@@ -99,7 +107,13 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
                "resourcesPerNode": job.container_resources()}
     if job.framework == "torch":  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
         trainer["numProcPerNode"] = job.processes_per_node
-    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": job.pod_placement()}
+    placement = job.pod_placement()
+    grace = placement.pop("terminationGracePeriodSeconds", RUNTIME_GRACE_SECONDS)
+    if grace != RUNTIME_GRACE_SECONDS:
+        raise ValueError(f"The TrainJob launcher's node pods get the grace period of the runtime "
+                         f"{runtime!r} ({RUNTIME_GRACE_SECONDS} s), not {grace} s; use the JobSet launcher for "
+                         f"another one.")
+    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": placement}
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
     labels = {**job.pod_labels(), FRAMEWORK_LABEL: job.framework}
@@ -146,6 +160,19 @@ def dropped_tolerations(trainjob: dict) -> list[dict]:
             ours = pod["tolerations"]
         effective = pod["tolerations"]
     return [t for t in ours if not any(_tolerates(given, t) for given in effective or [])]
+
+
+def readded_by_admission(trainjob: dict) -> list[dict]:
+    """The tolerations the ExtendedResourceToleration admission plugin adds to each node pod of the TrainJob: one
+    `{key: <resource>, operator: Exists, effect: NoSchedule}` per extended resource the nodes request (kubernetes
+    plugin/pkg/admission/extendedresourcetoleration/admission.go `Admit`; a pod's limits are its requests by then,
+    SetDefaults_Pod). GKE runs the plugin ("GKE automatically applies the corresponding tolerations to Pods
+    requesting GPUs by running the ExtendedResourceToleration admission controller",
+    cloud.google.com/kubernetes-engine/docs/how-to/gpus); a cluster may not. tests/standins/admission.py follows it."""
+    resources = trainjob.get("spec", {}).get("trainer", {}).get("resourcesPerNode") or {}
+    names = {*(resources.get("limits") or {}), *(resources.get("requests") or {})}
+    extended = sorted(n for n in names if "/" in n and "kubernetes.io/" not in n and not n.startswith("requests."))
+    return [{"key": name, "operator": "Exists", "effect": "NoSchedule"} for name in extended]
 
 
 def trainjob_status(trainjob: dict) -> gcp.JobStatus:
@@ -198,6 +225,10 @@ class TrainJobLauncher(NodePodsLauncher):
     kind = "TrainJob"
     group, version, plural = TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._warned_readded: set[str] = set()  # TrainJobs whose re-added GPU toleration was already reported
+
     def check_runtime(self, name: str, framework: str = "tensorflow") -> None:
         """Refuses a runtime that is missing or unfit for `framework` (LaunchError naming what to apply); goes on,
         with a warning, when the service account may not read cluster-scoped runtimes."""
@@ -229,16 +260,26 @@ class TrainJobLauncher(NodePodsLauncher):
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
         dropped = dropped_tolerations(resource)
-        if dropped:  # the pods would wait for nodes they may not run on (GPU, Spot taints), for ever
-            kueue = next((p for p in resource["spec"].get("runtimePatches", [])
-                          if p.get("manager") == KUEUE_PATCH_MANAGER), None)
-            given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
-            by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+        readded = readded_by_admission(resource)
+        put_back = [t for t in dropped if any(_tolerates(given, t) for given in readded)]
+        lost = [t for t in dropped if t not in put_back]
+        kueue = next((p for p in resource["spec"].get("runtimePatches", [])
+                      if p.get("manager") == KUEUE_PATCH_MANAGER), None)
+        given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
+        by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+        name = resource["metadata"]["name"]
+        if lost:  # the pods would wait for nodes they may not run on (Spot, node pool taints), for ever
             raise LaunchError(
-                f"TrainJob {resource['metadata']['name']}: {by} replaces the node pods' tolerations and drops "
-                f"{dropped}, so the pods cannot run on the nodes the run chose. Add these tolerations to the "
-                f"ResourceFlavor's spec.tolerations, or give it none (docs/kueue-trainjob.md). The TrainJob was "
-                f"deleted.")
+                f"TrainJob {name}: {by} replaces the node pods' tolerations and drops {lost}, so the pods cannot "
+                f"run on the nodes the run chose. Add these tolerations to the ResourceFlavor's spec.tolerations, "
+                f"or give it none (docs/kueue-trainjob.md). The TrainJob was deleted.")
+        if put_back and name not in self._warned_readded:
+            self._warned_readded.add(name)
+            log.warning("launch: TrainJob %s: %s drops %s from the node pods; the nodes request %s, so the API "
+                        "server's ExtendedResourceToleration admission plugin (GKE runs it) adds it back to each "
+                        "pod. On a cluster without that plugin the pods cannot be scheduled on the GPU nodes: add "
+                        "it to the ResourceFlavor's spec.tolerations (docs/kueue-trainjob.md).", name, by, put_back,
+                        ", ".join(t["key"] for t in put_back))
         return trainjob_status(resource)
 
     def restarts(self, trainjob: dict | None) -> int:

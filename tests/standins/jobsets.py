@@ -38,6 +38,7 @@ import time
 import uuid
 from typing import Callable
 
+from tests.standins.admission import admit_pod
 from tests.standins.base import ApiError
 from tests.standins.pods import Pod, free_port
 from tests.standins.validation import crd_problems, job_problems
@@ -180,7 +181,8 @@ class JobRun:
                   COMPLETION_INDEX: str(index)}
         annotations = {**template.get("metadata", {}).get("annotations", {}),
                        **js.pod_labels(self.rjob, self.job_index), COMPLETION_INDEX: str(index)}
-        pod_spec = {**template.get("spec", {}), "subdomain": js.subdomain}
+        pod_spec = {**copy.deepcopy(template.get("spec", {})), "subdomain": js.subdomain}
+        admit_pod(js.admission_plugins, pod_spec)
         container = pod_spec["containers"][0]
         name = f"{hostname}-{hashlib.sha256(f'{js.uid}{time.time()}{index}'.encode()).hexdigest()[:5]}"
         meta = {"name": name, "namespace": js.namespace, "labels": labels, "annotations": annotations}
@@ -262,8 +264,10 @@ def _field_ref(path: str, meta: dict) -> str:
 class JobSetRun:
     """One JobSet and its controller loop: Jobs per replicated job, failure and success policies, restarts."""
 
-    def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
+    def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str],
+                 admission_plugins: tuple[str, ...] = ()):
         self.body, self.now, self.namespace = body, now, namespace
+        self.admission_plugins = admission_plugins  # the API server's, run on each pod created (admission.py)
         self.name = body["metadata"]["name"]
         self.uid = str(uuid.uuid4())
         body["metadata"].update(namespace=namespace, uid=self.uid, creationTimestamp=now(), resourceVersion="1",

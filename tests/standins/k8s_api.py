@@ -34,7 +34,8 @@ Succeeded, Failed. A PyTorchJob runs the same way with a Master instead of a Chi
 v1.9.4 PyTorch controller instead of TF_CONFIG (`PyTorchJob`). Behind the TrainJob and JobSet endpoints run the
 "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts a JobSet pod's node
 down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a ResourceFlavor first
-(kueue.py).
+(kueue.py). With `admission_plugins`, the API server's mutating plugins (admission.py: GKE's
+ExtendedResourceToleration) change each JobSet pod as it is created.
 """
 
 from __future__ import annotations
@@ -263,9 +264,11 @@ class KubernetesStandIn(StandIn):
 
     name = "Kubernetes"
 
-    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None):
+    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None,
+                 admission_plugins: tuple[str, ...] = ()):
         super().__init__()
         self.run_containers = run_containers
+        self.admission_plugins = tuple(admission_plugins)  # mutating plugins run on each pod created (admission.py)
         self.kueue_flavors = kueue_flavors or {}  # Kueue's LocalQueue name -> its ResourceFlavor's spec (kueue.py)
         self.jobs: dict[tuple[str, str], TFJob] = {}
         self.pytorchjobs: dict[tuple[str, str], PyTorchJob] = {}
@@ -446,7 +449,7 @@ class KubernetesStandIn(StandIn):
         problems = jobset_problems({**jobset_body, "metadata": {**jobset_body["metadata"], "namespace": namespace}})
         if problems:  # the trainer would fail to create it later; the stand-in says so at once
             raise invalid("TrainJob", TRAINER_GROUP, name, [f"the JobSet it makes is invalid: {p}" for p in problems])
-        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0))
+        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0), self.admission_plugins)
         self.jobsets[(namespace, name)] = jobset
         trainjob = TrainJobRun(body, namespace, jobset, lambda: self.now(0))
         self.trainjobs[(namespace, name)] = trainjob
@@ -477,7 +480,7 @@ class KubernetesStandIn(StandIn):
         if (namespace, name) in self.jobsets:
             raise ApiError("ALREADY_EXISTS", f'jobsets.{JOBSET_GROUP} "{name}" already exists')
         self.created_bodies.append(json.loads(json.dumps(body)))
-        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0))
+        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0), self.admission_plugins)
         self.jobsets[(namespace, name)] = jobset
         return 201, jobset.snapshot()
 
