@@ -161,7 +161,8 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
         task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
-        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache)
+        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache,
+        framework=framework)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 
@@ -206,7 +207,8 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
         task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
-        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache)
+        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache,
+        framework=framework)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 

@@ -566,3 +566,14 @@ def test_explain_shows_the_command_each_torch_node_runs(launcher):
     nodes = explain.node_pods(manifest)
     assert sum(node["replicas"] for node in nodes) == 3
     assert all(node["command"] == setup("torch").node_command(TRAIN) for node in nodes)
+
+
+def test_the_pipeline_path_starts_the_nodes_for_the_framework_that_trains(tmp_path):
+    """The ops give the framework to both the launch settings and the training; a mismatch would start torch
+    training without torchrun (each node alone), so it is refused before anything is created."""
+    with pytest.raises(ValueError, match="nodes are started for torch but train with tensorflow"):
+        launch.launch_pipeline_training(
+            launch.LaunchSettings("trainjob", "img", framework="torch"), dataset_uri="gs://b/d", augmented_uri="",
+            model_uri="gs://b/m", model_path=str(tmp_path / "model"), tensorboard_path=str(tmp_path / "tb"),
+            recipe="fast", epochs=1, batch_size=0, learning_rate=0.0, checkpoint_root="", pipeline_root="gs://b/r",
+            run_id="run-1", task_name="train")

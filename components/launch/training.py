@@ -168,14 +168,18 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
                              learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
                              task_name: str, model: str = "reference-cnn", pretrained: str = "none",
                              freeze_epochs: int = -1, fine_tune_layers: int = 0,
-                             fine_tune_lr_factor: float = 0.0, weights_cache: str = "") -> dict:
+                             fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
+                             framework: str = "tensorflow") -> dict:
     """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
     replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
-    `{pipeline_root}/jobs/{run_id}/{task_name}`."""
+    `{pipeline_root}/jobs/{run_id}/{task_name}`. `framework` trains; `launch` must start its nodes for it."""
     from components.train.faults import backup_dir_for
 
-    # The training command names the framework the nodes are started for, where the training settings have one.
-    trains_with = {"framework": launch.framework} if "framework" in {
+    if framework != launch.framework:
+        raise ValueError(f"The job's nodes are started for {launch.framework} but train with {framework}: give the "
+                         "launch settings the training's framework")
+    # The training command names the framework, where the training settings have one.
+    trains_with = {"framework": framework} if "framework" in {
         field.name for field in dataclasses.fields(TrainSettings)} else {}
     settings = TrainSettings.from_pipeline(
         dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
