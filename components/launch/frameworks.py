@@ -35,7 +35,6 @@ NODE_MODULE = "components.launch.node"
 TRAINER_PORT = 29500
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 TORCHRUN_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-JAX_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
 
 def check_framework(framework: str) -> str:
@@ -64,7 +63,8 @@ def _with_framework(args: list[str], framework: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class NodeSetup:
-    """One framework's way of starting a node. `processes_per_node`: torch starts one per GPU (one on CPU)."""
+    """One framework's way of starting a node (torchrun starts one process per GPU, one on CPU:
+    TrainingJob.processes_per_node)."""
 
     framework: str
 
