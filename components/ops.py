@@ -139,9 +139,11 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
                  kueue_queue: str, namespace: str, project: str, location: str,
                  model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],
                  network: str = "reference-cnn", pretrained: str = "none", freeze_epochs: int = -1,
-                 fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "") -> float:
+                 fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
+                 framework: str = "tensorflow") -> float:
     """Trains on a chief and `workers` more machines placed by this task's parameters: creates a Vertex AI CustomJob
-    (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image, follows it, and
+    (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image with
+    `framework` (torch and JAX: their variables from Vertex's CLUSTER_SPEC), follows it, and
     cancels it when the run is cancelled. The job reads and writes the pipeline root directly (gs://). Returns the
     job's training seconds.
     """
@@ -152,14 +154,15 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
     stepcli.setup_logging(force=True)
     where = LaunchSettings(launcher, image, workers=workers, accelerator=accelerator, gpus=gpus, spot=spot,
                            node_pool=node_pool, kueue_queue=kueue_queue, namespace=namespace, project=project,
-                           location=location)
+                           location=location, framework=framework)
     # The replicas read and write the pipeline root directly (gs://): URIs, not this pod's local paths.
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
         task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
-        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache)
+        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache,
+        framework=framework)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 
@@ -180,13 +183,14 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
                          model: Output[Model], metrics: Output[Metrics],
                          tensorboard: Output[Artifact], network: str = "reference-cnn", pretrained: str = "none",
                          freeze_epochs: int = -1, fine_tune_layers: int = 0,
-                         fine_tune_lr_factor: float = 0.0, weights_cache: str = "") -> float:
+                         fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
+                         framework: str = "tensorflow") -> float:
     """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
-    ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) running the
-    training image, follows it, and deletes it when the run is cancelled. Each node requests `node_cpu`,
-    `node_memory` and `node_gpus` GPUs (empty: none) and gets the node selector and tolerations set on this task
-    (KFP passes them on instead of applying them to this pod). The job reads and writes the pipeline root directly
-    (gs://). Returns the job's training seconds.
+    ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) or PyTorchJob
+    (pytorchjob) running the training image with `framework` (torch: torchrun on every node), follows it, and
+    deletes it when the run is cancelled. Each node requests `node_cpu`, `node_memory` and `node_gpus` GPUs (empty:
+    none) and gets the node selector and tolerations set on this task (KFP passes them on instead of applying them
+    to this pod). The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
     """
     import dataclasses
 
@@ -197,13 +201,14 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
     stepcli.setup_logging(force=True)
     where = LaunchSettings(launcher, image, workers=workers, kueue_queue=kueue_queue, namespace=namespace,
                            runtime=runtime, task_config=dataclasses.asdict(task_config),
-                           node_resources=node_resources(node_cpu, node_memory, node_gpus))
+                           node_resources=node_resources(node_cpu, node_memory, node_gpus), framework=framework)
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
         task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
-        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache)
+        fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache,
+        framework=framework)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 

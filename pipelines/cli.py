@@ -42,10 +42,11 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predict-gpus", type=int, default=1)
     group.add_argument("--train-launcher", choices=config.TRAIN_LAUNCHERS, default="pod",
                        help="pod: train in the pipeline task; trainjob: a Kubeflow Trainer v2 TrainJob of chief + "
-                            "--train-workers nodes; jobset: the same as a JobSet (no Trainer v2); tfjob: a legacy "
-                            "Kubeflow TFJob; vertex-job: a Vertex AI CustomJob with worker pools")
+                            "--train-workers nodes; jobset: the same as a JobSet (no Trainer v2); tfjob, pytorchjob: a "
+                            "legacy Kubeflow TFJob or (framework torch) PyTorchJob; vertex-job: a Vertex AI CustomJob "
+                            "with worker pools")
     group.add_argument("--train-runtime", default=config.DEFAULT_TRAIN_RUNTIME,
-                       help="ClusterTrainingRuntime of the TrainJob (default: %(default)s, manifests/trainer/)")
+                       help="ClusterTrainingRuntime of the TrainJob (default: the framework's in manifests/trainer/)")
     group.add_argument("--train-namespace", default="kubeflow",
                        help="namespace of the TrainJob/JobSet/TFJob (default: %(default)s)")
     group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the training job")

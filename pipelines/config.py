@@ -35,7 +35,7 @@ DATA_ROOT_UNDER_MOUNT = "kfp-data"
 # Where training runs: "pod" trains in the pipeline task's own pod; "trainjob" launches a Kubeflow Trainer v2
 # TrainJob (chief + workers) on the cluster, "jobset" the same pods as a JobSet where Trainer v2 is not installed,
 # "tfjob" a legacy Kubeflow Training Operator v1 TFJob; "vertex-job" launches a Vertex AI CustomJob with worker pools.
-CLUSTER_LAUNCHERS = ("trainjob", "jobset", "tfjob")
+CLUSTER_LAUNCHERS = ("trainjob", "jobset", "tfjob", "pytorchjob")  # pytorchjob: for framework torch
 TRAIN_LAUNCHERS = ("pod", *CLUSTER_LAUNCHERS, "vertex-job")
 
 

@@ -55,7 +55,8 @@ def task_config_as_step_reads_it(task_config: dict):
 
 def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     """The nodes a training step's launcher creates (one entry per replica group: count, resources, node selector,
-    tolerations, or the Vertex AI machine), from the step's resolved inputs and TaskConfig; [] for other steps."""
+    tolerations, or the Vertex AI machine, and the command each node runs for the step's framework), from the step's
+    resolved inputs and TaskConfig; [] for other steps."""
     from components.gcp.accelerators import ACCELERATORS
     from components.launch import LaunchSettings, custom_job, job_manifests, node_resources, training_job
 
@@ -64,7 +65,7 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
         return []
     launcher, command = inputs["launcher"], ["python", "-m", "components.train"]
     common = dict(image=inputs["image"], workers=int(inputs["workers"]), kueue_queue=inputs.get("kueue_queue", ""),
-                  namespace=inputs.get("namespace", "kubeflow"))
+                  namespace=inputs.get("namespace", "kubeflow"), framework=inputs.get("framework", "tensorflow"))
     if launcher == "vertex-job":
         launch = LaunchSettings(launcher, **common, accelerator=inputs["accelerator"], gpus=int(inputs["gpus"]),
                                 spot=bool(inputs["spot"]), node_pool=inputs["node_pool"],
@@ -73,8 +74,8 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
                          vertex_accelerators=ACCELERATORS, spot=launch.spot)
         return [{"replicas": p.replica_count, "machine": {
             "machineType": p.machine_spec.machine_type, "acceleratorType": p.machine_spec.accelerator_type.name,
-            "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name}
-            for p in job.job_spec.worker_pool_specs]
+            "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name,
+            "command": list(p.container_spec.command)} for p in job.job_spec.worker_pool_specs]
     config = task_config_as_step_reads_it(pod.task_config or {})
     sizes = node_resources(inputs.get("node_cpu", ""), inputs.get("node_memory", ""), inputs.get("node_gpus", "")) \
         if "node_cpu" in inputs else None
@@ -86,15 +87,17 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
 
 
 def node_pods(manifest: dict) -> list[dict]:
-    """Each replica group's count and pod placement in a TrainJob, JobSet or TFJob manifest."""
+    """Each replica group's count, pod placement and command in a TrainJob, JobSet, TFJob or PyTorchJob manifest."""
     def placement(count: int, pod: dict) -> dict:
         container = pod["containers"][0] if pod.get("containers") else {}
         return {"replicas": count, "resources": container.get("resources", {}),
-                "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations")}
+                "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
+                "command": container.get("command")}
 
     spec = manifest["spec"]
-    if manifest["kind"] == "TFJob":
-        return [placement(r["replicas"], r["template"]["spec"]) for r in spec["tfReplicaSpecs"].values()]
+    if manifest["kind"] in ("TFJob", "PyTorchJob"):
+        replicas = spec["tfReplicaSpecs" if manifest["kind"] == "TFJob" else "pytorchReplicaSpecs"]
+        return [placement(r["replicas"], r["template"]["spec"]) for r in replicas.values()]
     if manifest["kind"] == "JobSet":
         return [placement(r["replicas"] * r["template"]["spec"].get("parallelism", 1),
                           r["template"]["spec"]["template"]["spec"]) for r in spec["replicatedJobs"]]
@@ -105,7 +108,8 @@ def node_pods(manifest: dict) -> list[dict]:
             pod.update(rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {}))
     trainer = spec["trainer"]
     return [{"replicas": trainer["numNodes"], "resources": trainer.get("resourcesPerNode", {}),
-             "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations")}]
+             "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
+             "command": trainer.get("command")}]
 
 
 # Where explain puts the run's artifacts: a gs:// pipeline root, as docs/data-by-reference.md sets up.

@@ -1,12 +1,14 @@
-"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the plain
-ClusterTrainingRuntime it runs on, the status reader and `TrainJobLauncher`.
+"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the
+ClusterTrainingRuntimes it runs on (one per framework), the status reader and `TrainJobLauncher`.
 
-The runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework policy:
-its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
-TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). Its JobSet
-template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly as
-the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints;
-1-127 fail at once).
+TensorFlow's runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework
+policy: its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
+TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). The torch and
+JAX runtimes (torch-multinode.yaml, jax-multinode.yaml) carry Trainer's torch or jax policy instead, whose plugins
+give the nodes torchrun's PET_* or jax.distributed's JAX_* (frameworks.py); the TrainJob then sets none of them. Its
+JobSet template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly
+as the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints; 1-127
+fail at once).
 
 Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `command`, `env` and `resourcesPerNode`
 (CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:
@@ -28,8 +30,9 @@ import logging
 
 from components import gcp
 from components.launch.job import LaunchError, TrainingJob
-from components.launch.jobset import (MAX_RESTARTS, NODE, TRAINING_PORT, NodePodsLauncher, check_name, cluster_env,
-                                      jobset_spec, node_job_template, restart_attempt)
+from components.launch.frameworks import check_framework
+from components.launch.jobset import (MAX_RESTARTS, NODE, NodePodsLauncher, check_name, cluster_env, jobset_spec,
+                                      node_job_template, node_ports, restart_attempt)
 from components.launch.k8s import api_reason
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
@@ -38,8 +41,13 @@ log = logging.getLogger(__name__)
 TRAINER_RELEASE = "v2.3.0"
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 TRAINJOB_PLURAL, RUNTIME_PLURAL = "trainjobs", "clustertrainingruntimes"
-RUNTIME_NAME = "tensorflow-multiworker"  # the ClusterTrainingRuntime in manifests/trainer/
+RUNTIME_NAME = "tensorflow-multiworker"  # the plain ClusterTrainingRuntime in manifests/trainer/
+# The runtimes shipped in manifests/trainer/, one per framework: the plain one for TensorFlow, and for torch and JAX
+# runtimes with Trainer's own torch and JAX policies (upstream's torch-distributed and jax-distributed runtimes,
+# manifests/base/runtimes/ at v2.3.0, with the failure rules of jobset.py added).
+RUNTIMES = {"tensorflow": RUNTIME_NAME, "torch": "torch-multinode", "jax": "jax-multinode"}
 RUNTIME_FILE = f"manifests/trainer/{RUNTIME_NAME}.yaml"
+FRAMEWORK_LABEL = "kfp-image-classification/framework"  # on the TrainJob: which runtime policy it needs
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job Trainer's trainer step is
 # Who owns our runtime patch: Trainer's webhook wants a domain-prefixed path; the project's name stands in for it.
 RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
@@ -47,6 +55,8 @@ RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
 KUEUE_PATCH_MANAGER = "kueue.x-k8s.io/manager"
 FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")  # MLPolicySource members in v2.3.0
 TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
+TRAINING = {"tensorflow": "TensorFlow multi-worker training", "torch": "PyTorch DDP under torchrun",
+            "jax": "JAX multi-process training"}
 
 
 # The node pods' grace period is the runtime's, not the TrainJob's: a pod-template patch's
@@ -56,23 +66,47 @@ TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
 RUNTIME_GRACE_SECONDS = 30
 
 
-def runtime_manifest(name: str = RUNTIME_NAME, *, max_restarts: int = MAX_RESTARTS) -> dict:
-    """The plain ClusterTrainingRuntime: one `node` replicated job, no image or command of its own (every
-    TrainJob brings them), the failure rules of jobset.py."""
-    container = {"name": NODE, "ports": [{"name": "tf-training", "containerPort": TRAINING_PORT}]}
+def runtime_file(framework: str = "tensorflow") -> str:
+    return f"manifests/trainer/{RUNTIMES[check_framework(framework)]}.yaml"
+
+
+def runtime_for(framework: str, runtime: str = RUNTIME_NAME) -> str:
+    """The ClusterTrainingRuntime a TrainJob of `framework` runs on: a shipped runtime's name stands for the shipped
+    runtime of that framework (so that choosing torch needs no second setting); another name is the user's own."""
+    return RUNTIMES[check_framework(framework)] if runtime in RUNTIMES.values() else runtime
+
+
+def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framework: str = "tensorflow") -> dict:
+    """The shipped ClusterTrainingRuntime of `framework`: one `node` replicated job, no image or command of its own
+    (every TrainJob brings them), the failure rules of jobset.py. TensorFlow's is plain (mlPolicy numNodes only:
+    Trainer's PlainML plugin); torch's and JAX's carry Trainer's torch or jax policy, whose plugins give every node
+    torchrun's PET_* or jax.distributed's JAX_* and the port 29500 (kubeflow/trainer v2.3.0
+    pkg/runtime/framework/plugins/torch/torch.go:145-203, jax/jax.go:76-100), as upstream's torch-distributed and
+    jax-distributed runtimes do."""
+    container = {"name": NODE}
+    policy: dict = {"numNodes": 1}
+    if framework == "tensorflow":
+        container["ports"] = node_ports(framework)  # the plugins of torch and JAX add theirs
+    else:
+        policy[check_framework(framework)] = {}
     template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"},
                                  pod_spec={"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS})
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
-            "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": jobset_spec(template, max_restarts)}}}
+            "metadata": {"name": name or RUNTIMES[framework],
+                         "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
+            "spec": {"mlPolicy": policy, "template": {"spec": jobset_spec(template, max_restarts)}}}
 
 
 def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_NAME) -> dict:
     """The TrainJob for `job` on the ClusterTrainingRuntime `runtime` (see the module docstring)."""
     check_name(job)
-    trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command),
-               "env": job.env_list() + cluster_env(job.name, job.nodes),
+    # TensorFlow's nodes build TF_CONFIG from our variables; torch's and JAX's get theirs from the runtime's policy
+    # (whose webhook refuses a TrainJob that sets the PET_* itself: torch.go:65-77).
+    env = job.env_list() + (cluster_env(job.name, job.nodes) if job.framework == "tensorflow" else [])
+    trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command), "env": env,
                "resourcesPerNode": job.container_resources()}
+    if job.framework == "torch":  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
+        trainer["numProcPerNode"] = job.processes_per_node
     placement = job.pod_placement()
     grace = placement.pop("terminationGracePeriodSeconds", RUNTIME_GRACE_SECONDS)
     if grace != RUNTIME_GRACE_SECONDS:
@@ -82,7 +116,7 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
     node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": placement}
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
-    labels = job.pod_labels()
+    labels = {**job.pod_labels(), FRAMEWORK_LABEL: job.framework}
     if job.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue's webhook suspends it until the queue admits it
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob",
@@ -155,15 +189,19 @@ def trainjob_status(trainjob: dict) -> gcp.JobStatus:
     return gcp.JobStatus("Running" if active else "Created")
 
 
-def runtime_problems(runtime: dict) -> tuple[list[str], list[str]]:
-    """What makes a ClusterTrainingRuntime unfit for TensorFlow multi-worker training (errors), and what only
-    weakens it (warnings): a framework policy would inject its own launcher/env, a custom subdomain breaks the
-    node addresses, a runtime without the failure rules restarts and fails by its own policy."""
+def runtime_problems(runtime: dict, framework: str = "tensorflow") -> tuple[list[str], list[str]]:
+    """What makes a ClusterTrainingRuntime unfit for multi-node training with `framework` (errors), and what only
+    weakens it (warnings): TensorFlow needs a plain runtime (a framework policy would inject its own launcher/env),
+    torch and JAX need Trainer's torch or jax policy (which gives the nodes their PET_* or JAX_*); a custom
+    subdomain breaks the node addresses; a runtime without the failure rules restarts and fails by its own policy."""
     errors, warnings = [], []
     spec = runtime.get("spec", {})
     policies = [p for p in FRAMEWORK_POLICIES if p in (spec.get("mlPolicy") or {})]
-    if policies:
+    if framework == "tensorflow" and policies:
         errors.append(f"it has a {policies[0]} policy (a plain runtime has none)")
+    elif framework != "tensorflow" and policies != [framework]:
+        has = f"a {policies[0]} policy" if policies else "no framework policy"
+        errors.append(f"it has {has} (a {framework} runtime has mlPolicy.{framework})")
     jobset = spec.get("template", {}).get("spec", {})
     if jobset.get("network", {}).get("subdomain"):
         errors.append("it sets network.subdomain (the nodes find each other in the subdomain named after the job)")
@@ -176,7 +214,7 @@ def runtime_problems(runtime: dict) -> tuple[list[str], list[str]]:
         errors.append(f"it has no replicated job {NODE!r} labelled {ANCESTOR_LABEL}: trainer")
     elif "podFailurePolicy" not in trainer_jobs[0]["template"].get("spec", {}) or "failurePolicy" not in jobset:
         warnings.append(f"it has no podFailurePolicy/failurePolicy: exit codes are not told apart (retryable "
-                        f"128-255, permanent 1-127) as {RUNTIME_FILE} does")
+                        f"128-255, permanent 1-127) as {runtime_file(framework)} does")
     return errors, warnings
 
 
@@ -191,9 +229,9 @@ class TrainJobLauncher(NodePodsLauncher):
         super().__init__(*args, **kwargs)
         self._warned_readded: set[str] = set()  # TrainJobs whose re-added GPU toleration was already reported
 
-    def check_runtime(self, name: str) -> None:
-        """Refuses a runtime that is missing or unfit (LaunchError naming what to apply); goes on, with a warning,
-        when the service account may not read cluster-scoped runtimes."""
+    def check_runtime(self, name: str, framework: str = "tensorflow") -> None:
+        """Refuses a runtime that is missing or unfit for `framework` (LaunchError naming what to apply); goes on,
+        with a warning, when the service account may not read cluster-scoped runtimes."""
         from kubernetes.client.rest import ApiException
 
         try:
@@ -201,21 +239,23 @@ class TrainJobLauncher(NodePodsLauncher):
         except ApiException as e:
             if e.status == 404:
                 raise LaunchError(f"ClusterTrainingRuntime {name!r} is not installed: apply it with `kubectl apply "
-                                  f"--server-side -f {RUNTIME_FILE}` (or name an installed plain runtime)") from None
+                                  f"--server-side -f {runtime_file(framework)}` (or name an installed "
+                                  f"{'plain' if framework == 'tensorflow' else framework} runtime)") from None
             if e.status == 403:
                 log.warning("launch: cannot read ClusterTrainingRuntime %s (%s); creating the TrainJob unchecked",
                             name, api_reason(e))
                 return
             raise
-        errors, warnings = runtime_problems(runtime)
+        errors, warnings = runtime_problems(runtime, framework)
         if errors:
-            raise LaunchError(f"ClusterTrainingRuntime {name!r} cannot run TensorFlow multi-worker training: "
-                              f"{'; '.join(errors)}. Use {RUNTIME_NAME!r} ({RUNTIME_FILE}).")
+            raise LaunchError(f"ClusterTrainingRuntime {name!r} cannot run {TRAINING[framework]}: "
+                              f"{'; '.join(errors)}. Use {RUNTIMES[framework]!r} ({runtime_file(framework)}).")
         for warning in warnings:
             log.warning("launch: ClusterTrainingRuntime %s: %s", name, warning)
 
     def create(self, manifest: dict) -> str:
-        self.check_runtime(manifest["spec"]["runtimeRef"]["name"])
+        self.check_runtime(manifest["spec"]["runtimeRef"]["name"],
+                           manifest["metadata"].get("labels", {}).get(FRAMEWORK_LABEL, "tensorflow"))
         return super().create(manifest)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:

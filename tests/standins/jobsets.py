@@ -16,7 +16,9 @@ Bodies are validated against the vendored CRD and the pod templates against the 
 
 Pods run as local processes (pods.py). The pods of one JobSet share the machine's loopback network: each pod's DNS
 name gets a port of its own on 127.0.0.1, and `{hostname}.{subdomain}[.{namespace}.svc[.cluster.local]]:{port}`
-in a container's env is rewritten to that address, which is what the headless Service resolves in a cluster.
+in a container's env is rewritten to that address, which is what the headless Service resolves in a cluster. A
+variable that is a pod's DNS name alone becomes 127.0.0.1, and one that is a container port of the pods alone
+becomes the first pod's loopback port for it (torchrun's PET_MASTER_ADDR and PET_MASTER_PORT name node 0 so).
 Env `valueFrom.fieldRef` (Downward API) resolves metadata.name/namespace/labels['k']/annotations['k']. Pods a
 controller deleted (a failed Job's others, a restart's) are no longer listed. `preempt()` does what a Spot VM's
 node shutdown does: the pod gets the DisruptionTarget condition and SIGTERM, then SIGKILL after its grace period.
@@ -125,10 +127,15 @@ class Network:
         self.subdomain, self.namespace = subdomain, namespace
         self.ports: dict[tuple[str, int], int] = {}
 
-    def resolve(self, value: str, hostnames: list[str]) -> str:
+    def resolve(self, value: str, hostnames: list[str], ports: set[int] = frozenset()) -> str:
         if not hostnames:
             return value
+        if value.isdigit() and int(value) in ports:
+            return str(self._port(hostnames[0], int(value)))
         names = "|".join(re.escape(h) for h in sorted(hostnames, key=len, reverse=True))
+        host = rf"({names})\.{re.escape(self.subdomain)}(?:\.{re.escape(self.namespace)}\.svc(?:\.cluster\.local)?)?"
+        if re.fullmatch(host, value):
+            return "127.0.0.1"
         pattern = (rf"\b({names})\.{re.escape(self.subdomain)}"
                    rf"(?:\.{re.escape(self.namespace)}\.svc(?:\.cluster\.local)?)?:(\d+)\b")
         return re.sub(pattern, lambda m: f"127.0.0.1:{self._port(m.group(1), int(m.group(2)))}", value)
@@ -184,7 +191,8 @@ class JobRun:
             value = var.get("value", "")
             if "valueFrom" in var:
                 value = _field_ref(var["valueFrom"].get("fieldRef", {}).get("fieldPath", ""), meta)
-            env[var["name"]] = js.network.resolve(value, js.hostnames())
+            env[var["name"]] = js.network.resolve(value, js.hostnames(),
+                                                  {int(p["containerPort"]) for p in container.get("ports", [])})
         pod = JobSetPod(name, hostname, index, container, env, labels=labels, annotations=annotations,
                         namespace=js.namespace, pod_spec=pod_spec, created=js.now())
         self.pods[index] = pod
