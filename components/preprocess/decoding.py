@@ -38,7 +38,7 @@ def _batched(examples: list[Example], height: int, width: int, channels: int) ->
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
     return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding,
-             (e.source_size, e.source_bytes, e.reencoded)) for e in examples], images
+             (e.source_size, e.source_bytes, e.reencoded, e.histogram)) for e in examples], images
 
 
 def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
@@ -146,9 +146,13 @@ class TensorFlowDecoder:
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
-    for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded) in rows:
+    for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded,
+                                                                   histogram) in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
+        elif histogram is not None:  # a source record: no pixels travel
+            yield Example(uri, label, split, key, None, stored=stored, encoding=encoding, source_size=source_size,
+                          source_bytes=source_bytes, reencoded=reencoded, histogram=histogram)
         else:
             yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding,
                           source_size=source_size, source_bytes=source_bytes, reencoded=reencoded)
@@ -301,7 +305,7 @@ def _consume(examples: Iterable[Example]) -> list[Example]:
     includes the main process's share (building records) and how well the plan overlaps it."""
     kept = []
     for ex in examples:
-        if ex.image is not None:
+        if ex.kept:
             per_image.record(ex)
         kept.append(ex)
     return kept
