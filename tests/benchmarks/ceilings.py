@@ -31,8 +31,10 @@ The paths, each on real images:
   png preprocess      Fashion-MNIST 28x28 PNGs in class folders -> preprocess to 28x28 grayscale
   png predict         the same PNGs -> batch prediction with the reference CNN (untrained: its compute is the same)
 
-Each path runs ours, then each part of its ceiling, --repeats times interleaved; the best of each is kept (other
-work on a shared machine comes and goes). Rates are photos (inputs) per second.
+Each path runs ours once untimed (imports, tracing, the page cache), then ours and each part of its ceiling,
+--repeats times interleaved; the best of each is kept (other work on a shared machine comes and goes). Rates are
+files per second. Beside the share of the rates, the CPU share: the ceiling's parts' CPU seconds against ours (this
+process's threads and its worker processes), which other work on a shared machine moves less.
 """
 
 from __future__ import annotations
@@ -68,39 +70,42 @@ def _read_part(paths: list[str]) -> list[bytes]:
     return contents
 
 
-def read_seconds(paths: list[str], cpus: int) -> tuple[float, list[bytes]]:
-    """(seconds to read every file's bytes, one thread per CPU, each a run of files; the bytes in input order)."""
+def read_seconds(paths: list[str], cpus: int) -> tuple[tuple[float, float], list[bytes]]:
+    """((seconds, CPU seconds) to read every file's bytes, one thread per CPU, each a run of files; the bytes in
+    input order)."""
     step = -(-len(paths) // cpus)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     with concurrent.futures.ThreadPoolExecutor(cpus) as pool:
         parts = list(pool.map(_read_part, [paths[i:i + step] for i in range(0, len(paths), step)]))
-    seconds = time.monotonic() - start
+    seconds = (time.monotonic() - start, time.process_time() - cpu)
     return seconds, [c for part in parts for c in part]
 
 
-def _pillow_decode_part(paths: list[str], scale: str, size: int, channels: int) -> float:
+def _pillow_decode_part(paths: list[str], scale: str, size: int, channels: int) -> tuple[float, float]:
     """In a worker process: reads its files (not timed), then decodes each one as `scale` says; the decode's
-    seconds. scale "check": 1/8 DCT scale; "rule": the smallest DCT scale keeping both sides >= size; "full"."""
+    (seconds, CPU seconds). scale "check": 1/8 DCT scale; "rule": the smallest DCT scale keeping both sides >= size; "full"."""
     from PIL import Image
 
     contents = _read_part(paths)
     mode = "L" if channels == 1 else "RGB"
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     for raw in contents:
         with Image.open(io.BytesIO(raw)) as img:
-            if img.format == "JPEG" and scale != "full":
-                img.draft(mode, (-(-img.width // 8), -(-img.height // 8)) if scale == "check" else (size, size))
+            if img.format == "JPEG" and scale != "full":  # PIL drafts the largest scale >= the size asked for
+                img.draft(mode, (max(1, img.width // 8), max(1, img.height // 8)) if scale == "check" else (size, size))
             img.load()
-    return time.monotonic() - start
+    return time.monotonic() - start, time.process_time() - cpu
 
 
 def pillow_decode_seconds(pool: concurrent.futures.Executor, paths: list[str], cpus: int, scale: str, size: int,
-                          channels: int) -> float:
-    """Pillow, one process per CPU, each decoding its share of the files from memory: the slowest share's time."""
+                          channels: int) -> tuple[float, float]:
+    """Pillow, one process per CPU, each decoding its share of the files from memory: (the slowest share's
+    seconds, the shares' CPU seconds summed)."""
     step = -(-len(paths) // cpus)
     futures = [pool.submit(_pillow_decode_part, paths[i:i + step], scale, size, channels)
                for i in range(0, len(paths), step)]
-    return max(f.result() for f in futures)
+    parts = [f.result() for f in futures]
+    return max(p[0] for p in parts), sum(p[1] for p in parts)
 
 
 @functools.lru_cache(maxsize=8)
@@ -132,7 +137,8 @@ def _tensorflow_decoder(cpus: int, scale: str, size: int, channels: int):
     return decode
 
 
-def tensorflow_decode_seconds(contents: list[bytes], cpus: int, scale: str, size: int, channels: int) -> float:
+def tensorflow_decode_seconds(contents: list[bytes], cpus: int, scale: str, size: int,
+                              channels: int) -> tuple[float, float]:
     """TensorFlow's C++ decoders over batches of 256 files in memory (tf.map_fn, 2 x CPUs in parallel), at the
     scale `pillow_decode_seconds` uses (PNGs whole); the traced function is warmed on the first files first."""
     import tensorflow as tf
@@ -140,46 +146,95 @@ def tensorflow_decode_seconds(contents: list[bytes], cpus: int, scale: str, size
     decode = _tensorflow_decoder(cpus, scale, size, channels)
     decode(tf.constant(contents[:8]))
     batches = [tf.constant(contents[i:i + 256]) for i in range(0, len(contents), 256)]
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     for batch in batches:
         decode(batch).numpy()
-    return time.monotonic() - start
+    return time.monotonic() - start, time.process_time() - cpu
 
 
-def model_seconds(classifier, count: int, batch_size: int) -> float:
+def model_seconds(classifier, count: int, batch_size: int) -> tuple[float, float]:
     """The model alone: `predict_proba` on `count` images already decoded, in the step's batches (warmed first)."""
     import numpy as np
 
     images = np.random.default_rng(0).integers(0, 256, [batch_size, *classifier.image_shape], dtype=np.uint8)
     classifier.predict_proba(images)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     left = count
     while left > 0:
         classifier.predict_proba(images[:min(left, batch_size)])
         left -= batch_size
-    return time.monotonic() - start
+    return time.monotonic() - start, time.process_time() - cpu
 
 
 # ---------------------------------------------------------------------------------------------- ours
 
 
-def ours_preprocess(root: str, out: str, image_size: int, channels: int) -> float:
+class TreeCPU:
+    """CPU seconds of this process and of the processes below it while the block runs (preprocess's decode
+    workers are children of a forkserver, gone when it ends: each is sampled every 20 ms and its last reading
+    counted, so a worker's final 20 ms may be missed); processes already running count from the block's start."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self._me = psutil.Process()
+        self._children: dict[int, float] = {}
+        self._sample_children()
+        self._initial = dict(self._children)
+        self._done = threading.Event()
+        self._start = time.process_time()
+
+        def sample():
+            while not self._done.wait(0.02):
+                self._sample_children()
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample_children(self) -> None:
+        import psutil
+
+        for child in self._me.children(recursive=True):
+            try:
+                times = child.cpu_times()
+            except psutil.Error:
+                continue
+            self._children[child.pid] = times.user + times.system
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self._sample_children()
+        self.seconds = time.process_time() - self._start + sum(
+            cpu - self._initial.get(pid, 0.0) for pid, cpu in self._children.items())
+        return False
+
+
+def ours_preprocess(root: str, out: str, image_size: int, channels: int) -> tuple[float, float, int]:
+    """(seconds, CPU seconds of the process tree, inputs) of preprocess."""
     from components import preprocess as pp
 
     shutil.rmtree(out, ignore_errors=True)
-    start = time.monotonic()
-    result = pp.preprocess(root, out, image_size=image_size, channels=channels, min_shards=2)
-    return (sum(result.counts.values()) + result.rejected) / (time.monotonic() - start)
+    with TreeCPU() as cpu:
+        start = time.monotonic()
+        result = pp.preprocess(root, out, image_size=image_size, channels=channels, min_shards=2)
+        seconds = time.monotonic() - start
+    return seconds, cpu.seconds, sum(result.counts.values()) + result.rejected
 
 
-def ours_predict(model_dir: str, root: str, out: str, classifier) -> float:
+def ours_predict(model_dir: str, root: str, out: str, classifier) -> tuple[float, float, int]:
+    """(seconds, CPU seconds, inputs) of batch prediction."""
     from components.predict import predict
 
     shutil.rmtree(out, ignore_errors=True)
-    start = time.monotonic()
-    with contextlib.redirect_stdout(io.StringIO()):
+    with TreeCPU() as cpu, contextlib.redirect_stdout(io.StringIO()):
+        start = time.monotonic()
         result = predict(model_dir, root, out, classifier=classifier)
-    return (result.count + result.errors) / (time.monotonic() - start)
+        seconds = time.monotonic() - start
+    return seconds, cpu.seconds, result.count + result.errors
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -221,7 +276,8 @@ def prepare(path: str, args, cache: str, work: str) -> dict | str:
         found = food.installed()
         if not found:
             return f"the food photos are not installed under {food.default_dir()}: run `make photos` (npm needed)"
-        root = photos.make_unique_copies(os.path.join(cache, f"food{args.small}"), args.small, found)
+        count = max(args.small, len(files_under(found)))  # every class folder gets copies
+        root = photos.make_unique_copies(os.path.join(cache, f"food{count}"), count, found)
         return {"root": root, "image_size": photos.IMAGE_SIZE, "channels": 3, "scale": "check"}
     from components import data
 
@@ -269,12 +325,17 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{path}: {len(paths)} files under {spec['root']} ...", flush=True)
             size, channels, scale = spec["image_size"], spec["channels"], spec["scale"]
             classifier = data.load_classifier(spec["model_dir"]) if "model_dir" in spec else None
-            runs: dict[str, list[float]] = {"ours": [], "read": [], "decode pillow": [], "decode tensorflow": [],
-                                            "model": []}
-            for _ in range(args.repeats):
-                out = os.path.join(work, "out")
-                runs["ours"].append(ours_predict(spec["model_dir"], spec["root"], out, classifier) if classifier
-                                    else ours_preprocess(spec["root"], out, size, channels))
+            runs: dict[str, list[tuple[float, float]]] = {"ours": [], "read": [], "decode pillow": [],
+                                                          "decode tensorflow": [], "model": []}
+            out = os.path.join(work, "out")
+            for repeat in range(args.repeats + 1):  # the first, untimed, warms up: imports, tracing, the page cache
+                seconds, cpu, inputs = (ours_predict(spec["model_dir"], spec["root"], out, classifier) if classifier
+                                        else ours_preprocess(spec["root"], out, size, channels))
+                if inputs != len(paths):
+                    raise RuntimeError(f"{path}: ours took {inputs} inputs of {len(paths)} files")
+                if not repeat:
+                    continue
+                runs["ours"].append((seconds, cpu))
                 seconds, contents = read_seconds(paths, cpus)
                 runs["read"].append(seconds)
                 runs["decode pillow"].append(pillow_decode_seconds(pool, paths, cpus, scale, size, channels))
@@ -283,34 +344,44 @@ def main(argv: list[str] | None = None) -> dict:
                 if classifier:
                     runs["model"].append(model_seconds(classifier, len(paths),
                                                        auto_batch_size(classifier.image_shape)))
-            best = {"ours": max(runs["ours"]), **{k: min(v) for k, v in runs.items() if k != "ours" and v}}
-            decode = min(best["decode pillow"], best["decode tensorflow"])
-            ceiling_seconds = best["read"] + decode + best.get("model", 0.0)
-            ceiling = len(paths) / ceiling_seconds
-            results[path] = {"files": len(paths), "ours_per_s": round(best["ours"], 1),
-                             "ceiling_per_s": round(ceiling, 1), "share": round(best["ours"] / ceiling, 3),
-                             "ms": {k: round(v * 1e3, 1) for k, v in best.items() if k != "ours"},
-                             "decoder": "pillow" if best["decode pillow"] <= best["decode tensorflow"] else
-                             "tensorflow", "runs": {k: [round(x, 4) for x in v] for k, v in runs.items()}}
-            print(f"  ours {best['ours']:.0f}/s, ceiling {ceiling:.0f}/s, share {best['ours'] / ceiling:.2f}", flush=True)
+            # the best of the runs of each, wall and CPU apart (the least time is the least disturbed by others)
+            wall = {k: min(r[0] for r in v) for k, v in runs.items() if v}
+            cpu = {k: min(r[1] for r in v) for k, v in runs.items() if v}
+            decoder = "pillow" if wall["decode pillow"] <= wall["decode tensorflow"] else "tensorflow"
+            parts = ["read", "decode " + decoder] + (["model"] if classifier else [])
+            ceiling = len(paths) / sum(wall[k] for k in parts)
+            cpu_decoder = "pillow" if cpu["decode pillow"] <= cpu["decode tensorflow"] else "tensorflow"
+            ceiling_cpu = sum(cpu[k] for k in ["read", "decode " + cpu_decoder] + (["model"] if classifier else []))
+            ours = len(paths) / wall["ours"]
+            results[path] = {"files": len(paths), "ours_per_s": round(ours, 1), "ceiling_per_s": round(ceiling, 1),
+                             "share": round(ours / ceiling, 3), "decoder": decoder,
+                             "ms": {k: round(v * 1e3, 1) for k, v in wall.items()},
+                             "cpu_ms_per_file": {k: round(v / len(paths) * 1e3, 3) for k, v in cpu.items()},
+                             "cpu_share": round(ceiling_cpu / cpu["ours"], 3),
+                             "runs": {k: [[round(x, 4) for x in r] for r in v] for k, v in runs.items() if v}}
+            print(f"  ours {ours:.0f}/s, ceiling {ceiling:.0f}/s, share {ours / ceiling:.2f} (CPU: ours "
+                  f"{cpu['ours'] / len(paths) * 1e3:.3f} ms a file, the ceiling's parts "
+                  f"{ceiling_cpu / len(paths) * 1e3:.3f}, share {ceiling_cpu / cpu['ours']:.2f})", flush=True)
     finally:
         pool.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nEach hot path against its ceiling ({cpus} CPUs; best of {args.repeats} interleaved runs; goal "
           f"{GOAL} of the ceiling)")
-    print(f"{'path':20} {'files':>6} {'ours/s':>8} {'ceiling/s':>10} {'share':>6}   the ceiling's parts, ms "
-          f"(read + the faster decoder [+ model])")
+    print(f"{'path':18} {'files':>6} {'ours/s':>8} {'ceiling/s':>10} {'share':>6} {'CPU share':>10}   the ceiling's "
+          f"parts, ms (read + the faster decoder [+ model])")
     for path, r in results.items():
         if "skipped" in r:
-            print(f"{path:20} skipped: {r['skipped']}")
+            print(f"{path:18} skipped: {r['skipped']}")
             continue
         ms = r["ms"]
-        parts = (f"read {ms['read']:.0f} + decode {min(ms['decode pillow'], ms['decode tensorflow']):.0f} "
-                 f"({r['decoder']}; pillow {ms['decode pillow']:.0f}, tensorflow {ms['decode tensorflow']:.0f})")
+        parts = (f"read {ms['read']:.0f} + decode {ms['decode ' + r['decoder']]:.0f} ({r['decoder']}; pillow "
+                 f"{ms['decode pillow']:.0f}, tensorflow {ms['decode tensorflow']:.0f})")
         if "model" in ms:
             parts += f" + model {ms['model']:.0f}"
-        print(f"{path:20} {r['files']:6d} {r['ours_per_s']:8.0f} {r['ceiling_per_s']:10.0f} {r['share']:6.2f}   "
-              f"{parts}")
+        print(f"{path:18} {r['files']:6d} {r['ours_per_s']:8.0f} {r['ceiling_per_s']:10.0f} {r['share']:6.2f} "
+              f"{r['cpu_share']:10.2f}   {parts}")
+    print("share: ours / the ceiling, wall clock; CPU share: the ceiling's parts' CPU time / ours (all threads and "
+          "processes), steadier when other work shares the machine")
     return {"cpus": cpus, "goal": GOAL, "paths": results}
 
 
