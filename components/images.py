@@ -180,9 +180,11 @@ def _nearest_counts(size: int, target: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _nearest_weights(width: int, height: int, target_width: int, target_height: int, channels: int) -> np.ndarray:
-    return np.repeat(np.outer(_nearest_counts(height, target_height), _nearest_counts(width, target_width)).ravel(),
-                     channels).astype(np.float64)
+def _nearest_weights(width: int, height: int, target_width: int, target_height: int) -> np.ndarray:
+    """How many times the nearest resize to target_width x target_height takes each pixel (row-major), as float64
+    (np.bincount's weights; every count and sum stays an exact integer)."""
+    return np.outer(_nearest_counts(height, target_height), _nearest_counts(width, target_width)).ravel().astype(
+        np.float64)
 
 
 def sampled_histogram(img, height: int, width: int, channels: int) -> np.ndarray:
@@ -196,11 +198,9 @@ def sampled_histogram(img, height: int, width: int, channels: int) -> np.ndarray
         sample = img if img.size == (width, height) else img.resize((width, height), Image.Resampling.NEAREST)
         return np.asarray(sample.histogram(), np.int64)
     values = np.frombuffer(img.tobytes(), np.uint8)
-    if channels > 1:
-        values = (values.reshape(-1, channels) + np.arange(0, 256 * channels, 256, dtype=np.intp)).ravel()
-    counts = np.bincount(values, weights=_nearest_weights(img.width, img.height, width, height, channels),
-                         minlength=256 * channels)
-    return np.rint(counts).astype(np.int64)
+    weights = _nearest_weights(img.width, img.height, width, height)
+    return np.concatenate([np.bincount(values[band::channels], weights, minlength=256)
+                           for band in range(channels)]).astype(np.int64)
 
 
 def _open(data: bytes, max_pixels: int):

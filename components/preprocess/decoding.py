@@ -212,10 +212,11 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
 # Below this many inputs one worker is used: measuring would cost more than it could save.
 MEASURE_MIN_INPUTS = 1000
 MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
-# Files above this size on average are photos: a few hundred of them already take seconds to decode, so below
-# MEASURE_MIN_INPUTS they are decoded by one thread per CPU (PIL releases the GIL while decoding, resizing and
-# encoding: 2 threads win on 480x480 JPEGs, see planned_decode) rather than by one worker.
-PHOTO_BYTES = 32 << 10
+# Files above this size on average are photos: below MEASURE_MIN_INPUTS they are decoded by one thread per CPU
+# (PIL releases the GIL while decoding, resizing and encoding: 2 threads win on 480x480 JPEGs, see planned_decode)
+# rather than by one worker, and above it one worker is measured but not chosen (see _measure_plans). npm's
+# 307x173 food photos average 17 KB: 2 threads decoded 2,000 of them in 0.93-0.97 s, one worker in 2.1-2.7 s.
+PHOTO_BYTES = 8 << 10
 # Worker processes take a second or two to start: they are only tried when the run would take longer than this.
 PROCESSES_WORTH_SECONDS = 10.0
 
@@ -279,7 +280,8 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
         yield from parallel_decode(items, **shape, **few)
         return
     prefix = list(itertools.islice(items(), _sample_size(expected)))
-    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)
+    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock,
+                                   photos=_photos(items))
     yield from decoded
     yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
 
@@ -312,8 +314,11 @@ def _consume(examples: Iterable[Example]) -> list[Example]:
 
 
 def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: tuple,
-                   clock: Callable[[], float]) -> tuple[dict, list[Example]]:
-    """(the best plan, the prefix's examples as one worker decoded them)."""
+                   clock: Callable[[], float], photos: bool = False) -> tuple[dict, list[Example]]:
+    """(the best plan, the prefix's examples as one worker decoded them). With `photos`, one worker is measured
+    (it decodes the prefix) but another plan is chosen: on photos it decodes in the thread that builds and
+    writes the records, which nothing overlaps, and a sample of a hundred files on a busy machine measured it
+    ahead of 2 threads in one run of three that the whole runs then lost by 2-3x."""
     files = sum(1 for item in prefix if not item.problem) or len(prefix)
     start = clock()
     decoded = _consume(ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args)))
@@ -326,7 +331,7 @@ def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: t
             continue  # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
         rate, startup = _measure(prefix, files, plan, args, clock)
         measured.append((startup + expected / rate, rate, plan))
-    best = min(measured, key=lambda m: m[0])[2]
+    best = min(measured[1:] if photos and len(measured) > 1 else measured, key=lambda m: m[0])[2]
     log.info("preprocess: decoding with %s (measured on %d files, records built: %s)", _label(best), files,
              ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
     return best, decoded
