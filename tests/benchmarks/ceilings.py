@@ -13,8 +13,9 @@ toward the numerator:
   - reading: every file's bytes with plain open/read, one thread per CPU, each a run of consecutive files (the
     files are in the page cache after the first pass, as they are for ours);
   - decoding: the faster of two decoders over the bytes already in memory, only the decode (no hashing, records,
-    resizing, checks or Python of ours): Pillow with one process per CPU, and TensorFlow's C++ decoders over
-    batches (tf.map_fn, as many parallel iterations as twice the CPUs). At the scale the path must decode:
+    resizing, checks or Python of ours): Pillow with one process per CPU, and TensorFlow's C++ decoders (the
+    faster of a tf.data map with one call per CPU and tf.map_fn over batches of 64 with 2 x CPUs parallel
+    iterations). At the scale the path must decode:
       - preprocess of a JPEG: 1/8 DCT scale, the entropy decoding every check of a JPEG pays however much else it
         skips (images.decode_source); of a PNG: the whole image;
       - prediction of a JPEG: the smallest DCT scale that keeps both sides >= the model's (the readers' rule,
@@ -42,7 +43,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import functools
 import io
 import json
 import multiprocessing
@@ -108,9 +108,8 @@ def pillow_decode_seconds(pool: concurrent.futures.Executor, paths: list[str], c
     return max(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-@functools.lru_cache(maxsize=8)
-def _tensorflow_decoder(cpus: int, scale: str, size: int, channels: int):
-    """A batch of file bytes -> their decoded shapes, decoded in TensorFlow's C++ (traced once per arguments)."""
+def _tensorflow_decode_one(scale: str, size: int, channels: int):
+    """File bytes -> the decoded image's shape, decoded by TensorFlow's C++ at the ceiling's scale."""
     import tensorflow as tf
 
     def one(raw):
@@ -130,26 +129,36 @@ def _tensorflow_decoder(cpus: int, scale: str, size: int, channels: int):
                         lambda: tf.io.decode_png(raw, channels=channels))
         return tf.shape(image)  # the pixels are decoded; only their shape leaves the map
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-    def decode(batch):
-        return tf.map_fn(one, batch, fn_output_signature=tf.int32, parallel_iterations=2 * cpus)
-
-    return decode
+    return one
 
 
 def tensorflow_decode_seconds(contents: list[bytes], cpus: int, scale: str, size: int,
                               channels: int) -> tuple[float, float]:
-    """TensorFlow's C++ decoders over batches of 256 files in memory (tf.map_fn, 2 x CPUs in parallel), at the
-    scale `pillow_decode_seconds` uses (PNGs whole); the traced function is warmed on the first files first."""
+    """(seconds, CPU seconds) of TensorFlow's C++ decoders over the files in memory, at the scale
+    `pillow_decode_seconds` uses (PNGs whole), the faster of two ways of running them in parallel: a tf.data map
+    with one call per CPU (as a training input decodes), and tf.map_fn over batches of 64 with 2 x CPUs parallel
+    iterations (as batch prediction decodes; on camera photos the switch between DCT scales ran it at one core
+    in batches of 256). Each is built and run once on a few files before the clock starts."""
     import tensorflow as tf
 
-    decode = _tensorflow_decoder(cpus, scale, size, channels)
-    decode(tf.constant(contents[:8]))
-    batches = [tf.constant(contents[i:i + 256]) for i in range(0, len(contents), 256)]
-    start, cpu = time.monotonic(), time.process_time()
-    for batch in batches:
-        decode(batch).numpy()
-    return time.monotonic() - start, time.process_time() - cpu
+    one = _tensorflow_decode_one(scale, size, channels)
+    tensor = tf.constant(contents)
+    dataset = tf.data.Dataset.from_tensor_slices(tensor).map(one, num_parallel_calls=cpus, deterministic=False)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def batch(files):
+        return tf.map_fn(one, files, fn_output_signature=tf.int32, parallel_iterations=2 * cpus)
+
+    for _ in dataset.take(4):
+        pass
+    batch(tensor[:4])
+    timed = []
+    for run in (lambda: [None for _ in dataset],
+                lambda: [batch(tensor[i:i + 64]).numpy() for i in range(0, len(contents), 64)]):
+        start, cpu = time.monotonic(), time.process_time()
+        run()
+        timed.append((time.monotonic() - start, time.process_time() - cpu))
+    return min(timed)
 
 
 def model_seconds(classifier, count: int, batch_size: int) -> tuple[float, float]:
