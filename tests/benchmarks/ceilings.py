@@ -302,7 +302,8 @@ def prepare(path: str, args, cache: str, work: str) -> dict | str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--camera", type=int, default=390, help="camera JPEGs (5 per source photo and size; at 156 the card's 104 samples, decoded once more, were a third of preprocess)")
+    parser.add_argument("--camera", type=int, default=390, help="camera JPEGs, 5 per source photo and size (at 156, "
+                        "the card's 104 samples, decoded once more, were a third of preprocess)")
     parser.add_argument("--small", type=int, default=2000, help="food photos, made unique, for the small photos")
     parser.add_argument("--pngs", type=int, default=10000, help="Fashion-MNIST PNGs")
     parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each part; the best is kept")
