@@ -134,11 +134,10 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     `keep_problem` finds nothing, else the image re-encoded once (orientation applied, colour converted): JPEG at
     quality 95 for lossy sources, PNG for the others. Files with a side of at least twice max_side are scaled
     down on the way, by the largest power of two that keeps their longest side at least max_side: for JPEGs that
-    is libjpeg's DCT scaling (1/2, 1/4, 1/8), the cheapest decode there is, and no resize. `pixels` are the
-    image sampled at height x width (nearest pixels) for the pixel statistics, as its `histogram`
-    (`sampled_histogram`: counted on the decoded image, weighted, without making the sampled one): for a kept JPEG
-    from the check decode, at 1/8 scale (every coefficient is still entropy-decoded, which is what finds a corrupt or truncated
-    file, while the inverse DCT, colour conversion and upsampling are skipped: a third of a full decode's time
+    is libjpeg's DCT scaling (1/2, 1/4, 1/8), the cheapest decode there is, and no resize. `histogram` counts
+    the image sampled at height x width (nearest pixels) for the pixel statistics (`sampled_histogram`): for a
+    kept JPEG from the check decode, at 1/8 scale (every coefficient is still entropy-decoded, which is what
+    finds a corrupt or truncated file, while the inverse DCT, colour conversion and upsampling are skipped: a third of a full decode's time
     on camera photos); the mean is that of the full image to within rounding, the spread a little lower on fine
     texture.
     Raises ImageError as decode_image_file does."""
@@ -191,7 +190,8 @@ def sampled_histogram(img, height: int, width: int, channels: int) -> np.ndarray
     """The per-channel histogram (int64, 256 x C, PIL's band order) of a loaded L/RGB image resized to
     height x width with PIL's nearest pixels. An image smaller than that is counted without making the sample: each
     decoded pixel weighted by how often the resize takes it (a 307x173 photo's 39x22 check decode is 858 pixels,
-    the sample 50,176; 0.3 ms -> 0.02 ms). Equal to `Image.histogram()` of the resized image (tests/test_preprocess.py checks)."""
+    the sample 50,176; 0.3 ms -> 0.02 ms). Equal to `Image.histogram()` of the resized image
+    (tests/test_preprocess.py checks)."""
     from PIL import Image
 
     if img.width * img.height >= width * height:  # shrinking: making the sample is the cheaper way (C, 0.1 ms)

@@ -83,7 +83,8 @@ def read_seconds(paths: list[str], cpus: int) -> tuple[tuple[float, float], list
 
 def _pillow_decode_part(paths: list[str], scale: str, size: int, channels: int) -> tuple[float, float]:
     """In a worker process: reads its files (not timed), then decodes each one as `scale` says; the decode's
-    (seconds, CPU seconds). scale "check": 1/8 DCT scale; "rule": the smallest DCT scale keeping both sides >= size; "full"."""
+    (seconds, CPU seconds). scale "check": 1/8 DCT scale; "rule": the smallest DCT scale keeping both sides
+    >= size; "full": the whole image."""
     from PIL import Image
 
     contents = _read_part(paths)
