@@ -137,9 +137,9 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     is libjpeg's DCT scaling (1/2, 1/4, 1/8), the cheapest decode there is, and no resize. `histogram` counts
     the image sampled at height x width (nearest pixels) for the pixel statistics (`sampled_histogram`): for a
     kept JPEG from the check decode, at 1/8 scale (every coefficient is still entropy-decoded, which is what
-    finds a corrupt or truncated file, while the inverse DCT, colour conversion and upsampling are skipped: a third of a full decode's time
-    on camera photos); the mean is that of the full image to within rounding, the spread a little lower on fine
-    texture.
+    finds a corrupt or truncated file, while the inverse DCT, colour conversion and upsampling are skipped: a
+    third of a full decode's time on camera photos); the mean is that of the full image to within rounding, the
+    spread a little lower on fine texture.
     Raises ImageError as decode_image_file does."""
     import io
 
