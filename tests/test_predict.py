@@ -657,9 +657,7 @@ def test_linked_folders_are_followed_once(image_folder, classifier, tmp_path):
 
 def camera_jpegs(food_photos: str) -> list[bytes]:
     """Real photos (the food photos) at sizes that take each of the rule's DCT scales to 64x64, as JPEGs."""
-    from components.predict import sources as _  # noqa: F401 (the package imports as prediction does)
-
-    names = sorted(os.path.join(d, n) for d, _, files in os.walk(food_photos) for n in files)[:4]
+    names = sorted(os.path.join(folder, n) for folder, _, files in os.walk(food_photos) for n in files)[:4]
     payloads = []
     for path, size in zip(names, ((1024, 768), (600, 338), (307, 173), (130, 90))):
         with Image.open(path) as img:

@@ -213,7 +213,6 @@ class Decoder:
         return ([items[p][0] for p in keep], images[keep] if len(keep) < len(items) else images,
                 [(items[p][0], reasons[p]) for p in sorted(reasons)])
 
-
     def _decode_on_gpu(self, items: list, routes: dict[str, list[int]], images: np.ndarray,
                        decoded: np.ndarray) -> None:
         """Decodes the JPEGs of the "jpeg" and "source" routes with `gpu_jpeg` and takes them off those routes; a
@@ -225,7 +224,13 @@ class Decoder:
             images[positions] = self.gpu_jpeg([items[p][1] for p in positions],
                                               [jpeg_shape(items[p][1]) for p in positions])
         except (RuntimeError, ValueError) as e:  # torchvision's errors for a file nvJPEG cannot decode
-            log.debug("predict: a batch went back to the CPU decoders (%s)", str(e).splitlines()[0] if str(e) else e)
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "out of memory" in why.lower():  # the device, not the file: every later batch would fail too
+                log.warning("predict: JPEGs decode on the CPU from here on: the GPU decoder ran out of memory (%s)",
+                            why)
+                self.gpu_jpeg = None
+            else:
+                log.debug("predict: a batch went back to the CPU decoders (%s)", why)
             return
         decoded[positions] = True
         done = set(positions)
