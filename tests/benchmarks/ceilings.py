@@ -45,6 +45,7 @@ import concurrent.futures
 import contextlib
 import io
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -223,19 +224,41 @@ class TreeCPU:
         return False
 
 
-def ours_preprocess(root: str, out: str, image_size: int, channels: int) -> tuple[float, float, int]:
-    """(seconds, CPU seconds of the process tree, inputs) of preprocess."""
+class PlanLog(logging.Handler):
+    """Keeps the decode plan preprocess chose (its log line), which the rates depend on."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.plan = "rule (under the measured plans' minimum of inputs)"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "decoding with" in message:
+            self.plan = message.split("decoding with ", 1)[1]
+
+
+def ours_preprocess(root: str, out: str, image_size: int, channels: int) -> tuple[float, float, int, str]:
+    """(seconds, CPU seconds of the process tree, inputs, the decode plan) of preprocess."""
     from components import preprocess as pp
 
     shutil.rmtree(out, ignore_errors=True)
-    with TreeCPU() as cpu:
-        start = time.monotonic()
-        result = pp.preprocess(root, out, image_size=image_size, channels=channels, min_shards=2)
-        seconds = time.monotonic() - start
-    return seconds, cpu.seconds, sum(result.counts.values()) + result.rejected
+    plan = PlanLog()
+    logger = logging.getLogger("components.preprocess.decoding")
+    logger.addHandler(plan)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with TreeCPU() as cpu:
+            start = time.monotonic()
+            result = pp.preprocess(root, out, image_size=image_size, channels=channels, min_shards=2)
+            seconds = time.monotonic() - start
+    finally:
+        logger.removeHandler(plan)
+        logger.setLevel(level)
+    return seconds, cpu.seconds, sum(result.counts.values()) + result.rejected, plan.plan
 
 
-def ours_predict(model_dir: str, root: str, out: str, classifier) -> tuple[float, float, int]:
+def ours_predict(model_dir: str, root: str, out: str, classifier) -> tuple[float, float, int, str]:
     """(seconds, CPU seconds, inputs) of batch prediction."""
     from components.predict import predict
 
@@ -244,7 +267,7 @@ def ours_predict(model_dir: str, root: str, out: str, classifier) -> tuple[float
         start = time.monotonic()
         result = predict(model_dir, root, out, classifier=classifier)
         seconds = time.monotonic() - start
-    return seconds, cpu.seconds, result.count + result.errors
+    return seconds, cpu.seconds, result.count + result.errors, ""
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -339,14 +362,17 @@ def main(argv: list[str] | None = None) -> dict:
             runs: dict[str, list[tuple[float, float]]] = {"ours": [], "read": [], "decode pillow": [],
                                                           "decode tensorflow": [], "model": []}
             out = os.path.join(work, "out")
+            plans: list[str] = []
             for repeat in range(args.repeats + 1):  # the first, untimed, warms up: imports, tracing, the page cache
-                seconds, cpu, inputs = (ours_predict(spec["model_dir"], spec["root"], out, classifier) if classifier
+                seconds, cpu, inputs, plan = (ours_predict(spec["model_dir"], spec["root"], out, classifier) if classifier
                                         else ours_preprocess(spec["root"], out, size, channels))
                 if inputs != len(paths):
                     raise RuntimeError(f"{path}: ours took {inputs} inputs of {len(paths)} files")
                 if not repeat:
                     continue
                 runs["ours"].append((seconds, cpu))
+                if plan:
+                    plans.append(plan.split(" (")[0])
                 seconds, contents = read_seconds(paths, cpus)
                 runs["read"].append(seconds)
                 runs["decode pillow"].append(pillow_decode_seconds(pool, paths, cpus, scale, size, channels))
@@ -368,11 +394,12 @@ def main(argv: list[str] | None = None) -> dict:
                              "share": round(ours / ceiling, 3), "decoder": decoder,
                              "ms": {k: round(v * 1e3, 1) for k, v in wall.items()},
                              "cpu_ms_per_file": {k: round(v / len(paths) * 1e3, 3) for k, v in cpu.items()},
-                             "cpu_share": round(ceiling_cpu / cpu["ours"], 3),
+                             "cpu_share": round(ceiling_cpu / cpu["ours"], 3), "decode_plans": plans,
                              "runs": {k: [[round(x, 4) for x in r] for r in v] for k, v in runs.items() if v}}
             print(f"  ours {ours:.0f}/s, ceiling {ceiling:.0f}/s, share {ours / ceiling:.2f} (CPU: ours "
                   f"{cpu['ours'] / len(paths) * 1e3:.3f} ms a file, the ceiling's parts "
-                  f"{ceiling_cpu / len(paths) * 1e3:.3f}, share {ceiling_cpu / cpu['ours']:.2f})", flush=True)
+                  f"{ceiling_cpu / len(paths) * 1e3:.3f}, share {ceiling_cpu / cpu['ours']:.2f})"
+                  + (f"; preprocess decoded with {', then '.join(plans)}" if plans else ""), flush=True)
     finally:
         pool.shutdown()
         shutil.rmtree(work, ignore_errors=True)
