@@ -229,7 +229,7 @@ class PlanLog(logging.Handler):
 
     def __init__(self):
         super().__init__(logging.INFO)
-        self.plan = "rule (under the measured plans' minimum of inputs)"
+        self.plan = "threads or one worker by rule (under decoding.MEASURE_MIN_INPUTS inputs)"
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
