@@ -1,5 +1,7 @@
 """Admission plugins of the Kubernetes API server that change the pods the stand-in's controllers create.
 
+Source: the plugin's Go code in kubernetes/kubernetes (below), on the core/v1 Pod and Toleration API definitions.
+
 - ExtendedResourceToleration (kubernetes plugin/pkg/admission/extendedresourcetoleration/admission.go, `Admit`;
   read at the indexed commit 143ac994fd76, lines 59-97, the plugin as added by kubernetes/kubernetes#55839): for
   every extended resource a container or init container requests (helper.IsExtendedResourceName: a name with a

@@ -1,6 +1,6 @@
 """A stand-in for the `pynvml` module (PyPI's nvidia-ml-py), holding GPUs whose readings a test sets.
 
-It follows pynvml.py of nvidia-ml-py 13.615.71 (the wheel's single module), for the calls
+Source: it follows pynvml.py of nvidia-ml-py 13.615.71 (the wheel's single module), for the calls
 components/train/gpu_usage.py makes:
 - `nvmlInit()` raises an NVMLError subclass when the library or driver is missing (`_LoadNvmlLibrary`,
   `NVML_ERROR_LIBRARY_NOT_FOUND` = 12 at line 235, "NVML Shared Library Not Found": the messages at 1037-1061);
