@@ -49,6 +49,7 @@ import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
 from components.storage import DataError, gfile, join  # noqa: F401 (readers use them as data.join, ...)
+from components import records  # tf.train.Example in the wire format (imports nothing of TensorFlow)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -201,8 +202,6 @@ def encode_example(image: np.ndarray | bytes, label: int, uri: str) -> bytes:
     """A serialized `tf.train.Example` {image: bytes, label: int64, uri: bytes}. `image` is the stored form
     (`encode_image`), or an array stored raw. Written in the wire format by records.encode_example (the bytes
     tf.train.Example serializes, without TensorFlow: decode workers build records too)."""
-    from components import records
-
     return records.encode_example(image if isinstance(image, bytes) else np.ascontiguousarray(image).tobytes(),
                                   label, uri)
 

@@ -410,7 +410,7 @@ def parse_example(record: bytes) -> dict[str, list]:
 def _varint_bytes(value: int) -> bytes:
     """A protobuf varint; a negative int64 as its 64-bit two's complement (10 bytes), as protobuf writes it."""
     value &= 0xFFFFFFFFFFFFFFFF
-    if value < 0x80:
+    if value < 0x4000:
         return _SMALL_VARINTS[value]
     out = bytearray()
     while value >= 0x80:
@@ -420,11 +420,13 @@ def _varint_bytes(value: int) -> bytes:
     return bytes(out)
 
 
-_SMALL_VARINTS = tuple(bytes([n]) for n in range(0x80))
+# The varints of 0 to 16,383 (one or two bytes): every length in a record of up to 16 KB, by one lookup.
+_SMALL_VARINTS = tuple(bytes([n]) for n in range(0x80)) + tuple(bytes([n & 0x7F | 0x80, n >> 7])
+                                                                for n in range(0x80, 0x4000))
 
 
 def _v(n: int) -> bytes:
-    return _SMALL_VARINTS[n] if n < 0x80 else _varint_bytes(n)
+    return _SMALL_VARINTS[n] if n < 0x4000 else _varint_bytes(n)
 
 
 @functools.lru_cache(maxsize=4096)
