@@ -471,7 +471,7 @@ def encode_example(image: bytes, label: int, uri: str) -> bytes:
     uri_feature_length = v(uri_feature)
     uri_entry = 6 + len(uri_feature_length) + uri_feature
     uri_entry_length = v(uri_entry)
-    label_entry = _label_entry(label)
+    label_entry = _label_entry(int(label))
     size = 2 + len(image_entry_length) + image_entry + len(label_entry) + len(uri_entry_length) + uri_entry
     return b"".join((b"\n", v(size), b"\n", image_entry_length, b"\n\x05image\x12", image_feature_length, b"\n",
                      image_list_length, b"\n", image_length, image, label_entry, b"\n", uri_entry_length,

@@ -277,6 +277,8 @@ def test_records_are_the_bytes_tensorflow_serializes_deterministically():
         assert data.encode_example(image, label, uri) == ours
     raw = rng.integers(0, 256, (28, 28, 1), dtype=np.uint8)
     assert data.encode_example(raw, 3, "r.png") == data.encode_example(raw.tobytes(), 3, "r.png")
+    for label in (np.int64(300), np.int32(5), np.uint8(7), np.int64(-3)):  # labels from arrays
+        assert records.encode_example(b"ab", label, "u") == records.encode_example(b"ab", int(label), "u")
     # and in another process (upb's map order was not): the same inputs, the same shard bytes in any run
     import subprocess
     import sys
