@@ -49,6 +49,7 @@ import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
 from components.storage import DataError, gfile, join  # noqa: F401 (readers use them as data.join, ...)
+from components import records  # tf.train.Example in the wire format (imports nothing of TensorFlow)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -197,28 +198,12 @@ def encode_image(image: np.ndarray, encoding: str) -> bytes:
     return buffer.getvalue()
 
 
-# Records are built with tf.train.Example, the library's own proto (protobuf's upb backend), not a hand-written
-# wire encoder: serializing a 28x28 record measured 3.5 us (290k records/s) on the benchmark machine, against
-# ~50 us to read and decode the PNG, and the preprocess main loop as a whole runs at 47k records/s without decoding
-# (tests/benchmarks/ingest.py quotes the whole). Its one catch is that it needs TensorFlow's proto module: decode
-# workers hand back image bytes and the main process (or the Beam worker) builds the records.
-@functools.cache
-def _example_class():
-    from tensorflow.core.example import example_pb2
-
-    return example_pb2.Example
-
-
 def encode_example(image: np.ndarray | bytes, label: int, uri: str) -> bytes:
     """A serialized `tf.train.Example` {image: bytes, label: int64, uri: bytes}. `image` is the stored form
-    (`encode_image`), or an array stored raw."""
-    example = _example_class()()
-    feature = example.features.feature
-    feature["image"].bytes_list.value.append(image if isinstance(image, bytes) else
-                                             np.ascontiguousarray(image).tobytes())
-    feature["label"].int64_list.value.append(int(label))
-    feature["uri"].bytes_list.value.append(uri.encode())
-    return example.SerializeToString()
+    (`encode_image`), or an array stored raw. Written in the wire format by records.encode_example (the bytes
+    tf.train.Example serializes, without TensorFlow: decode workers build records too)."""
+    return records.encode_example(image if isinstance(image, bytes) else np.ascontiguousarray(image).tobytes(),
+                                  label, uri)
 
 
 class ShardWriter:

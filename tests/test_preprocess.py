@@ -266,7 +266,7 @@ def test_cli_reports_errors_without_traceback(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------- splits
 
 
-def test_same_input_same_split_in_any_order(fashion_arrays, tmp_path):
+def test_same_input_same_split_in_any_order(fashion_arrays, tmp_path, monkeypatch):
     images, labels = fashion_arrays
     # The same 300 images under two trees with different file names, so a different listing order.
     for tree, order in (("one", range(300)), ("two", reversed(range(300)))):
@@ -280,7 +280,10 @@ def test_same_input_same_split_in_any_order(fashion_arrays, tmp_path):
     assert split_of["one"] == split_of["two"]
     counts = collections.Counter(split_of["one"].values())
     assert counts["train"] > counts["validation"] > 0 and counts["test"] > 0
-    # and a second run over the same tree writes byte-identical shards
+    # and a second run over the same tree writes byte-identical shards, its kept images spooled to disk this time
+    from components.preprocess import step
+
+    monkeypatch.setattr(step, "SPOOL_MEMORY_BYTES", 0)
     pp.preprocess(str(tmp_path / "one"), str(tmp_path / "again"), workers=1)
     for split in data.SPLITS:
         first = data.split_files(str(tmp_path / "out-one"), split)
@@ -288,6 +291,18 @@ def test_same_input_same_split_in_any_order(fashion_arrays, tmp_path):
         assert len(first) == len(second)
         for a, b in zip(first, second):
             assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_the_spool_keeps_its_first_batches_in_memory_and_the_rest_on_disk_in_order(tmp_path):
+    from components.preprocess.step import _Spool
+
+    spool = _Spool(str(tmp_path / "kept.pickle"), memory_bytes=10)
+    batches = [[(i, b"x" * 4)] for i in range(5)]
+    for batch in batches:
+        spool.add(batch, 4)
+    spool.close()
+    assert len(spool.in_memory) == 2 and (tmp_path / "kept.pickle").exists()  # 4 + 4 bytes fit, 12 do not
+    assert list(spool) == batches
 
 
 def test_idx_source_keeps_its_test_split_and_drops_leaked_copies(tmp_path, fashion_dir):

@@ -244,3 +244,47 @@ def test_image_size_is_bounded_to_8_512():
     assert params.problems({"image_size": 512}) == []
     assert params.problems({"image_size": 513}) == ["image_size must be in [8, 512] (got 513)"]
     assert params.problems({"image_size": 4}) == ["image_size must be in [8, 512] (got 4)"]
+
+
+# ---------------------------------------------------------------------------------------------- writing records
+
+
+def test_records_are_the_bytes_tensorflow_serializes_deterministically():
+    """records.encode_example against tf.train.Example's deterministic serialization (map entries sorted by key; the
+    plain one's order changes from process to process), byte for byte, and parsed alike: the sizes that change a varint's length (127/128, 16383/16384 bytes),
+    empty and large images, labels up to 2**63 - 1 and negative ones, non-ASCII and long URIs."""
+    import tensorflow as tf
+
+    from components import records
+
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, 100, 107, 108, 127, 128, 16_363, 16_364, 16_383, 16_384, 2_097_151, 2_097_152, 150_528]
+    cases = [(rng.integers(0, 256, n, dtype=np.uint8).tobytes(), label, uri)
+             for n in sizes
+             for label, uri in ((0, "a.png"), (127, "gs://b/é/x.jpg"), (128, "x" * 120), (300, "y" * 16_400))]
+    cases += [(b"\xff" * 10, label, "z.png") for label in (1, 2**31, 2**40, 2**63 - 1, -1, -(2**63))]
+    cases += [(rng.integers(0, 256, int(n), dtype=np.uint8).tobytes(), int(label), f"c/{i}/{'é' * (i % 70)}.png")
+              for i, (n, label) in enumerate(zip(rng.integers(0, 40_000, 200), rng.integers(0, 1000, 200)))]
+    for image, label, uri in cases:
+        example = tf.train.Example()
+        feature = example.features.feature
+        feature["uri"].bytes_list.value.append(uri.encode())
+        feature["label"].int64_list.value.append(label)
+        feature["image"].bytes_list.value.append(image)
+        ours = records.encode_example(image, label, uri)
+        assert ours == example.SerializeToString(deterministic=True), (len(image), label, len(uri))
+        assert tf.train.Example.FromString(ours) == example
+        assert data.encode_example(image, label, uri) == ours
+    raw = rng.integers(0, 256, (28, 28, 1), dtype=np.uint8)
+    assert data.encode_example(raw, 3, "r.png") == data.encode_example(raw.tobytes(), 3, "r.png")
+    for label in (np.int64(300), np.int32(5), np.uint8(7), np.int64(-3)):  # labels from arrays
+        assert records.encode_example(b"ab", label, "u") == records.encode_example(b"ab", int(label), "u")
+    # and in another process (upb's map order was not): the same inputs, the same shard bytes in any run
+    import subprocess
+    import sys
+
+    script = ("import sys; from components import data; "
+              "sys.stdout.buffer.write(data.encode_example(bytes(range(200)), 7, 'a/é.png'))")
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
+                           env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    assert other == data.encode_example(bytes(range(200)), 7, "a/é.png")
