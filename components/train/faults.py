@@ -65,14 +65,16 @@ class PreemptionWatch:
 
 
 @contextlib.contextmanager
-def peer_loss_is_preemption(where: Callable[[], str], errors: tuple[type[BaseException], ...]) -> Iterator[None]:
-    """Turns the framework's errors for a peer worker gone away (`errors`: a preempted node, a restarted pod; its
-    collective ops fail) into Preempted, so the attempt exits EXIT_RETRY and the whole job restarts and resumes,
+def peer_loss_is_preemption(where: Callable[[], str], is_peer_loss: Callable[[Exception], bool]) -> Iterator[None]:
+    """Turns the framework's errors for a peer worker gone away (those `is_peer_loss` recognises: a preempted node,
+    a restarted pod; its collective ops fail) into Preempted, so the attempt exits EXIT_RETRY and the whole job restarts and resumes,
     rather than 1, which a JobSet failure policy or a TFJob's ExitCode restart policy takes as permanent. `where()`
     names the phase (or step) for the message."""
     try:
         yield
-    except errors as e:
+    except Exception as e:
+        if not is_peer_loss(e):
+            raise
         raise Preempted(f"Lost contact with a peer worker in {where()}: {str(e).splitlines()[0]}") from e
 
 

@@ -119,7 +119,8 @@ class TrainingLoop:
         self.epoch_sums = np.zeros(3, np.float64)  # the current epoch's (loss sum, correct, count) so far
         self.scratch: str | None = None  # a non-chief worker's throwaway output
         self.train_seconds = 0.0
-        self.phase = ""  # the phase `run()` is in, for the message of a lost peer
+        self.stage = ""  # the phase of `run()` it is in (prepare ... export), for the message of a lost peer
+        self.phase = 0  # the transfer-learning phase (1: head only, 2: all; see enter_phase)
         self.best: dict = {}  # the epoch best on validation: {"epoch", "val_accuracy", "val_loss", "file"}
         self.best_weights: list | None = None  # its weights, in this process
         self.stale_best_file: str | None = None  # an earlier best epoch's file, until the next checkpoint
@@ -129,10 +130,10 @@ class TrainingLoop:
     def run(self) -> TrainResult:
         # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
         # runs collective ops too (the distribution's start, variables created and restored, the export).
-        with peer_loss_is_preemption(lambda: f"step {self.step}" if self.phase == "run_epochs" else self.phase,
-                                     self.backend.peer_loss_errors()):
+        with peer_loss_is_preemption(lambda: f"step {self.step}" if self.stage == "run_epochs" else self.stage,
+                                     self.backend.is_peer_loss):
             for phase in (self.prepare, self.build, self.restore, self.run_epochs, self.export):
-                self.phase = phase.__name__
+                self.stage = phase.__name__
                 result = phase()
         return result
 
@@ -348,7 +349,9 @@ class TrainingLoop:
         flags = [float(watch.signalled.is_set()), float(want_save)]
         if role.workers > 1:
             flags = self.backend.agree(flags)
-        if flags[0]:
+        # At an epoch's last step the stop waits for the epoch's end (its validation, history and checkpoint): a
+        # checkpoint taken before them would resume into the next epoch without them.
+        if flags[0] and in_epoch < self.plan.steps_per_epoch:
             self.save("preempted")
             raise Preempted(f"Preempted at step {self.step} of {self.plan.total_steps}; a retry resumes from here")
         if flags[1] and in_epoch < self.plan.steps_per_epoch:

@@ -141,9 +141,10 @@ class Backend(abc.ABC):
     def summary_writer(self, logdir: str | None) -> SummaryWriter:
         """TensorBoard scalars into `logdir` (None: a writer that writes nothing)."""
 
-    def peer_loss_errors(self) -> tuple[type[BaseException], ...]:
-        """The framework's errors for a peer process gone away, in any phase: a retry resumes (faults.py)."""
-        return ()
+    def is_peer_loss(self, error: Exception) -> bool:
+        """Whether `error` is the framework's for a peer process gone away, in any phase: a retry resumes
+        (faults.py)."""
+        return False
 
     # ------------------------------------------------------------------------------- export
 

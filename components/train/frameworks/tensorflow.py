@@ -178,13 +178,13 @@ class Backend(base.Backend):
     def summary_writer(self, logdir):
         return _TfSummaryWriter(logdir)
 
-    def peer_loss_errors(self):
+    def is_peer_loss(self, error):
         # A peer gone away (a preempted node, a restarted pod): its collective ops fail, or
         # MultiWorkerMirroredStrategy's health check aborts them.
         import tensorflow as tf
 
-        return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
-                tf.errors.CancelledError)
+        return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                                  tf.errors.CancelledError))
 
     def write_model(self, model, image_shape, num_classes, model_dir, model_name):
         write_model(model, image_shape, num_classes, model_dir, model_name)

@@ -102,7 +102,7 @@ class Backend(base.Backend):
     def _to_device(self, array, dtype=None):
         import torch
 
-        tensor = torch.as_tensor(np.asarray(array) if not isinstance(array, torch.Tensor) else array)
+        tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.require(array, requirements="W"))
         if dtype is not None:
             tensor = tensor.to(dtype)
         return tensor.to(self.device, non_blocking=True)
@@ -222,10 +222,19 @@ class Backend(base.Backend):
     def summary_writer(self, logdir):
         return events.EventWriter(logdir)
 
-    def peer_loss_errors(self):
+    def is_peer_loss(self, error):
+        # NCCL's and the rendezvous' errors have their own classes; gloo's transport raises a RuntimeError
+        # naming the connection (third_party/gloo/gloo/transport/tcp/pair.cc: "Connection closed by peer",
+        # "Connection reset by peer", "Timed out waiting ...").
         import torch.distributed as dist
 
-        return (dist.DistBackendError, dist.DistNetworkError)
+        if not self.process_group:
+            return False
+        if isinstance(error, (dist.DistBackendError, dist.DistNetworkError)):
+            return True
+        text = str(error)
+        return isinstance(error, RuntimeError) and "gloo" in text and any(
+            sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Timed out"))
 
     # ------------------------------------------------------------------------------- export
 

@@ -1,0 +1,142 @@
+"""Training on PyTorch (components/train/frameworks): the seam keeps keras and the frameworks out of imports; a
+model trained on torch serves from TensorFlow with the same predictions; two torch processes on gloo, interrupted
+(SIGTERM on one, SIGKILL on one) and resumed, take exactly the planned steps, as the TensorFlow workers do
+(tests/test_distributed.py, tests/test_fault_tolerance.py).
+
+The processes get the variables torchrun gives each worker (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), set here so that the test can stop one of them on its own.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from components import data, train
+from components.train import frameworks
+from tests.conftest import accuracy_of
+from tests.test_distributed import free_ports
+from tests.test_fault_tolerance import Attempt
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code: str, env: dict | None = None) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_training_step_imports_no_framework_until_it_runs():
+    """KERAS_BACKEND must be set before keras is first imported: nothing on the way to the step's entry imports
+    keras, TensorFlow, torch or JAX."""
+    out = run_python("import sys, components.train, components.train.cli, components.train.frameworks.torch, "
+                     "components.train.frameworks.tensorflow, components.ops; "
+                     "print(sorted(m for m in ('keras', 'tensorflow', 'torch', 'jax') if m in sys.modules))")
+    assert out.strip() == "[]"
+
+
+def test_a_process_trains_on_one_framework():
+    out = run_python("from components.train import frameworks\n"
+                     "frameworks.use('tensorflow')\nimport keras\n"
+                     "try:\n    frameworks.use('torch')\nexcept RuntimeError as e:\n    print(e)\n")
+    assert "Keras is already loaded on its tensorflow backend" in out and "--framework torch" in out
+    with pytest.raises(ValueError, match="framework must be one of tensorflow, torch, jax"):
+        frameworks.check("mxnet")
+
+
+def torch_env(rank: int, world: int, port: int) -> dict:
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_trained_on_torch_served_by_tensorflow_with_the_same_predictions(small_dataset, tmp_path):
+    pytest.importorskip("torch")
+    model_dir = str(tmp_path / "model")
+    attempt = Attempt(["--framework", "torch", "--dataset-dir", small_dataset, "--model-dir", model_dir,
+                       "--epochs", "2", "--batch-size", "32", "--tensorboard-dir", str(tmp_path / "logs")])
+    assert attempt.finish() == 0, "\n".join(attempt.lines[-20:])
+    info = json.load(open(os.path.join(model_dir, train.TRAINING_INFO)))
+    assert info["framework"] == "torch" and info["saved_model"] == "written"
+    assert info["steps"] == 2 * info["steps_per_epoch"] and len(info["history"]["val_accuracy"]) == 2
+    assert any("framework torch" in line for line in attempt.lines)
+    assert os.listdir(tmp_path / "logs")[0].startswith("events.out.tfevents.")
+
+    images, _ = data.load_split_arrays(small_dataset, "test", limit=64)
+    np.save(tmp_path / "images.npy", images.astype("float32"))
+    # The model on torch, as training left it ...
+    run_python(f"import numpy as np, keras\nm = keras.models.load_model({model_dir + '/model.keras'!r})\n"
+               f"np.save({str(tmp_path / 'torch.npy')!r}, keras.ops.convert_to_numpy(keras.ops.softmax("
+               f"m(np.load({str(tmp_path / 'images.npy')!r}), training=False))))", env={"KERAS_BACKEND": "torch"})
+    # ... and the SavedModel on TensorFlow, as Vertex AI's TensorFlow serving containers load it.
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(os.path.join(model_dir, "saved_model")).signatures["serving_default"]
+    served = list(serve(tf.constant(np.load(tmp_path / "images.npy"))).values())[0].numpy()
+    on_torch = np.load(tmp_path / "torch.npy")
+    np.testing.assert_allclose(served, on_torch, atol=1e-5)
+    assert accuracy_of(model_dir, small_dataset) > 0.6
+
+
+@pytest.mark.slow
+def test_two_torch_processes_interrupted_resume_to_the_exact_step_count(small_dataset, tmp_path):
+    """Two processes on gloo: SIGTERM on rank 1 (both save at the same step and exit EXIT_RETRY), then SIGKILL on
+    rank 1 (rank 0 loses its peer in the all-reduce: EXIT_RETRY, resumed from the last periodic checkpoint), then
+    both run to the end: exactly epochs x steps_per_epoch steps, a mid-epoch resume, and a working model."""
+    pytest.importorskip("torch")
+    epochs, batch = 3, 16
+    args = ["--framework", "torch", "--dataset-dir", small_dataset, "--epochs", str(epochs), "--batch-size",
+            str(batch), "--input-mode", "memory", "--model-dir", str(tmp_path / "model"), "--backup-dir",
+            str(tmp_path / "backup"), "--checkpoint-seconds", "0.5"]
+
+    def start() -> list[Attempt]:
+        port = free_ports(1)[0]
+        return [Attempt(args, env=torch_env(rank, 2, port)) for rank in range(2)]
+
+    def stop(workers: list[Attempt]) -> None:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+
+    resumes, last_saved = [], 0
+    for kill in (signal.SIGTERM, signal.SIGKILL):
+        workers = start()
+        try:
+            assert workers[0].wait_for_checkpoints(2, timeout=300), "\n".join(workers[0].lines[-20:])
+            workers[1].process.send_signal(kill)
+            codes = [worker.finish(timeout=300) for worker in workers]
+        finally:
+            stop(workers)
+        log = "\n".join(workers[0].lines[-20:])
+        assert workers[0].resumed_from() == last_saved, log
+        resumes.append(workers[0].resumed_from())
+        assert codes[0] == train.EXIT_RETRY, log
+        if kill == signal.SIGTERM:
+            assert codes[1] == train.EXIT_RETRY
+            assert any("(preempted)" in line for line in workers[0].lines), log
+        else:
+            assert codes[1] == -signal.SIGKILL
+            assert "Lost contact with a peer worker in step" in log, log
+        assert not os.path.exists(tmp_path / "backup" / train.FAILED_MARKER)
+        last_saved = workers[0].saved_steps()[-1]
+
+    workers = start()
+    try:
+        codes = [worker.finish(timeout=600) for worker in workers]
+    finally:
+        stop(workers)
+    assert codes == [0, 0], "\n".join(workers[0].lines[-20:] + workers[1].lines[-20:])
+    assert workers[0].resumed_from() == last_saved > 0
+    resumes.append(last_saved)
+    info = json.load(open(tmp_path / "model" / train.TRAINING_INFO))
+    assert info["workers"] == info["replicas"] == 2 and info["global_batch_size"] == 2 * batch
+    assert info["steps"] == epochs * info["steps_per_epoch"]
+    assert all(len(values) == epochs for values in info["history"].values())
+    assert any(step % info["steps_per_epoch"] for step in resumes), f"no mid-epoch resume in {resumes}"
+    assert accuracy_of(str(tmp_path / "model"), small_dataset) > 0.6
