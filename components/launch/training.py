@@ -149,17 +149,22 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
                              learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
                              task_name: str, model: str = "reference-cnn", pretrained: str = "none",
                              freeze_epochs: int = -1, fine_tune_layers: int = 0,
-                             fine_tune_lr_factor: float = 0.0, weights_cache: str = "") -> dict:
+                             fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
+                             framework: str = "tensorflow") -> dict:
     """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
     replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
     `{pipeline_root}/jobs/{run_id}/{task_name}`."""
     from components.train.faults import backup_dir_for
 
+    if framework != "tensorflow":  # the replicas of these jobs find each other through TF_CONFIG
+        raise ValueError(f"framework {framework}: the multi-node launchers start TensorFlow replicas (TF_CONFIG); "
+                         "train on torch or jax with the pod launcher (one node), or on TensorFlow")
+
     settings = TrainSettings.from_pipeline(
         dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name),
         model=model, pretrained=pretrained, freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers,
-        fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache)
+        fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache, framework=framework)
     return launch_training(settings, launch, model_path=model_path, tensorboard_path=tensorboard_path,
                            staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
                            task_name=task_name)
