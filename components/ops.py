@@ -111,7 +111,7 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
              fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
                  framework: str = "tensorflow") -> float:
     """Trains the classifier (`network`: the pipeline's `model` parameter) on `framework` (tensorflow: a
-    tf.distribute strategy; torch: DDP; components/train/frameworks), from
+    tf.distribute strategy; torch: DDP; jax; components/train/frameworks), from
     `pretrained` weights when given (head first, then fine-tuning); resumes from checkpoints when the task is retried.
 
     Exits 143 when preempted (SIGTERM: a checkpoint is saved, the retry resumes from it); a permanent failure

@@ -36,7 +36,7 @@ def test_the_training_step_imports_no_framework_until_it_runs():
     """KERAS_BACKEND must be set before keras is first imported: nothing on the way to the step's entry imports
     keras, TensorFlow, torch or JAX."""
     out = run_python("import sys, components.train, components.train.cli, components.train.frameworks.torch, "
-                     "components.train.frameworks.tensorflow, components.ops; "
+                     "components.train.frameworks.tensorflow, components.train.frameworks.jax, components.ops; "
                      "print(sorted(m for m in ('keras', 'tensorflow', 'torch', 'jax') if m in sys.modules))")
     assert out.strip() == "[]"
 
@@ -46,7 +46,7 @@ def test_a_process_trains_on_one_framework():
                      "frameworks.use('tensorflow')\nimport keras\n"
                      "try:\n    frameworks.use('torch')\nexcept RuntimeError as e:\n    print(e)\n")
     assert "Keras is already loaded on its tensorflow backend" in out and "--framework torch" in out
-    with pytest.raises(ValueError, match="framework must be one of tensorflow, torch"):
+    with pytest.raises(ValueError, match="framework must be one of tensorflow, torch, jax"):
         frameworks.check("mxnet")
 
 

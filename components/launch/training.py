@@ -158,7 +158,7 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
 
     if framework != "tensorflow":  # the replicas of these jobs find each other through TF_CONFIG
         raise ValueError(f"framework {framework}: the multi-node launchers start TensorFlow replicas (TF_CONFIG); "
-                         "train on torch with the pod launcher (one node), or on TensorFlow")
+                         "train on torch or jax with the pod launcher (one node), or on TensorFlow")
 
     settings = TrainSettings.from_pipeline(
         dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,

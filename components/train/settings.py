@@ -39,8 +39,8 @@ class TrainSettings:
     model_dir: str = dataclasses.field(metadata=_option("where the model and training.json go", required=True))
     augmented_dir: str | None = dataclasses.field(default=None, metadata=_option("output of augment (optional)"))
     framework: str = dataclasses.field(default=FRAMEWORKS[0], metadata=_option(
-        "what trains the model: tensorflow (tf.distribute, TF_CONFIG) or torch (DDP; several processes under "
-        "torchrun) (default: %(default)s)", choices=FRAMEWORKS))
+        "what trains the model: tensorflow (tf.distribute, TF_CONFIG), torch (DDP; several processes under "
+        "torchrun) or jax (jax.distributed) (default: %(default)s)", choices=FRAMEWORKS))
     recipe: str = dataclasses.field(default=DEFAULT_RECIPE, metadata=_option(
         "preset (default: %(default)s; reference: the classic 12-epoch recipe)", choices=sorted(RECIPES)))
     epochs: int | None = dataclasses.field(default=None, metadata=_option("default: the recipe's", type=int))

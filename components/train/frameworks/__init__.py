@@ -1,11 +1,12 @@
-"""The frameworks training runs on: TensorFlow (tf.distribute, the default) and PyTorch (DDP started by torchrun). The models are Keras 3 models whatever the framework: Keras
+"""The frameworks training runs on: TensorFlow (tf.distribute, the default), PyTorch (DDP started by torchrun) and
+JAX (jax.distributed with Keras' distribution API). The models are Keras 3 models whatever the framework: Keras
 runs them on the backend named by KERAS_BACKEND, which must be set before keras is first imported, so the step's
 entry calls `use(name)` first (the CLI's main, `train()`, `TrainingLoop()`); nothing in components/train imports
 keras or a framework at module level.
 
 One interface, one module per framework (as Keras' own trainers: keras/src/trainers/trainer.py and
 keras/src/backend/{tensorflow,torch,jax}/trainer.py): `base.Backend` is what the training loop asks of a framework;
-`tensorflow.py` and `torch.py` each implement it, and a module is imported only when its framework is
+`tensorflow.py`, `torch.py` and `jax.py` each implement it, and a module is imported only when its framework is
 chosen. The loop (components/train/loop.py) never asks which framework it runs on.
 """
 
@@ -19,7 +20,7 @@ from components import storage
 from components.params import FRAMEWORKS
 
 DEFAULT_FRAMEWORK = FRAMEWORKS[0]
-KERAS_BACKENDS = {"tensorflow": "tensorflow", "torch": "torch"}
+KERAS_BACKENDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
 
 
 def check(name: str) -> None:

@@ -1,4 +1,5 @@
-"""What the training loop asks of a framework: `Backend`, implemented once per framework (tensorflow.py, torch.py). The loop (components/train/loop.py) keeps everything else: the plan, the model and its transfer-learning
+"""What the training loop asks of a framework: `Backend`, implemented once per framework (tensorflow.py, torch.py,
+jax.py). The loop (components/train/loop.py) keeps everything else: the plan, the model and its transfer-learning
 phases, the optimizers (Keras optimizers run on every backend), the learning rate, the epoch's sums and history,
 SIGTERM, validation, the best epoch, BatchNormalization re-estimation, training.json.
 
@@ -66,7 +67,7 @@ class SummaryWriter(abc.ABC):
 class Backend(abc.ABC):
     """One framework under the training loop. Made once per attempt with the run's settings (TrainSettings)."""
 
-    name: str  # tensorflow, torch: what training.json, the registry and the run page call it
+    name: str  # tensorflow, torch, jax: what training.json, the registry and the run page call it
 
     def __init__(self, settings):
         self.settings = settings

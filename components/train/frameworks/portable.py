@@ -8,12 +8,15 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 
 from components import data
 from components.train import batchnorm
+from components.train.model import SAVED_MODEL_PENDING
 from components.train.frameworks import base
 
 log = logging.getLogger(__name__)
@@ -24,6 +27,20 @@ class _Reiterable:
         self.make = make
 
     def __iter__(self):
+        return iter(self.make())
+
+
+class Deferred:
+    """An iterable made on first iteration (the input exists once training has started); `once`: kept after."""
+
+    def __init__(self, make, once: bool = False):
+        self.make, self.once, self.made = make, once, None
+
+    def __iter__(self):
+        if self.once:
+            if self.made is None:
+                self.made = self.make()
+            return iter(self.made)
         return iter(self.make())
 
 
@@ -143,3 +160,30 @@ class NumpyCheckpoint(base.Checkpoint):
 
 def scratch_checkpoint_dir(backup_dir: str, scratch: str | None, is_chief: bool) -> str:
     return backup_dir if is_chief else os.path.join(scratch or tempfile.mkdtemp(), "checkpoints")
+
+
+def tensorflow_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def export_saved_model(model_dir: str, image_shape, model_name: str) -> dict:
+    """The SavedModel beside model.keras: written now by a TensorFlow process where TensorFlow is installed
+    (`python -m components.train.export`), else left to a step that has it, with SAVED_MODEL_PENDING as the note.
+    Returns training.json's word on it ({"saved_model": "written" | "pending"})."""
+    if tensorflow_installed():
+        env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        done = subprocess.run([sys.executable, "-m", "components.train.export", model_dir, "--image-shape",
+                               ",".join(map(str, image_shape)), "--model", model_name], env=env,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"Writing the SavedModel from model.keras failed: {done.stderr[-2000:]}")
+        return {"saved_model": "written"}
+    data.write_json(data.join(model_dir, SAVED_MODEL_PENDING), {
+        "reason": "trained where TensorFlow is not installed",
+        "complete_with": f"python -m components.train.export {model_dir}"})
+    log.info("train: no TensorFlow here: model.keras written, the SavedModel is left to a step that has it (%s)",
+             SAVED_MODEL_PENDING)
+    return {"saved_model": "pending"}
+

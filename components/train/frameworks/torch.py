@@ -19,26 +19,17 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import subprocess
-import sys
 
 import numpy as np
 
-from components import data
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
-from components.train.model import SAVED_MODEL_PENDING, check_gpus_visible, cpu_has_bf16, write_keras_model
+from components.train.model import check_gpus_visible, cpu_has_bf16, write_keras_model
 
 log = logging.getLogger(__name__)
 
 RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV = "RANK", "WORLD_SIZE", "LOCAL_RANK"  # torchrun's (torch.distributed.run)
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # a peer silent this long is lost
-
-
-def tensorflow_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tensorflow") is not None
 
 
 class Backend(base.Backend):
@@ -213,10 +204,10 @@ class Backend(base.Backend):
         return self.input
 
     def eval_batches(self, dataset_dir, split, batch):
-        return _Deferred(lambda: self._eval_source().eval_batches(dataset_dir, split, batch))
+        return portable.Deferred(lambda: self._eval_source().eval_batches(dataset_dir, split, batch))
 
     def recalibration_batches(self, dataset_dir):
-        return _Deferred(lambda: portable.recalibration_sample(
+        return portable.Deferred(lambda: portable.recalibration_sample(
             self._eval_source().eval_batches(dataset_dir, "train", 256)), once=True)
 
     def summary_writer(self, logdir):
@@ -241,7 +232,7 @@ class Backend(base.Backend):
     def write_model(self, model, image_shape, num_classes, model_dir, model_name):
         write_keras_model(model, image_shape, num_classes, model_dir, model_name)
         return {"framework": self.name, "serving_format": "keras+saved_model",
-                **export_saved_model(model_dir, image_shape, model_name)}
+                **portable.export_saved_model(model_dir, image_shape, model_name)}
 
     def finish(self):
         import torch.distributed as dist
@@ -249,38 +240,3 @@ class Backend(base.Backend):
         if self.process_group:
             dist.destroy_process_group()
             self.process_group = False
-
-
-class _Deferred:
-    """An iterable made on first iteration (the input exists once training has started); `once`: kept after."""
-
-    def __init__(self, make, once: bool = False):
-        self.make, self.once, self.made = make, once, None
-
-    def __iter__(self):
-        if self.once:
-            if self.made is None:
-                self.made = self.make()
-            return iter(self.made)
-        return iter(self.make())
-
-
-def export_saved_model(model_dir: str, image_shape, model_name: str) -> dict:
-    """The SavedModel beside model.keras: written now by a TensorFlow process where TensorFlow is installed
-    (`python -m components.train.export`), else left to a step that has it, with SAVED_MODEL_PENDING as the note.
-    Returns training.json's word on it ({"saved_model": "written" | "pending"})."""
-    if tensorflow_installed():
-        env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
-        done = subprocess.run([sys.executable, "-m", "components.train.export", model_dir, "--image-shape",
-                               ",".join(map(str, image_shape)), "--model", model_name], env=env,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"Writing the SavedModel from model.keras failed: {done.stderr[-2000:]}")
-        return {"saved_model": "written"}
-    data.write_json(data.join(model_dir, SAVED_MODEL_PENDING), {
-        "reason": "trained where TensorFlow is not installed",
-        "complete_with": f"python -m components.train.export {model_dir}"})
-    log.info("train: no TensorFlow here: model.keras written, the SavedModel is left to a step that has it (%s)",
-             SAVED_MODEL_PENDING)
-    return {"saved_model": "pending"}
-
