@@ -56,24 +56,25 @@ def torch_env(rank: int, world: int, port: int) -> dict:
 
 
 @pytest.mark.slow
-def test_trained_on_torch_served_by_tensorflow_with_the_same_predictions(small_dataset, tmp_path):
-    pytest.importorskip("torch")
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_trained_on_torch_or_jax_served_by_tensorflow_with_the_same_predictions(framework, small_dataset, tmp_path):
+    pytest.importorskip(framework)
     model_dir = str(tmp_path / "model")
-    attempt = Attempt(["--framework", "torch", "--dataset-dir", small_dataset, "--model-dir", model_dir,
+    attempt = Attempt(["--framework", framework, "--dataset-dir", small_dataset, "--model-dir", model_dir,
                        "--epochs", "2", "--batch-size", "32", "--tensorboard-dir", str(tmp_path / "logs")])
     assert attempt.finish() == 0, "\n".join(attempt.lines[-20:])
     info = json.load(open(os.path.join(model_dir, train.TRAINING_INFO)))
-    assert info["framework"] == "torch" and info["saved_model"] == "written"
+    assert info["framework"] == framework and info["saved_model"] == "written"
     assert info["steps"] == 2 * info["steps_per_epoch"] and len(info["history"]["val_accuracy"]) == 2
-    assert any("framework torch" in line for line in attempt.lines)
+    assert any(f"framework {framework}" in line for line in attempt.lines)
     assert os.listdir(tmp_path / "logs")[0].startswith("events.out.tfevents.")
 
     images, _ = data.load_split_arrays(small_dataset, "test", limit=64)
     np.save(tmp_path / "images.npy", images.astype("float32"))
-    # The model on torch, as training left it ...
+    # The model on the framework that trained it ...
     run_python(f"import numpy as np, keras\nm = keras.models.load_model({model_dir + '/model.keras'!r})\n"
                f"np.save({str(tmp_path / 'torch.npy')!r}, keras.ops.convert_to_numpy(keras.ops.softmax("
-               f"m(np.load({str(tmp_path / 'images.npy')!r}), training=False))))", env={"KERAS_BACKEND": "torch"})
+               f"m(np.load({str(tmp_path / 'images.npy')!r}), training=False))))", env={"KERAS_BACKEND": framework})
     # ... and the SavedModel on TensorFlow, as Vertex AI's TensorFlow serving containers load it.
     import tensorflow as tf
 
@@ -139,4 +140,48 @@ def test_two_torch_processes_interrupted_resume_to_the_exact_step_count(small_da
     assert info["steps"] == epochs * info["steps_per_epoch"]
     assert all(len(values) == epochs for values in info["history"].values())
     assert any(step % info["steps_per_epoch"] for step in resumes), f"no mid-epoch resume in {resumes}"
+    assert accuracy_of(str(tmp_path / "model"), small_dataset) > 0.6
+
+
+@pytest.mark.slow
+def test_two_jax_processes_preempted_resume_to_the_exact_step_count(small_dataset, tmp_path):
+    """Two JAX processes (jax.distributed, gloo): SIGTERM on process 1, both save at the same step and exit
+    EXIT_RETRY; started again, they resume there and take exactly epochs x steps_per_epoch steps."""
+    pytest.importorskip("jax")
+    epochs, batch = 2, 16
+    args = ["--framework", "jax", "--dataset-dir", small_dataset, "--epochs", str(epochs), "--batch-size",
+            str(batch), "--input-mode", "memory", "--model-dir", str(tmp_path / "model"), "--backup-dir",
+            str(tmp_path / "backup"), "--checkpoint-seconds", "0.5"]
+
+    def start() -> list[Attempt]:
+        address = f"127.0.0.1:{free_ports(1)[0]}"
+        return [Attempt(args, env={"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2",
+                                   "JAX_PROCESS_ID": str(index), "OMP_NUM_THREADS": "1"}) for index in range(2)]
+
+    workers = start()
+    try:
+        assert workers[0].wait_for_checkpoints(1, timeout=300), "\n".join(workers[0].lines[-20:])
+        workers[1].process.send_signal(signal.SIGTERM)
+        codes = [worker.finish(timeout=300) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+    assert codes == [train.EXIT_RETRY] * 2, "\n".join(workers[0].lines[-20:] + workers[1].lines[-20:])
+    assert any("(preempted)" in line for line in workers[0].lines)
+    preempted_at = workers[0].saved_steps()[-1]
+
+    workers = start()
+    try:
+        codes = [worker.finish(timeout=600) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+    assert codes == [0, 0], "\n".join(workers[0].lines[-20:] + workers[1].lines[-20:])
+    assert workers[0].resumed_from() == preempted_at > 0
+    info = json.load(open(tmp_path / "model" / train.TRAINING_INFO))
+    assert info["framework"] == "jax" and info["workers"] == info["replicas"] == 2
+    assert info["steps"] == epochs * info["steps_per_epoch"] and info["resumed_from_step"] == preempted_at
+    assert all(len(values) == epochs for values in info["history"].values())
     assert accuracy_of(str(tmp_path / "model"), small_dataset) > 0.6
