@@ -239,6 +239,7 @@ class TrainingLoop:
                                              scratch=self.scratch, is_chief=plan.role.is_chief, setup=self.setup)
         self._run_steps = {}  # by phase, made when the phase is entered (traced with its trainable layers)
         self.predict_logits = backend.predict_function(self.model)
+        self.writer = backend.summary_writer(settings.tensorboard_dir if plan.role.is_chief else None)
 
     def global_step(self) -> int:
         """Optimizer steps taken in all attempts: the head phase's and the fine-tuning (or only) phase's."""
@@ -303,7 +304,6 @@ class TrainingLoop:
         # Every worker would estimate statistics on its own images and the replicas would disagree: one worker only.
         self.recalibration = backend.recalibration_batches(settings.dataset_dir) \
             if plan.role.workers == 1 and batchnorm.trainable_batchnorm(self.model) else None
-        self.writer = backend.summary_writer(settings.tensorboard_dir if chief else None)
         start = time.monotonic()
         self.last_save = time.monotonic()
         with PreemptionWatch() as watch:
