@@ -134,9 +134,15 @@ def _training(summary: dict, report: str | None) -> str:
     model = summary["artifacts"].get("train", {}).get("model")
     history = {}
     info = _read(os.path.join(model, "training.json")) if model else None
+    trained = {}
     if info:
-        history = json.loads(info).get("history", {})
+        trained = json.loads(info)
+        history = trained.get("history", {})
     parts = [f"<div class='curves'><img alt='Training curves' src='{curves}'></div>"] if curves else []
+    if trained.get("framework"):
+        parts.insert(0, f"<p>Trained on <b>{html.escape(trained['framework'])}</b> "
+                        f"({html.escape(str(trained.get('strategy', '')))}); serving format "
+                        f"{html.escape(str(trained.get('serving_format', '')))}.</p>")
     metrics = [m for m in ("loss", "accuracy", "val_loss", "val_accuracy") if history.get(m)]
     if metrics:
         rows = "".join(f"<tr><td class='n'>{epoch + 1}</td>"
