@@ -185,3 +185,83 @@ def test_two_jax_processes_preempted_resume_to_the_exact_step_count(small_datase
     assert info["steps"] == epochs * info["steps_per_epoch"] and info["resumed_from_step"] == preempted_at
     assert all(len(values) == epochs for values in info["history"].values())
     assert accuracy_of(str(tmp_path / "model"), small_dataset) > 0.6
+
+
+def test_event_files_without_tensorflow_are_read_by_tensorflow(tmp_path):
+    """The non-TensorFlow frameworks' TensorBoard writer (frameworks/events.py) writes what TensorFlow reads."""
+    from components.train.frameworks.events import EventWriter
+
+    writer = EventWriter(str(tmp_path))
+    writer.scalar("epoch_loss", 0.5, 10)
+    writer.scalar("epoch_loss", 0.25, 20)
+    writer.flush()
+    assert EventWriter(None).scalar("x", 1.0, 1) is None  # a non-chief's: writes nothing
+    import tensorflow as tf
+
+    (path,) = [str(p) for p in tmp_path.iterdir()]
+    scalars = [(event.step, value.tag, value.simple_value) for event in tf.compat.v1.train.summary_iterator(path)
+               for value in event.summary.value]
+    assert scalars == [(10, "epoch_loss", 0.5), (20, "epoch_loss", 0.25)]
+
+
+def test_local_files_without_tensorflow(tmp_path):
+    from components import storage
+
+    files = storage.LocalFiles
+    files.makedirs(str(tmp_path / "a" / "b"))
+    with files.GFile(str(tmp_path / "a" / "b" / "x.json"), "w") as f:
+        f.write("{}")
+    files.copy(str(tmp_path / "a" / "b" / "x.json"), str(tmp_path / "y.json"))
+    with pytest.raises(FileExistsError):
+        files.copy(str(tmp_path / "y.json"), str(tmp_path / "a" / "b" / "x.json"))
+    files.rename(str(tmp_path / "y.json"), str(tmp_path / "z.json"), overwrite=True)
+    assert files.glob(str(tmp_path / "*.json")) == [str(tmp_path / "z.json")]
+    assert files.exists(str(tmp_path / "z.json")) and files.isdir(str(tmp_path / "a"))
+    files.remove(str(tmp_path / "z.json"))
+    assert not files.exists(str(tmp_path / "z.json"))
+    try:
+        storage.use_tensorflow_io(False)
+        assert storage.gfile() is storage.LocalFiles
+    finally:
+        storage.use_tensorflow_io(True)
+
+
+def test_numpy_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
+    """Every model and optimizer variable, the extras and the random state come back as saved; a different model
+    is refused."""
+    out = run_python(f"""
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import numpy as np, keras
+from components.train.frameworks.portable import NumpyCheckpoint
+def make():
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
+    o = keras.optimizers.Adam(1e-3); o.build(m.trainable_variables)
+    return m, o
+rng = {{"torch": np.arange(5, dtype=np.uint8)}}
+got = {{}}
+model, opt = make()
+ckpt = NumpyCheckpoint(model, {{"optimizer": opt}}, backup_dir={str(tmp_path)!r}, checkpoint_dir={str(tmp_path)!r},
+                       rng_state=lambda: rng, set_rng_state=got.update)
+opt.iterations.assign(7)
+for step in (1, 2, 3):
+    ckpt.save(step, {{"epoch_sums": np.array([1.5, 2.0, 3.0]), "history": "{{}}", "setup": "s", "best": "{{}}"}})
+print(sorted(os.listdir({str(tmp_path)!r})))
+fresh, fresh_opt = make()
+loaded = NumpyCheckpoint(fresh, {{"optimizer": fresh_opt}}, backup_dir={str(tmp_path)!r},
+                         checkpoint_dir={str(tmp_path)!r}, rng_state=dict, set_rng_state=got.update)
+path, extras = loaded.restore_latest()
+same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.variables, fresh.variables))
+print(os.path.basename(path), extras["epoch_sums"], extras["setup"], int(fresh_opt.iterations.numpy()), same,
+      got["torch"].tolist())
+other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+try:
+    NumpyCheckpoint(other, {{}}, backup_dir={str(tmp_path)!r}, checkpoint_dir={str(tmp_path)!r}, rng_state=dict,
+                    set_rng_state=got.update).restore_latest()
+except ValueError as e:
+    print("refused:", str(e))
+""")
+    lines = out.strip().splitlines()
+    assert lines[0] == "['ckpt-2.npz', 'ckpt-3.npz']"
+    assert lines[1] == "ckpt-3.npz [1.5, 2.0, 3.0] s 7 True [0, 1, 2, 3, 4]"
+    assert lines[2].startswith("refused: ") and "model variables, this model has 2: use a new backup" in lines[2]
