@@ -76,7 +76,7 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (FRAMEWORK=torch: on PyTorch)
 	$(BIN)/pipectl run --local --framework $(FRAMEWORK) --output-dir $(RUN_DIR)
 
-test: install browser photos $(BIN)/.framework-torch ## run the test suite
+test: install browser photos $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
