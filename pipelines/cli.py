@@ -29,6 +29,9 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--image-tag", default=config.DEFAULT_IMAGE_TAG, help="tag of both images (default: %(default)s)")
     group.add_argument("--cpu-image", help="full CPU image reference (overrides repo/tag), e.g. REPO/cpu@sha256:...")
     group.add_argument("--gpu-image", help="full GPU image reference (overrides repo/tag), e.g. REPO/gpu@sha256:...")
+    group.add_argument("--serving-image", help="what serves models registered in Vertex AI (default: REPO/"
+                       "tensorflow-serving:VERSION, TensorFlow Serving as Cloud Build copies it; a Vertex AI "
+                       "prebuilt image such as us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest keeps it)")
     group.add_argument("--target", choices=config.TARGETS, default="kfp",
                        help="kfp: GKE node selectors via kfp-kubernetes; vertex: Vertex AI Pipelines")
     group.add_argument("--train-accelerator", default=config.DEFAULT_TRAIN_ACCELERATOR,
@@ -39,10 +42,11 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predict-gpus", type=int, default=1)
     group.add_argument("--train-launcher", choices=config.TRAIN_LAUNCHERS, default="pod",
                        help="pod: train in the pipeline task; trainjob: a Kubeflow Trainer v2 TrainJob of chief + "
-                            "--train-workers nodes; jobset: the same as a JobSet (no Trainer v2); tfjob: a legacy "
-                            "Kubeflow TFJob; vertex-job: a Vertex AI CustomJob with worker pools")
+                            "--train-workers nodes; jobset: the same as a JobSet (no Trainer v2); tfjob, pytorchjob: a "
+                            "legacy Kubeflow TFJob or (framework torch) PyTorchJob; vertex-job: a Vertex AI CustomJob "
+                            "with worker pools")
     group.add_argument("--train-runtime", default=config.DEFAULT_TRAIN_RUNTIME,
-                       help="ClusterTrainingRuntime of the TrainJob (default: %(default)s, manifests/trainer/)")
+                       help="ClusterTrainingRuntime of the TrainJob (default: the framework's in manifests/trainer/)")
     group.add_argument("--train-namespace", default="kubeflow",
                        help="namespace of the TrainJob/JobSet/TFJob (default: %(default)s)")
     group.add_argument("--kueue-queue", default="", help="Kueue queue for the GPU pods and the training job")
@@ -70,7 +74,8 @@ def add_cache_option(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
     repo_images = config.Images.from_repo(args.image_repo, args.image_tag)
-    images = config.Images(cpu=args.cpu_image or repo_images.cpu, gpu=args.gpu_image or repo_images.gpu)
+    images = config.Images(cpu=args.cpu_image or repo_images.cpu, gpu=args.gpu_image or repo_images.gpu,
+                           serving=args.serving_image or repo_images.serving)
     return config.PipelineSettings(images=images, target=args.target, train_accelerator=args.train_accelerator,
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
                                    predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
@@ -114,7 +119,9 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         with open(registration_path) as f:
             reg = json.load(f)
         registered = {"registry": reg["registry"], "model": reg["model"], "version": reg["version"],
-                      "aliases": reg["aliases"], "uri": reg["uri"], "new_version": reg["new_version"]}
+                      "aliases": reg["aliases"], "uri": reg["uri"], "new_version": reg["new_version"],
+                      "promotion": reg.get("promotion", ""), "champion_changed": reg.get("champion_changed", False),
+                      "champion": reg.get("champion")}
     with open(os.path.join(predictions, "summary.json")) as f:
         prediction_summary = json.load(f)
     artifacts = {}
@@ -130,7 +137,9 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         "images": {s: manifest["splits"][s]["count"] for s in ("train", "validation", "test")}
         | {"rejected": manifest["rejected"]},
         "blessed": evaluation["blessed"],
-        "decision": evaluation["decision"],
+        # The gate's line; when another run moved the champion after evaluation, what registration did about it.
+        "decision": evaluation["decision"] + (f"; at registration: {registered['promotion']}"
+                                              if registered and registered["champion_changed"] else ""),
         "registered": registered,
         # Predictions written by reference (data_root) are where their summary says.
         "predictions": {"path": prediction_summary.get("predictions_jsonl")

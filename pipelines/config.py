@@ -18,6 +18,8 @@ from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KU
 from components.launch.trainjob import RUNTIME_NAME as DEFAULT_TRAIN_RUNTIME  # noqa: F401
 # The reference setup: training on a T4 pool, batch prediction on an H100 pool (components/params.py).
 from components.params import DEFAULT_PREDICT_ACCELERATOR, DEFAULT_TRAIN_ACCELERATOR  # noqa: F401
+# The serving container's version and its name in the image repository: the Vertex registry's (one place).
+from components.registry.vertex import TF_SERVING_IMAGE_NAME, TF_SERVING_VERSION
 
 DEFAULT_IMAGE_REPO = "localhost/kfp-image-classification"
 DEFAULT_IMAGE_TAG = "dev"
@@ -33,7 +35,7 @@ DATA_ROOT_UNDER_MOUNT = "kfp-data"
 # Where training runs: "pod" trains in the pipeline task's own pod; "trainjob" launches a Kubeflow Trainer v2
 # TrainJob (chief + workers) on the cluster, "jobset" the same pods as a JobSet where Trainer v2 is not installed,
 # "tfjob" a legacy Kubeflow Training Operator v1 TFJob; "vertex-job" launches a Vertex AI CustomJob with worker pools.
-CLUSTER_LAUNCHERS = ("trainjob", "jobset", "tfjob")
+CLUSTER_LAUNCHERS = ("trainjob", "jobset", "tfjob", "pytorchjob")  # pytorchjob: for framework torch
 TRAIN_LAUNCHERS = ("pod", *CLUSTER_LAUNCHERS, "vertex-job")
 
 
@@ -41,11 +43,15 @@ TRAIN_LAUNCHERS = ("pod", *CLUSTER_LAUNCHERS, "vertex-job")
 class Images:
     cpu: str
     gpu: str
+    # What serves registered models on Vertex AI (the register step's `serving_image`): TensorFlow Serving, copied
+    # into the image repository by Cloud Build (components/registry/vertex.py); empty: the registry's default.
+    serving: str = ""
 
     @classmethod
     def from_repo(cls, repo: str = DEFAULT_IMAGE_REPO, tag: str = DEFAULT_IMAGE_TAG) -> "Images":
         repo = repo.rstrip("/")
-        return cls(cpu=f"{repo}/{CPU_IMAGE_NAME}:{tag}", gpu=f"{repo}/{GPU_IMAGE_NAME}:{tag}")
+        return cls(cpu=f"{repo}/{CPU_IMAGE_NAME}:{tag}", gpu=f"{repo}/{GPU_IMAGE_NAME}:{tag}",
+                   serving=f"{repo}/{TF_SERVING_IMAGE_NAME}:{TF_SERVING_VERSION}")
 
 
 def check_accelerator(accelerator: str) -> str:
@@ -101,7 +107,7 @@ class PipelineSettings:
     @property
     def by_reference(self) -> bool:
         """On a KFP backend the launcher copies artifacts whole in and out of each pod, so the data-heavy steps
-        write their data beside the artifacts (components/datadir.py); Vertex AI mounts them (GCS FUSE)."""
+        write their data outside the artifacts (components/datadir.py); Vertex AI mounts them (GCS FUSE)."""
         return self.target == "kfp"
 
     @property

@@ -1,5 +1,6 @@
 """`pipectl explain`: the pod a KFP backend release creates for each step of the compiled pipeline, for given
-parameter values, before anything is uploaded; for a cluster job, the nodes the training step's launcher creates.
+parameter values, before anything is uploaded; for a cluster job, the nodes the training step's launcher creates;
+and what each pod's launcher downloads on that release (pipelines/kfp_launcher.py).
 
 The pods follow the driver model in pipelines/kfp_driver.py. The steps whose outputs place another task (the GPU
 check) run here, with the run's parameters, as they would on the cluster; a training step that launches a job gets
@@ -14,8 +15,8 @@ import tempfile
 
 import yaml
 
-from components import ops
-from pipelines import kfp_driver
+from components import datadir, ops
+from pipelines import kfp_driver, kfp_launcher
 
 # Steps whose outputs another task's pod depends on: run here, with the run's parameters.
 PRODUCERS = {ops.placement_op.name: ops.placement_op}
@@ -54,16 +55,17 @@ def task_config_as_step_reads_it(task_config: dict):
 
 def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     """The nodes a training step's launcher creates (one entry per replica group: count, resources, node selector,
-    tolerations, or the Vertex AI machine), from the step's resolved inputs and TaskConfig; [] for other steps."""
+    tolerations, or the Vertex AI machine, and the command each node runs for the step's framework), from the step's
+    resolved inputs and TaskConfig; [] for other steps."""
     from components.gcp.accelerators import ACCELERATORS
-    from components.launch import LaunchSettings, custom_job, job_manifests, training_job
+    from components.launch import LaunchSettings, custom_job, job_manifests, node_resources, training_job
 
     inputs = pod.inputs
     if "launcher" not in inputs or "workers" not in inputs:
         return []
     launcher, command = inputs["launcher"], ["python", "-m", "components.train"]
     common = dict(image=inputs["image"], workers=int(inputs["workers"]), kueue_queue=inputs.get("kueue_queue", ""),
-                  namespace=inputs.get("namespace", "kubeflow"))
+                  namespace=inputs.get("namespace", "kubeflow"), framework=inputs.get("framework", "tensorflow"))
     if launcher == "vertex-job":
         launch = LaunchSettings(launcher, **common, accelerator=inputs["accelerator"], gpus=int(inputs["gpus"]),
                                 spot=bool(inputs["spot"]), node_pool=inputs["node_pool"],
@@ -72,25 +74,30 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
                          vertex_accelerators=ACCELERATORS, spot=launch.spot)
         return [{"replicas": p.replica_count, "machine": {
             "machineType": p.machine_spec.machine_type, "acceleratorType": p.machine_spec.accelerator_type.name,
-            "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name}
-            for p in job.job_spec.worker_pool_specs]
+            "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name,
+            "command": list(p.container_spec.command)} for p in job.job_spec.worker_pool_specs]
     config = task_config_as_step_reads_it(pod.task_config or {})
-    launch = LaunchSettings(launcher, **common, runtime=inputs["runtime"], task_config=dataclasses.asdict(config))
+    sizes = node_resources(inputs.get("node_cpu", ""), inputs.get("node_memory", ""), inputs.get("node_gpus", "")) \
+        if "node_cpu" in inputs else None
+    launch = LaunchSettings(launcher, **common, runtime=inputs["runtime"], task_config=dataclasses.asdict(config),
+                            node_resources=sizes)
     manifest = job_manifests(launcher, training_job(launch, command, run_id="RUN", task_name=pod.task),
                              launch.namespace, runtime=launch.runtime)[-1]
     return node_pods(manifest)
 
 
 def node_pods(manifest: dict) -> list[dict]:
-    """Each replica group's count and pod placement in a TrainJob, JobSet or TFJob manifest."""
+    """Each replica group's count, pod placement and command in a TrainJob, JobSet, TFJob or PyTorchJob manifest."""
     def placement(count: int, pod: dict) -> dict:
         container = pod["containers"][0] if pod.get("containers") else {}
         return {"replicas": count, "resources": container.get("resources", {}),
-                "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations")}
+                "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
+                "command": container.get("command")}
 
     spec = manifest["spec"]
-    if manifest["kind"] == "TFJob":
-        return [placement(r["replicas"], r["template"]["spec"]) for r in spec["tfReplicaSpecs"].values()]
+    if manifest["kind"] in ("TFJob", "PyTorchJob"):
+        replicas = spec["tfReplicaSpecs" if manifest["kind"] == "TFJob" else "pytorchReplicaSpecs"]
+        return [placement(r["replicas"], r["template"]["spec"]) for r in replicas.values()]
     if manifest["kind"] == "JobSet":
         return [placement(r["replicas"] * r["template"]["spec"].get("parallelism", 1),
                           r["template"]["spec"]["template"]["spec"]) for r in spec["replicatedJobs"]]
@@ -101,25 +108,96 @@ def node_pods(manifest: dict) -> list[dict]:
             pod.update(rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {}))
     trainer = spec["trainer"]
     return [{"replicas": trainer["numNodes"], "resources": trainer.get("resourcesPerNode", {}),
-             "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations")}]
+             "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
+             "command": trainer.get("command")}]
+
+
+# Where explain puts the run's artifacts: a gs:// pipeline root, as docs/data-by-reference.md sets up.
+PIPELINE_ROOT = "gs://BUCKET/pipeline-root"
+
+
+def all_tasks(spec: dict) -> dict[str, dict]:
+    """Every task of the compiled pipeline, those of sub-DAGs (dsl.If groups) included, by name."""
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        tasks.update(component.get("dag", {}).get("tasks", {}))
+    return tasks
+
+
+def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str = PIPELINE_ROOT,
+                  bulk_dir=datadir.bulk_dir) -> dict[str, list[dict]]:
+    """Per task, what its pod's launcher downloads on `release` (pipelines/kfp_launcher.py): each input artifact,
+    and anything beside it that the release's prefix listing also brings. The run is laid out as the steps write
+    it: each artifact at its KFP URI, and the bulk of the outputs written by reference where `bulk_dir` puts it
+    for the run's `data_root` (a mounted path is not in the pipeline root's listing)."""
+    tasks, defaults = all_tasks(spec), spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    data_root = parameters.get("data_root", defaults.get("data_root", {}).get("defaultValue", ""))
+    pipeline = spec["pipelineInfo"]["name"]
+
+    def uri(task: str, output: str) -> str:
+        return kfp_launcher.output_uri(pipeline_root, pipeline, "RUN_ID", task, "UUID", output)
+
+    objects = {}
+    for task, artifacts in kfp_launcher.task_artifacts(spec).items():
+        component = spec["components"][tasks[task]["componentRef"]["name"]]
+        bulk_output = ops.BY_REFERENCE.get(component.get("executorLabel", "")[len("exec-"):])
+        by_reference = tasks[task].get("inputs", {}).get("parameters", {}).get("by_reference", {})
+        for output in artifacts["outputs"]:
+            objects[f"{uri(task, output)}/{output}.json"] = 1
+            if output == bulk_output:
+                where = bulk_dir(uri(task, output), uri(task, output), data_root=data_root,
+                                 by_reference=by_reference.get("runtimeValue", {}).get("constant", False))
+                objects[f"{where.rstrip('/')}/train/train-00000-of-00001.tfrecord"] = 1
+    store = kfp_launcher.Listing(objects)
+    moved = kfp_launcher.pod_transfers(spec, uri, uri, store, release)
+    result = {}
+    for task, pod in moved.items():
+        result[task] = []
+        for transfer in pod.downloads:
+            entry = {"input": transfer.artifact, "uri": transfer.uri,
+                     "copies": "the artifact" if transfer.note == "copied whole" else f"nothing: {transfer.note}"}
+            if transfer.beside:  # objects of other artifacts or bulk data, which only share the key's start
+                entry["also_copies"] = transfer.beside_folders()
+            result[task].append(entry)
+    return result
 
 
 def explain(package_path: str, parameters: dict, release: str = kfp_driver.PINNED_RELEASE) -> dict:
-    """Per step, the pod `release` creates for these parameter values (and a cluster job's nodes), and the
-    features the pipeline needs with their first releases."""
+    """Per step, the pod `release` creates for these parameter values (and a cluster job's nodes), or why the
+    driver or the API server would fail it (`fails`), and the features the pipeline needs with their first
+    releases."""
     spec, executors = kfp_driver.read_package(package_path)
-    pods = kfp_driver.resolve_pods(spec, executors, parameters, producer_outputs(spec, parameters), release)
+    failures: list = []
+    pods = kfp_driver.resolve_pods(spec, executors, parameters, producer_outputs(spec, parameters), release, failures)
+    downloads = pod_downloads(spec, parameters, release)
     steps = []
-    for pod in pods:
+    for index, pod in enumerate([*pods, None]):
+        steps += [{"task": task, "display_name": name, "fails": why} for task, name, why, before in failures
+                  if before == index]
+        if pod is None:
+            break
         entry = {k: v for k, v in pod.to_json().items() if v not in (None, {}, [])}
         nodes = cluster_nodes(pod) if kfp_driver.has(release, "task_config_passthrough") or \
             pod.inputs.get("launcher") == "vertex-job" else []
         if nodes:
             entry["nodes"] = nodes
+        if downloads.get(pod.task):
+            entry["downloads"] = downloads[pod.task]
         steps.append(entry)
     needs = [{"feature": f.description, "first_release": f.first_release}
              for f in kfp_driver.required_release(spec, executors)]
-    return {"backend_release": release, "model": kfp_driver.PINNED, "needs": needs, "steps": steps}
+    return {"backend_release": release, "model": kfp_driver.PINNED, "launcher": launcher_rule(release),
+            "needs": needs, "steps": steps}
+
+
+def launcher_rule(release: str) -> str:
+    """How `release`'s launcher picks the objects of an input artifact (pipelines/kfp_launcher.py)."""
+    if kfp_launcher.downloads_siblings(release):
+        return (f"downloads every object whose key starts with an input artifact's key (objectstore.DownloadBlob "
+                f"before {kfp_launcher.UNDER_PREFIX_ONLY}, object_store.go:127-154 at 2.16.1); artifacts at "
+                f"{PIPELINE_ROOT}")
+    return (f"downloads an input artifact's key and the keys below it (isBlobKeyUnderPrefix, object_store.go:171-174 "
+            f"at {kfp_launcher.UNDER_PREFIX_ONLY}); artifacts at {PIPELINE_ROOT}")
 
 
 def render(report: dict) -> str:

@@ -5,8 +5,10 @@ pipeline uses: the container's image and resources (CPU, memory, accelerator lim
 tolerations (fixed, and the `_json` forms fed by parameters or task outputs), pod labels, and the TaskConfig
 passthrough (`dsl.TaskConfig` inputs, with and without `apply_to_task`). Each rule cites the file and line it follows
 in kubeflow/pipelines at the tag `PINNED_RELEASE` (paths under backend/src/v2/); what older releases lack is gated
-by `FEATURES`, the first release of each (checked against the release tags). Environment variables, volumes and
-affinity are not modelled: the pipeline sets none.
+by `FEATURES`, the first release of each (checked against the release tags): a release that does not know a
+compiled field drops it (2.4.1 and newer) or fails the task on it (2.4.0 and older), and `DriverError` says which.
+Environment variables, volumes and affinity are not modelled: the pipeline sets none. tests/test_kfp_driver_upstream.py
+runs the driver's own driver_test.go and k8s_test.go cases at 2.17.0 through the model.
 
 Values keep their protobuf kinds as Python types (str: string_value, int/float: number_value, bool, dict: struct,
 list: list, None: null), since the driver reads a placeholder with `GetStringValue()`, which is "" for a number.
@@ -42,6 +44,10 @@ FEATURES = {f.name: f for f in [
     Feature("resource_placeholders", "accelerator type/count, CPU and memory from placeholders "
             "(resourceType, resourceCount, resourceCpuRequest, ...)", "2.4.0",
             "commit 7c931ae201 (#11501), driver/driver.go initPodSpecPatch"),
+    Feature("lenient_config", "the driver reads its specs allowing fields it does not know", "2.4.1",
+            "backend/src/common/util/json.go:70-75 UnmarshalString (AllowUnknownFields), used by "
+            "cmd/driver/main.go:203 at 2.4.1; 2.4.0 and older: jsonpb.UnmarshalString (cmd/driver/main.go:138), "
+            "which fails on an unknown field"),
     Feature("k8s_json_inputs", "nodeSelectorJson / tolerationJson from parameters and task outputs, "
             "tolerationJson as a list", "2.5.0",
             "commits fd1b48b471 (#11770) and 90909fc0ef, driver/k8s.go extendPodSpecPatch"),
@@ -53,7 +59,7 @@ FEATURES = {f.name: f for f in [
 
 # The TaskConfig fields kfp's executor reads (kfp/dsl/executor.py) by the driver's JSON names (driver/driver.go:112).
 TASK_CONFIG_FIELDS = ("affinity", "tolerations", "nodeSelector", "env", "volumes", "volumeMounts", "resources")
-# driver/util.go:41: a placeholder the driver resolves from the task's input parameters.
+# driver/util.go:41 at 2.17.0: a placeholder the driver resolves from the task's input parameters.
 _INPUT_CHANNEL = re.compile(r"\$.inputs.parameters\['(.+?)'\]")
 
 
@@ -91,15 +97,17 @@ _QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|T
 
 def canonical_quantity(text: str) -> str:
     """A Kubernetes quantity as the API writes it back: `k8s.io/apimachinery` v0.35.2 (KFP 2.17.0's go.mod:66),
-    pkg/api/resource/quantity.go: ParseQuantity (:278), then String/MarshalJSON (:680, :694) in the canonical form
-    of CanonicalizeBytes (:425): the largest power-of-1000 suffix with an integer mantissa (0.5 -> 500m, 0.512G ->
-    512M), rounded up to 1n; binary suffixes stay binary when the value is a whole number of at least 1024."""
+    pkg/api/resource/quantity.go: ParseQuantity (:278) keeps the format of the suffix (binary, decimal SI, or
+    exponent `e3`: suffix.go interpret), then String/MarshalJSON (:680, :694) write the canonical form of
+    CanonicalizeBytes (:425): an integer mantissa with the largest power-of-1000 suffix in that format (0.5 ->
+    500m, 0.512G -> 512M, 1000e0 -> 1e3), rounded up to 1n; binary suffixes stay binary only for a whole number of
+    at least 1024 (else decimal SI). The rows of quantity_test.go that pin this: tests/test_kfp_driver_upstream.py."""
     match = _QUANTITY.fullmatch(text.strip()) if text else None
     if not match:
         raise DriverError(f"quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?"
                           f"[0-9]*)$' (ParseQuantity): {text!r}")
     number, exponent, suffix = Decimal(match[1]), match[2], match[3] or ""
-    if text.strip() == "0" or number == 0:
+    if number == 0:
         return "0"
     if suffix in _BINARY:
         value = number * (Decimal(2) ** _BINARY[suffix])
@@ -107,12 +115,19 @@ def canonical_quantity(text: str) -> str:
             bits = max(b for b in (0, *_BINARY.values()) if value % (Decimal(2) ** b) == 0)
             unit = {v: k for k, v in _BINARY.items()}.get(bits, "")
             return f"{int(value / (Decimal(2) ** bits))}{unit}"
+    elif exponent:
+        value = number * Decimal(10) ** int(exponent[1:])
     else:
-        value = number * (Decimal(10) ** (int(exponent[1:]) if exponent else _DECIMAL[suffix]))
+        value = number * Decimal(10) ** _DECIMAL[suffix]
     nanos = (value * Decimal(10) ** 9).to_integral_value(rounding=ROUND_CEILING)
-    power = max(p for p in _DECIMAL.values() if nanos % (Decimal(10) ** (p + 9)) == 0)
+    power = -9
+    while nanos % (Decimal(10) ** (power + 12)) == 0 and (exponent or power + 3 <= 18):
+        power += 3
+    mantissa = int(nanos / Decimal(10) ** (power + 9))
+    if exponent:  # DecimalExponent: "e<power>", nothing for 10^0 (suffix.go constructBytes)
+        return f"{mantissa}e{power}" if power else str(mantissa)
     unit = {v: k for k, v in _DECIMAL.items()}[power]
-    return f"{int(nanos / Decimal(10) ** (power + 9))}{unit}"
+    return f"{mantissa}{unit}"
 
 
 def _go_float(value: float) -> str:
@@ -208,24 +223,31 @@ def resolve_placeholder(value: str, inputs: dict, what: str) -> str:
 
 
 def task_config_options(component: dict, release: str) -> tuple[set, set]:
-    """driver/driver.go:205 getTaskConfigOptions: (fields passed through, fields set on the pod). Without
-    passthroughs every field is set on the pod (:212); with any, only those with apply_to_task are (:227-236)."""
+    """driver/driver.go:205-240 getTaskConfigOptions (2.15.0:182-217): (fields passed through, fields set on the
+    pod). Every field is set on the pod (:212-219); a component's passthrough list only adds the fields it names to
+    the TaskConfig (:235) and sets each of them on the pod only with apply_to_task (:236). Fields it does not name
+    stay on the pod."""
     fields = {"RESOURCES", "ENV", "KUBERNETES_AFFINITY", "KUBERNETES_TOLERATIONS", "KUBERNETES_NODE_SELECTOR",
               "KUBERNETES_VOLUMES"}
     passthroughs = component.get("taskConfigPassthroughs") or []
     if not passthroughs or not has(release, "task_config_passthrough"):
         return set(), fields
     passed = {p["field"] for p in passthroughs}
-    return passed, {p["field"] for p in passthroughs if p.get("applyToTask")}
+    kept_off = {p["field"] for p in passthroughs if not p.get("applyToTask")}
+    return passed, fields - kept_off
 
 
 def container_resources(container: dict, inputs: dict, release: str) -> dict:
-    """driver/driver.go:358-447: CPU and memory from the placeholder fields (getPodResource, :173: the new field
-    when set, else the old number, "%vG" for memory), then the accelerator limit (:415-447): its type and count
+    """driver/driver.go:358-447 at 2.17.0: CPU and memory from the placeholder fields (getPodResource, :173: the new
+    field when set, else the old number, "%vG" for memory), then the accelerator limit (:415-447): its type and count
     resolved from placeholders, set only when both are non-empty (:440) and parsed as a quantity (:441)."""
     resources = container.get("resources") or {}
     limits, requests = {}, {}
     new_fields = has(release, "resource_placeholders")
+    if not new_fields:  # the SDK writes them beside the old numbers; a driver before 2.4.0 fails on them
+        for key in [k for k in resources if k.startswith("resource")] + \
+                   [k for k in resources.get("accelerator") or {} if k.startswith("resource")]:
+            unknown_field(release, key, "container spec")
     for target, name, old, unit in ((limits, "memory", "memoryLimit", "G"), (requests, "memory", "memoryRequest", "G"),
                                     (limits, "cpu", "cpuLimit", ""), (requests, "cpu", "cpuRequest", "")):
         placeholder = resources.get("resource" + old[0].upper() + old[1:]) if new_fields else None
@@ -252,20 +274,35 @@ def container_resources(container: dict, inputs: dict, release: str) -> dict:
     return {key: value for key, value in (("limits", limits), ("requests", requests)) if value}
 
 
+def unknown_field(release: str, field: str, message: str) -> None:
+    """A compiled field the driver's protos do not know: before 2.4.1 jsonpb.UnmarshalString fails the driver
+    (cmd/driver/main.go:123 and :138 at 2.4.0: "failed to unmarshal ..."); from 2.4.1 it is dropped
+    (common/util/json.go:70-75, AllowUnknownFields)."""
+    if not has(release, "lenient_config"):
+        needs = FEATURES["k8s_json_inputs" if field.endswith("Json") else "resource_placeholders"].first_release
+        raise DriverError(f"KFP {release}'s driver fails the task: failed to unmarshal {message}: unknown field "
+                          f"{field!r} (jsonpb.UnmarshalString, backend/src/v2/cmd/driver/main.go at {release}; "
+                          f"the field needs {needs})")
+
+
 def node_selector(config: dict, dag_inputs: dict, task_outputs: dict, release: str) -> dict | None:
-    """driver/k8s.go:194-222: fixed labels, or nodeSelectorJson resolved and read as a struct (resolve.go:855: a
-    value that is not a struct reads as {}); a null value sets none (:203)."""
+    """driver/k8s.go:193-222: fixed labels, or nodeSelectorJson resolved (resolveK8sJsonParameter, resolve.go:840-865)
+    and read as a struct (:855: a value that is not a struct, a task output's null included, reads as {}); a
+    null pipeline input sets none (ErrResolvedParameterNull, resolve.go:399-403; k8s.go:203). Before 2.5.0 the
+    json form is an unknown field: 2.4.0 fails, 2.4.1 reads an empty NodeSelector and sets no labels
+    (driver.go:591-592 at 2.4.1)."""
     if "nodeSelector" not in config:
         return None
     spec = config["nodeSelector"]
     if "nodeSelectorJson" not in spec:
         return dict(spec.get("labels") or {})
     if not has(release, "k8s_json_inputs"):
+        unknown_field(release, "nodeSelectorJson", "Kubernetes config")
         return None
     value = resolve_input(spec["nodeSelectorJson"], dag_inputs, task_outputs, "nodeSelectorJson")
     if isinstance(value, Unresolved):
         value.need()
-    if value is None:
+    if value is None and "componentInputParameter" in spec["nodeSelectorJson"]:
         return None
     value = value if isinstance(value, dict) else {}
     if any(not isinstance(v, str) for v in value.values()):
@@ -273,31 +310,66 @@ def node_selector(config: dict, dag_inputs: dict, task_outputs: dict, release: s
     return dict(value)
 
 
+def k8s_toleration(value: dict) -> dict:
+    """A toleration as the driver's json.Unmarshal into core/v1 Toleration reads it (k8s.go:255-258, :270-273)
+    and the pod carries it: unknown keys dropped, null and empty fields left out (omitempty), tolerationSeconds an
+    int64 (a proto number, or the string a compiled int64 is written as)."""
+    toleration = {}
+    for key in ("key", "operator", "value", "effect"):
+        field = value.get(key)
+        if field is not None and not isinstance(field, str):
+            raise DriverError(f"failed to marshal single toleration to json: json: cannot unmarshal {field!r} into "
+                              f"Go struct field Toleration.{key} of type string")
+        if field:
+            toleration[key] = field
+    seconds = value.get("tolerationSeconds")
+    if seconds not in (None, ""):
+        try:
+            toleration["tolerationSeconds"] = int(Decimal(str(seconds)))
+        except ArithmeticError:
+            raise DriverError(f"failed to marshal single toleration to json: tolerationSeconds {seconds!r} is not "
+                              "an int64") from None
+    return toleration
+
+
 def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str) -> list | None:
     """driver/k8s.go:224-299: each toleration fixed, or tolerationJson resolved: one struct or a list of them
-    (:246-274), appended in order; empty ones and nulls are skipped (:238, :261, :276)."""
+    (:242-274), appended in order. Empty ones are skipped (:261, :276), and so is a null pipeline input
+    (ErrResolvedParameterNull, resolve.go:399-403; k8s.go:236-237); any other value, a task output's null
+    included, fails the task (:279). Before 2.5.0 the json form is an unknown field: 2.4.0 fails, 2.4.1 makes it
+    an empty Toleration{} (driver.go:595-614 at 2.4.1), which the API server refuses (kubernetes
+    pkg/apis/core/validation/validation.go ValidateTolerations: "operator must be Exists when `key` is empty")."""
     if "tolerations" not in config:
         return None
     result: list[dict] = []
     for toleration in config["tolerations"]:
-        if "tolerationJson" not in toleration:
-            fixed = {k: toleration[k] for k in ("key", "operator", "value", "effect", "tolerationSeconds")
-                     if toleration.get(k) not in (None, "")}
-            result.append(fixed)
+        if "tolerationJson" not in toleration:  # k8s.go:281-287
+            result.append(k8s_toleration(toleration))
             continue
         if not has(release, "k8s_json_inputs"):
-            continue
-        value = resolve_input(toleration["tolerationJson"], dag_inputs, task_outputs, "tolerationJson")
+            unknown_field(release, "tolerationJson", "Kubernetes config")
+            raise DriverError(f"KFP {release} turns tolerationJson into an empty toleration, and the API server "
+                              f"refuses the pod: spec.tolerations[{len(result)}].operator: Invalid value: \"\": "
+                              f"operator must be Exists when `key` is empty, which means \"match all values and "
+                              f"all keys\"")
+        spec = toleration["tolerationJson"]
+        value = resolve_input(spec, dag_inputs, task_outputs, "tolerationJson")
         if isinstance(value, Unresolved):
             value.need()
-        if value is None or value == {} or value == []:
+        if value is None and "componentInputParameter" in spec:
+            continue
+        if value == {} or value == []:
             continue
         if isinstance(value, dict):
-            result.append(dict(value))
+            result.append(k8s_toleration(value))
         elif isinstance(value, list):
-            result.extend(dict(t) for t in value)
+            if any(not isinstance(t, dict) for t in value):
+                raise DriverError(f"failed to marshal list toleration to json: json: cannot unmarshal {value!r} into "
+                                  "Go value of type []v1.Toleration")
+            result.extend(k8s_toleration(t) for t in value)
         else:
-            raise DriverError("encountered unexpected toleration proto value, must be either struct or list type")
+            raise DriverError("failed to resolve toleration: encountered unexpected toleration proto value, must "
+                              f"be either struct or list type (got {value!r})")
     return result or None
 
 
@@ -324,8 +396,8 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
     if takes_config:
         if not has(release, "task_config_passthrough"):
             notes.append(f"KFP {release} has no TaskConfig passthrough: the task's config input stays empty")
-        # driver/container.go:283-310: json.Marshal of the driver's TaskConfig (driver.go:112; resources'
-        # limits/requests omitted when empty), set as the value of every TASK_CONFIG input.
+        # driver/container.go:283-310 (taskConfig made at :245): json.Marshal of the driver's TaskConfig
+        # (driver.go:112; resources' limits/requests omitted when empty), set as the value of every TASK_CONFIG input.
         task_config = {name: None for name in TASK_CONFIG_FIELDS} | {"resources": {}}
         if "RESOURCES" in passed:  # driver.go:471
             task_config["resources"] = resources
@@ -342,15 +414,27 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
         resources=resources if "RESOURCES" in on_pod else {},  # driver.go:475
         node_selector=selector if "KUBERNETES_NODE_SELECTOR" in on_pod else None,  # k8s.go:218
         tolerations=tolerated if "KUBERNETES_TOLERATIONS" in on_pod else None,  # k8s.go:296
-        labels=labels,  # compiler/argocompiler/container.go:744 extendPodMetadata: labels on the pod's metadata
+        # compiler/argocompiler/container.go:744-787 extendPodMetadata, called at :590-592: the executor template's
+        # pod metadata carries the labels (and annotations).
+        labels=labels,
         task_config=task_config, notes=notes, inputs=inputs)
 
 
 def resolve_pods(spec: dict, k8s_executors: dict, parameters: dict, task_outputs: dict,
-                 release: str = PINNED_RELEASE) -> list[TaskPod]:
+                 release: str = PINNED_RELEASE, failures: list | None = None) -> list[TaskPod]:
     """The pod of every container task, through nested DAGs (a condition's tasks as if it were true), for the
-    run's `parameters` (over the compiled defaults) and the given outputs of producer tasks."""
+    run's `parameters` (over the compiled defaults) and the given outputs of producer tasks. A task the driver
+    would fail raises DriverError; with `failures`, it is appended there as (task, display name, why, how many
+    pods came before it) instead and the other tasks are still resolved."""
     pods: list[TaskPod] = []
+
+    def resolve(name: str, task: dict, dag_inputs: dict) -> None:
+        try:
+            pods.append(resolve_task(spec, k8s_executors, name, task, dag_inputs, task_outputs, release))
+        except DriverError as e:
+            if failures is None:
+                raise
+            failures.append((name, task.get("taskInfo", {}).get("name", name), str(e), len(pods)))
 
     def walk(dag: dict, dag_inputs: dict) -> None:
         for name, task in in_run_order(dag.get("tasks", {})):
@@ -360,7 +444,7 @@ def resolve_pods(spec: dict, k8s_executors: dict, parameters: dict, task_outputs
                          for key, p in (task.get("inputs", {}).get("parameters") or {}).items()}
                 walk(component["dag"], inner)
             else:
-                pods.append(resolve_task(spec, k8s_executors, name, task, dag_inputs, task_outputs, release))
+                resolve(name, task, dag_inputs)
 
     walk(spec["root"]["dag"], pipeline_parameters(spec, parameters))
     return pods

@@ -20,7 +20,8 @@ import sys
 from html.parser import HTMLParser
 
 PAGE = "index.html"
-SECTIONS = [("predictions", "Predictions"), ("training", "Training curves"), ("tensorboard", "TensorBoard"),
+SECTIONS = [("predictions", "Predictions"), ("training", "Training curves"), ("gpu", "GPU utilization"),
+            ("tensorboard", "TensorBoard"),
             ("evaluation", "Evaluation report"), ("dataset", "Dataset card"), ("augmentation", "Augmentation preview")]
 MOST_PREDICTIONS = 100  # shown in the grid; predictions.jsonl has them all
 INLINE_BYTES = 256 << 10  # larger images are shown as thumbnails
@@ -38,7 +39,8 @@ iframe.artifact{width:100%;height:640px;border:1px solid #dadce0;border-radius:6
 .grid img{width:72px;height:72px;object-fit:contain;image-rendering:pixelated;background:#000}
 .grid figcaption{font-size:.75em;line-height:1.2}.grid .missing{height:72px;display:flex;align-items:center;
   font-size:.75em;color:#5f6368;overflow-wrap:anywhere}
-.curves img{max-width:100%;height:auto}pre{background:#f1f3f4;padding:10px 12px;border-radius:6px;overflow-x:auto}
+.curves img{max-width:100%;height:auto}svg.spark{vertical-align:middle;background:#f1f3f4;border-radius:4px}
+pre{background:#f1f3f4;padding:10px 12px;border-radius:6px;overflow-x:auto}
 nav{margin:10px 0 14px}
 """
 
@@ -129,15 +131,16 @@ def _predictions(path: str | None, count: int, output_dir: str) -> str:
             f"<a href='{shown}'><code>{shown}</code></a></p><div class='grid'>{''.join(cells)}</div>")
 
 
+def _training_info(summary: dict) -> dict | None:
+    model = summary["artifacts"].get("train", {}).get("model")
+    info = _read(os.path.join(model, "training.json")) if model else None
+    return json.loads(info) if info else None
+
+
 def _training(summary: dict, report: str | None) -> str:
     curves = figure_from(report, "Training curves")
-    model = summary["artifacts"].get("train", {}).get("model")
-    history = {}
-    info = _read(os.path.join(model, "training.json")) if model else None
-    trained = {}
-    if info:
-        trained = json.loads(info)
-        history = trained.get("history", {})
+    trained = _training_info(summary) or {}
+    history = trained.get("history", {})
     parts = [f"<div class='curves'><img alt='Training curves' src='{curves}'></div>"] if curves else []
     if trained.get("framework"):
         parts.insert(0, f"<p>Trained on <b>{html.escape(trained['framework'])}</b> "
@@ -150,6 +153,57 @@ def _training(summary: dict, report: str | None) -> str:
                        for epoch in range(len(history[metrics[0]])))
         parts.append("<table><tr><th>epoch</th>" + "".join(f"<th>{m}</th>" for m in metrics) + f"</tr>{rows}</table>")
     return "".join(parts) or "<p>No training history.</p>"
+
+
+def _sparkline(values: list[float], width: int = 240, height: int = 40) -> str:
+    """Percentages (0-100) as an inline SVG line, one point per epoch."""
+    step = width / max(len(values) - 1, 1)
+    points = " ".join(f"{i * step:.1f},{height - height * min(max(v, 0), 100) / 100:.1f}" for i, v in enumerate(values))
+    shape = (f"<polyline fill='none' stroke='#1a73e8' stroke-width='2' points='{points}'/>" if len(values) > 1
+             else f"<circle r='3' fill='#1a73e8' cx='{points.split(',')[0]}' cy='{points.split(',')[1]}'/>")
+    return (f"<svg class='spark' width='{width}' height='{height}' viewBox='0 0 {width} {height}' role='img'>"
+            f"<title>mean utilization per epoch, 0-100%</title>{shape}</svg>")
+
+
+def _gpu_usage(summary: dict) -> str:
+    """training.json's "gpu_usage" (components/train/gpu_usage.py): per GPU, the run's figures, a line of the
+    epochs' mean utilization and a table of the epochs."""
+    info = _training_info(summary)
+    usage = (info or {}).get("gpu_usage")
+    if not usage:
+        return "<p>No GPU utilization in the training record.</p>"
+    if not usage.get("recorded"):
+        return f"<p>Not recorded: {html.escape(usage.get('reason') or 'unknown reason')}.</p>"
+    busy = usage.get("busy_percent", 90)
+    parts = [f"<p>Sampled from NVML every {usage['interval_seconds']:g}s during training; the TensorBoard run "
+             "<code>gpu</code> has the same figures per epoch.</p>"]
+    for gpu in usage["gpus"]:
+        run, epochs = gpu["run"], [e for e in gpu["epochs"] if e.get("samples")]
+        title = f"GPU {gpu['index']} {gpu['name']} ({gpu['memory_total_gib']:.0f} GiB)"
+        if not run.get("samples"):
+            parts.append(f"<h3>{html.escape(title)}</h3><p>No samples.</p>")
+            continue
+        parts.append(
+            f"<h3>{html.escape(title)}</h3><p>mean {run['utilization_mean']:.0f}% (p50 {run['utilization_p50']}%, "
+            f"p95 {run['utilization_p95']}%, max {run['utilization_max']}%), at {busy}% or more for "
+            f"{run[f'seconds_at_least_{busy}']:.0f}s of {run['seconds']:.0f}s; memory up to "
+            f"{run['memory_used_gib_max']:.1f} of {gpu['memory_total_gib']:.0f} GiB"
+            + (f"; power {run['power_watts_mean']:.0f} W mean" if "power_watts_mean" in run else "") + "</p>"
+            + (f"<p>{_sparkline([e['utilization_mean'] for e in epochs])} mean utilization per epoch, "
+               "0-100%</p>" if epochs else ""))
+        power = any("power_watts_mean" in e for e in epochs)
+        rows = "".join(
+            f"<tr><td class='n'>{e['epoch']}</td><td class='n'>{e['utilization_mean']:.0f}%</td>"
+            f"<td class='n'>{e['utilization_p95']}%</td><td class='n'>{e['utilization_max']}%</td>"
+            f"<td class='n'>{e[f'seconds_at_least_{busy}']:.0f}s / {e['seconds']:.0f}s</td>"
+            f"<td class='n'>{e['memory_used_gib_max']:.1f} GiB</td>"
+            + (f"<td class='n'>{e['power_watts_mean']:.0f} W</td>" if "power_watts_mean" in e else
+               "<td></td>" if power else "") + "</tr>"
+            for e in epochs)
+        if rows:
+            parts.append(f"<table><tr><th>epoch</th><th>mean</th><th>p95</th><th>max</th><th>{busy}%+</th>"
+                         f"<th>memory (max)</th>{'<th>power (mean)</th>' if power else ''}</tr>{rows}</table>")
+    return "".join(parts)
 
 
 def _tensorboard(summary: dict) -> str:
@@ -182,16 +236,22 @@ def render(summary: dict, output_dir: str) -> str:
     artifacts = summary["artifacts"]
     report = _read(artifacts.get("evaluate", {}).get("report"))
     reg = summary.get("registered")
+    # Blessed, but another run's model became the champion after evaluation and the gate, applied again, kept it.
+    unpromoted = bool(reg and reg.get("champion_changed") and "champion" not in reg["aliases"])
     images = summary["images"]
     cards = [(f"{summary['test_accuracy']:.4f}", "test accuracy"), (f"{summary['test_loss']:.4f}", "test loss"),
              (f"{summary['train_seconds']:.1f}s", "training"),
              (f"{images['train']} / {images['validation']} / {images['test']}", "train / validation / test images"),
              (str(images["rejected"]), "rejected inputs"),
              (f"v{reg['version']}" if reg else "none", f"registered as {reg['model']}" if reg else "registered"),
+             *([(f"v{reg['champion']}" if reg.get("champion") else "none",
+                 "champion, kept: another run's model took it after evaluation, and the gate prefers it")]
+               if unpromoted else []),
              (str(summary["predictions"]["count"]), f"predictions, {summary['predictions']['errors']} errors")]
     body = [
         f"<h1>Local run <code>{esc(os.path.basename(os.path.abspath(output_dir)))}</code></h1>",
-        f"<p class='decision {'ok' if summary['blessed'] else 'no'}'>{esc(summary['decision'])}</p>",
+        f"<p class='decision {'ok' if summary['blessed'] and not unpromoted else 'no'}'>"
+        f"{esc(summary['decision'])}</p>",
         "<div class='cards'>" + "".join(f"<div class='card'><b>{esc(v)}</b><span>{esc(k)}</span></div>"
                                         for v, k in cards) + "</div>",
         "<nav>" + " &middot; ".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in SECTIONS) + "</nav>",
@@ -200,6 +260,8 @@ def render(summary: dict, output_dir: str) -> str:
         _predictions(summary["predictions"]["path"], summary["predictions"]["count"], output_dir),
         "<h2 id='training'>Training curves</h2>",
         _training(summary, report),
+        "<h2 id='gpu'>GPU utilization</h2>",
+        _gpu_usage(summary),
         "<h2 id='tensorboard'>TensorBoard</h2>",
         _tensorboard(summary),
         "<h2 id='evaluation'>Evaluation report</h2>",

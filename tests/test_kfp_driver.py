@@ -71,13 +71,15 @@ def test_the_training_pod_gets_the_gpus_asked_for(tmp_root, gpus, spot, pool):
 @pytest.mark.parametrize("launcher", ["trainjob", "jobset", "tfjob"])
 @pytest.mark.parametrize("gpus,spot,pool", CHOICES)
 def test_each_node_of_a_cluster_job_gets_the_gpus_asked_for(tmp_root, launcher, gpus, spot, pool):
-    """launcher=trainjob/jobset/tfjob: the driver passes the task's resources, node selector and tolerations on
-    (TaskConfig, not applied to the launcher's own pod), and every node of the job gets them."""
+    """launcher=trainjob/jobset/tfjob: the driver passes the task's node selector and tolerations on (TaskConfig,
+    not applied to the launcher's own pod), the nodes' size comes as values, and every node of the job gets them;
+    the launcher's own pod keeps a small CPU and memory request of its own and no GPU."""
     report = explain.explain(package(tmp_root, launcher), run_parameters(gpus, spot, pool))
     step = train_step(report)
-    assert "resources" not in step and "node_selector" not in step and "tolerations" not in step
+    assert step["resources"] == {"requests": {"cpu": "1", "memory": "2G"}}
+    assert "node_selector" not in step and "tolerations" not in step and "labels" not in step
     selector, tolerations = expected_placement(gpus, spot, pool)
-    assert kfp_driver.gpu_count(step["task_config"]["resources"]) == gpus
+    assert step["task_config"]["resources"] == step["resources"]  # the launcher's own, applied to its pod
     assert step["nodes"] and sum(n["replicas"] for n in step["nodes"]) == 3  # the chief and two workers
     for node in step["nodes"]:
         assert kfp_driver.gpu_count(node["resources"]) == gpus
@@ -90,13 +92,14 @@ def test_each_node_of_a_cluster_job_gets_the_gpus_asked_for(tmp_root, launcher, 
 @pytest.mark.parametrize("launcher", ["trainjob", "jobset"])
 def test_trainer_builds_the_nodes_pods_from_the_trainjob(tmp_root, launcher):
     """The TrainJob's nodes as Trainer v2 builds them (its JobSet, tests/standins/trainer.py) carry the GPUs."""
-    from components.launch import LaunchSettings, job_manifests, training_job
+    from components.launch import LaunchSettings, job_manifests, node_resources, training_job
 
     report = explain.explain(package(tmp_root, launcher), run_parameters(2, True, ""))
     task_config = explain.task_config_as_step_reads_it(train_step(report)["task_config"])
     import dataclasses
 
-    launch = LaunchSettings(launcher, IMAGES.gpu, workers=1, task_config=dataclasses.asdict(task_config))
+    launch = LaunchSettings(launcher, IMAGES.gpu, workers=1, task_config=dataclasses.asdict(task_config),
+                            node_resources=node_resources("4", "16G", "2"))
     manifests = job_manifests(launcher, training_job(launch, ["true"], run_id="r", task_name="t"), "ml")
     if launcher == "trainjob":
         jobset, problems = trainjob_jobset(manifests[-1], manifests[0])
@@ -163,17 +166,23 @@ def test_a_number_placeholder_resolves_to_no_gpu_as_the_driver_reads_it():
         kfp_driver.container_resources(container, {"pipelinechannel--n": "two"}, "2.17.0")
 
 
-def test_older_backends_drop_what_they_do_not_know(tmp_root):
-    """Before 2.15 no TaskConfig reaches the launcher (its own pod takes the GPUs, and the launcher refuses to
-    guess the nodes'); before 2.5 the `_json` placement is ignored; before 2.4 a placeholder count is too."""
+def test_older_backends_drop_or_fail_on_what_they_do_not_know(tmp_root):
+    """Before 2.15 no TaskConfig reaches the launcher: its own pod gets the node selector and tolerations (the
+    launcher refuses to guess the nodes'). Before 2.5 the `_json` placement is an unknown field: 2.4.1 makes the
+    toleration an empty one, which the API server refuses; 2.4.0 and older fail on the unknown field itself, and
+    before 2.4 on the placeholder resource fields every step carries."""
     params = run_parameters(2, True, "")
     step = train_step(explain.explain(package(tmp_root, "trainjob"), params, release="2.14.0"))
-    assert "task_config" not in step and "nodes" not in step and step["resources"]["limits"] == {GPU: "2"}
+    assert "task_config" not in step and "nodes" not in step
+    assert step["resources"] == {"requests": {"cpu": "1", "memory": "2G"}}  # never the nodes' GPUs
+    assert step["tolerations"] == [GPU_TOLERATION, SPOT_TOLERATION]
     assert any("no TaskConfig passthrough" in n for n in step["notes"])
     pod = train_step(explain.explain(package(tmp_root, "pod"), params, release="2.4.1"))
-    assert pod["resources"]["limits"] == {GPU: "2"} and "node_selector" not in pod and "tolerations" not in pod
-    pod = train_step(explain.explain(package(tmp_root, "pod"), params, release="2.3.0"))
-    assert "limits" not in pod["resources"] and pod["resources"]["requests"] == {"cpu": "4", "memory": "16G"}
+    assert "operator must be Exists when `key` is empty" in pod["fails"] and "resources" not in pod
+    pod = train_step(explain.explain(package(tmp_root, "pod"), params, release="2.4.0"))
+    assert "unknown field 'nodeSelectorJson'" in pod["fails"]
+    report = explain.explain(package(tmp_root, "pod"), params, release="2.3.0")
+    assert all("unknown field 'resource" in s["fails"] for s in report["steps"]), report["steps"]
 
 
 def test_the_pipeline_states_the_backend_it_needs(tmp_root):
@@ -184,7 +193,7 @@ def test_the_pipeline_states_the_backend_it_needs(tmp_root):
 
 @pytest.mark.parametrize("text,canonical", [("4", "4"), ("0.5", "500m"), ("0.512G", "512M"), ("16G", "16G"),
                                             ("1000M", "1G"), ("1.5Gi", "1536Mi"), ("16Gi", "16Gi"), ("0", "0"),
-                                            ("512", "512"), ("1e3", "1k")])
+                                            ("512", "512"), ("1e3", "1e3"), ("1000e0", "1e3")])
 def test_quantities_read_back_as_kubernetes_writes_them(text, canonical):
     assert kfp_driver.canonical_quantity(text) == canonical
 
@@ -229,11 +238,14 @@ def test_the_model_passes_the_drivers_resource_tests():
     legacy = {"resources": {"cpuLimit": 2.0, "memoryLimit": 1.5, "cpuRequest": 1.0, "memoryRequest": 0.65}}
     assert kfp_driver.container_resources(legacy, {}, "2.17.0") == {
         "limits": {"memory": "1500M", "cpu": "2"}, "requests": {"memory": "650M", "cpu": "1"}}
-    # driver_test.go:820 (apply_to_task false: captured only) and :1444 (true: on the pod and captured).
-    for apply, on_pod in ((False, set()), (True, {"RESOURCES"})):
+    # driver_test.go:820 (apply_to_task false: captured only) and :1444 (true: on the pod and captured); the
+    # fields a component does not list stay on the pod (driver.go:212-236).
+    every = {"RESOURCES", "ENV", "KUBERNETES_AFFINITY", "KUBERNETES_TOLERATIONS", "KUBERNETES_NODE_SELECTOR",
+             "KUBERNETES_VOLUMES"}
+    for apply, on_pod in ((False, every - {"RESOURCES"}), (True, every)):
         component = {"taskConfigPassthroughs": [{"field": "RESOURCES", "applyToTask": apply}]}
         assert kfp_driver.task_config_options(component, "2.17.0") == ({"RESOURCES"}, on_pod)
-    assert "RESOURCES" in kfp_driver.task_config_options({}, "2.17.0")[1]  # no passthroughs: all on the pod
+    assert kfp_driver.task_config_options({}, "2.17.0") == (set(), every)  # no passthroughs: all on the pod
 
 
 def test_apply_to_task_fixed_tolerations_and_labels_as_the_sdk_compiles_them(tmp_path):
@@ -269,3 +281,18 @@ def test_apply_to_task_fixed_tolerations_and_labels_as_the_sdk_compiles_them(tmp
     assert explain.task_config_as_step_reads_it(first.task_config).node_selector == {"pool": "gpu"}
     # The same limit from an int parameter: the driver reads it as "" and sets no GPU.
     assert second.gpus == 0 and second.task_config["resources"] == {}
+
+
+@pytest.mark.parametrize("release,says", [("2.4.1", "operator must be Exists when `key` is empty"),
+                                          ("2.4.0", "unknown field 'nodeSelectorJson'")])
+def test_explain_says_which_steps_an_older_backend_fails(tmp_path, capsys, release, says):
+    """What `pipectl upload` refuses an old host for, `pipectl compile --explain --backend-release` shows: the
+    training step fails there, with the driver's or the API server's reason; the other steps' pods are shown."""
+    from pipelines import cli
+
+    assert cli.main(["compile", "--output", str(tmp_path / "p.yaml"), "--explain", "--backend-release", release,
+                     "--train-gpu-count", "1"]) == 0
+    report = yaml.safe_load(capsys.readouterr().out)
+    failing = [s for s in report["steps"] if "fails" in s]
+    assert [s["task"] for s in failing] == ["train-op"] and says in failing[0]["fails"]
+    assert next(s for s in report["steps"] if s["task"] == "evaluate-op")["resources"]["requests"]["cpu"] == "2"

@@ -166,19 +166,23 @@ def test_compile_cluster_launchers_pass_the_task_placement_on(tmp_path, launcher
     assert inputs["kueue_queue"]["runtimeValue"]["constant"] == "team-gpu"
     assert inputs["workers"] == {"componentInputParameter": "train_workers"}
     assert tasks["train-cluster-job-op"]["retryPolicy"]["maxRetryCount"] == 3
-    # KFP's TaskConfig passthrough: the task's resources, node selector and tolerations go to the op, which gives
-    # them to the nodes; none is applied to the launching pod itself.
+    # KFP's TaskConfig passthrough: the task's node selector and tolerations go to the op, which gives them to the
+    # nodes, and are not applied to the launching pod itself; its resources are its own (apply_to_task), a small
+    # CPU and memory request and no GPU. The nodes' size comes as values, the GPU count from the check step.
     component = spec["components"]["comp-train-cluster-job-op"]
     assert component["inputDefinitions"]["parameters"]["task_config"]["parameterType"] == "TASK_CONFIG"
-    assert component["taskConfigPassthroughs"] == [{"field": "RESOURCES"}, {"field": "KUBERNETES_NODE_SELECTOR"},
+    assert component["taskConfigPassthroughs"] == [{"field": "RESOURCES", "applyToTask": True},
+                                                   {"field": "KUBERNETES_NODE_SELECTOR"},
                                                    {"field": "KUBERNETES_TOLERATIONS"}]
     container = spec["deploymentSpec"]["executors"]["exec-train-cluster-job-op"]["container"]
     assert container["image"] == settings.images.cpu
-    assert container["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert container["resources"]["accelerator"]["resourceCount"] == \
-        "{{$.inputs.parameters['pipelinechannel--placement-op-gpu_limit']}}"
+    assert "accelerator" not in container["resources"]
     assert (container["resources"]["resourceCpuRequest"], container["resources"]["resourceMemoryRequest"]) == \
-        ("4", "16G")
+        training.LAUNCHER_REQUEST == ("1", "2G")
+    assert inputs["node_cpu"]["runtimeValue"]["constant"] == "4"
+    assert inputs["node_memory"]["runtimeValue"]["constant"] == "16G"
+    assert inputs["node_gpus"] == {"taskOutputParameter": {"outputParameterKey": "gpu_limit",
+                                                           "producerTask": "placement-op"}}
     placed = executors["exec-train-cluster-job-op"]
     assert placed["nodeSelector"] == {"nodeSelectorJson": {"taskOutputParameter": {
         "outputParameterKey": "node_selector", "producerTask": "placement-op"}}}

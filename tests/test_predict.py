@@ -650,3 +650,70 @@ def test_linked_folders_are_followed_once(image_folder, classifier, tmp_path):
     os.symlink(folder, os.path.join(folder, "Bag", "loop"))
     result = predict("", folder, str(tmp_path / "out"), classifier=classifier)
     assert (result.count, result.errors) == (6, 0)
+
+
+# ---------------------------------------------------------------------------------------------- JPEGs on the GPU
+
+
+def camera_jpegs(food_photos: str) -> list[bytes]:
+    """Real photos (the food photos) at sizes that take each of the rule's DCT scales to 64x64, as JPEGs."""
+    names = sorted(os.path.join(folder, n) for folder, _, files in os.walk(food_photos) for n in files)[:4]
+    payloads = []
+    for path, size in zip(names, ((1024, 768), (600, 338), (307, 173), (130, 90))):
+        with Image.open(path) as img:
+            payloads.append(encode(np.asarray(img.convert("RGB").resize(size, Image.Resampling.BICUBIC)), "JPEG",
+                                   quality=90))
+    return payloads
+
+
+def test_without_cuda_jpegs_decode_on_the_cpu_and_the_log_names_no_gpu(food_photos, tmp_path, caplog):
+    """Where torch sees no CUDA device (or is not installed: this project's CPU image), prediction takes the CPU
+    decoders, exactly the readers' rule, and says nothing of a GPU."""
+    from components.predict import nvjpeg
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: prediction takes the GPU path")
+    assert nvjpeg.gpu_jpeg_decoder([64, 64, 3]) is None
+    folder = tmp_path / "photos"
+    for i, payload in enumerate(camera_jpegs(food_photos)):
+        write(str(folder / f"{i}.jpg"), payload)
+    caplog.set_level("INFO", logger="components.predict")
+    result = predict("", str(folder), str(tmp_path / "out"), classifier=digit_classifier((64, 64, 3)))
+    assert result.count == 4 and result.errors == 0
+    assert "on the GPU" not in caplog.text and "predict: " in caplog.text
+
+
+@pytest.mark.parametrize("size,ratio", [((3000, 4000), 8), ((1536, 2048), 4), ((480, 640), 2), ((240, 320), 1),
+                                        ((448, 5000), 2), ((447, 449), 2), ((446, 449), 1)])
+def test_the_gpu_decoder_scales_by_the_rules_dct_ratio(size, ratio):
+    from components.predict import nvjpeg
+
+    assert nvjpeg.rule_ratio(*size, 224, 224) == ratio
+
+
+def test_the_gpu_decoder_run_on_the_cpu_approximates_the_rule_and_a_corrupt_file_falls_back(food_photos):
+    """torchvision's decode_jpeg on the CPU (libjpeg; nvJPEG on CUDA, not measurable without a GPU) with the rule's
+    scaling and resize: within a few levels of the rule; a batch holding a corrupt JPEG is decoded on the CPU
+    decoders, which name the file and why."""
+    pytest.importorskip("torchvision")
+    from components.predict import nvjpeg
+
+    gpu = nvjpeg.GpuJpegDecoder([64, 64, 3], device="cpu")
+    payloads = camera_jpegs(food_photos)
+    pixels = gpu(payloads, [decode.jpeg_shape(p) for p in payloads])
+    for payload, got in zip(payloads, pixels):
+        expected = data.file_decoder((64, 64, 3))(payload).astype(np.int16)
+        difference = np.abs(got.astype(np.int16) - expected)
+        assert difference.mean() < 3 and np.percentile(difference, 99) < 24, (decode.jpeg_shape(payload),
+                                                                              difference.mean())
+    corrupt = payloads[0][:len(payloads[0]) // 3] + bytes(200)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        decoder = decode.Decoder([64, 64, 3], pool, gpu_jpeg=gpu)
+        keys, images, errors = decoder.decode([("a", payloads[1]), ("bad", corrupt), ("b", payloads[2])])
+    assert keys == ["a", "b"] and [k for k, _ in errors] == ["bad"]
+    for got, payload in zip(images, (payloads[1], payloads[2])):
+        np.testing.assert_array_equal(got, data.file_decoder((64, 64, 3))(payload))  # the CPU's exact pixels

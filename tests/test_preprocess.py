@@ -142,9 +142,27 @@ def test_every_decode_plan_gives_the_same_examples(mixed_corpus, size, channels)
     for plan in plans:
         examples = list(decoding.parallel_decode(src.items, **shape, **plan))
         results.append([(e.uri, e.key, e.reason, e.detail, e.encoding, e.stored,
-                         None if e.image is None else e.image.tobytes()) for e in examples])
+                         None if e.image is None else e.image.tobytes(),
+                         None if e.histogram is None else e.histogram.tobytes()) for e in examples])
     for other in results[1:]:
         assert other == results[0]
+
+
+@pytest.mark.parametrize("mode,size", [("RGB", (39, 22)), ("RGB", (500, 375)), ("L", (7, 300)), ("RGB", (224, 224)),
+                                       ("L", (1, 1))])
+def test_the_sampled_histogram_counts_the_nearest_resize_without_making_it(mode, size):
+    """Source records' pixel statistics: the histogram of the image resized with PIL's nearest pixels, counted by
+    weights on the decoded pixels, is exactly PIL's histogram of that resized image."""
+    from PIL import Image
+
+    from components import images
+
+    channels = 3 if mode == "RGB" else 1
+    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+    img = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, mode)
+    for target in ((224, 224), (64, 48), (size[0], size[1])):
+        expected = img.resize(target, Image.Resampling.NEAREST).histogram()
+        assert images.sampled_histogram(img, target[1], target[0], channels).tolist() == expected
 
 
 def test_processes_and_one_worker_give_the_same_dataset(mixed_corpus, tmp_path, monkeypatch):

@@ -14,13 +14,15 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 
 from components.register import register
-from components.registry import CHAMPION, LocalRegistry, model_digest
+from components.registry import CHAMPION, ChampionChanged, LocalRegistry, model_digest
 from components.registry.vertex import (
     DIGEST_LABEL,
     NETWORK_LABEL,
     PRETRAINED_DIGEST_LABEL,
     PRETRAINED_LABEL,
-    SERVING_IMAGES,
+    PREBUILT_TF_IMAGES,
+    SERVING_FOLDER,
+    TF_SERVING_VERSION,
     VertexPermissionError,
     VertexQuotaError,
     VertexRegionError,
@@ -31,7 +33,9 @@ from components.registry.vertex import (
     parse_version_description,
     sanitize_label_key,
     sanitize_label_value,
-    serving_image_for,
+    default_serving_image,
+    prebuilt_image_for,
+    serving_container,
     version_description,
 )
 from tests.standins.vertex_api import UPLOAD_RESULT, VertexStandIn
@@ -64,8 +68,11 @@ def gcs(tmp_path):
 
 def make_registry(vertex, gcs, sleeps, **kwargs) -> VertexRegistry:
     location = kwargs.pop("location", LOCATION)
+    # The registry's behaviour (versions, aliases, digests, labels) is the same whichever container serves; these
+    # tests register gs:// URIs that have no files here, which only the prebuilt container (no versioned copy to
+    # stage) allows. The default container has its own tests below.
     options = dict(api_endpoint=vertex.api_endpoint, credentials=AnonymousCredentials(), sleep=sleeps.append,
-                   gcs_fuse_root=str(gcs))
+                   gcs_fuse_root=str(gcs), serving_image=PREBUILT_TF_IMAGES["cpu"])
     options.update(kwargs)
     return VertexRegistry(PROJECT, location, **options)
 
@@ -115,7 +122,7 @@ def test_first_upload_creates_model_and_version_1_with_default_alias(vertex, reg
     assert call.path == f"/v1/projects/{PROJECT}/locations/{LOCATION}/models:upload"
     assert call.body["modelId"] == MODEL and "parentModel" not in call.body
     sent = call.body["model"]
-    assert sent["containerSpec"]["imageUri"] == SERVING_IMAGES["cpu"]
+    assert sent["containerSpec"] == {"imageUri": PREBUILT_TF_IMAGES["cpu"]}  # a prebuilt image runs as built
     assert sent["artifactUri"] == "gs://my-bucket/runs/r1/model"
     assert sent["versionDescription"].startswith("accuracy=0.9000\n")
     assert vertex.calls("GetOperation"), "the client waits for the upload operation"
@@ -133,6 +140,129 @@ def test_second_upload_is_version_2_of_the_same_model(vertex, registry):
     assert "modelId" not in second.body
     assert vertex.model_ids() == [MODEL]
     assert [(v["versionId"], v["versionAliases"]) for v in vertex.versions(MODEL)] == [("1", ["default"]), ("2", [])]
+
+
+def trained_model(root, name: str, content: bytes) -> str:
+    """A model directory as the train step writes it: model.keras beside the SavedModel in saved_model/."""
+    path = root / name
+    saved_model(path, "saved_model", content)
+    (path / "model.keras").write_bytes(b"keras:" + content)
+    return str(path)
+
+
+def test_default_serving_container_is_tensorflow_serving_on_a_versioned_copy(vertex, gcs, sleeps):
+    registry = make_registry(vertex, gcs, sleeps, serving_image=None)  # the default
+    model_dir = trained_model(gcs, "bkt/runs/r1/model", b"one")
+    v = upload(registry, model_dir, DIGEST_1)
+
+    # What Vertex AI received: TensorFlow Serving, run on its REST port with the routes it serves, reading the
+    # model from the copy Vertex makes of the artifact URI.
+    (call,) = vertex.calls("UploadModel")
+    sent = call.body["model"]
+    assert sent["containerSpec"] == {
+        "imageUri": f"{LOCATION}-docker.pkg.dev/{PROJECT}/kfp/image-classification/tensorflow-serving:{TF_SERVING_VERSION}",
+        "command": ["/usr/bin/tensorflow_model_server"],
+        "args": ["--port=8500", "--rest_api_port=8501", "--model_name=model", "--model_base_path=$(AIP_STORAGE_URI)"],
+        "ports": [{"containerPort": 8501}],
+        "predictRoute": "/v1/models/model:predict",
+        "healthRoute": "/v1/models/model",
+    }
+    assert sent["artifactUri"] == v.uri == f"gs://bkt/runs/r1/model/{SERVING_FOLDER}"
+    # TensorFlow Serving loads numbered folders under its base path: the SavedModel, byte for byte, as 1/.
+    source, copy = gcs / "bkt/runs/r1/model/saved_model", gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1"
+    assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == [
+        "saved_model.pb", "variables/variables.index"]
+    assert (copy / "saved_model.pb").read_bytes() == (source / "saved_model.pb").read_bytes()
+    assert not list((gcs / "bkt/runs/r1/model" / SERVING_FOLDER).glob("*.partial"))
+
+
+def test_versioned_copy_is_reused_when_identical_and_never_overwritten(vertex, gcs, sleeps):
+    registry = make_registry(vertex, gcs, sleeps, serving_image=None)
+    model_dir = trained_model(gcs, "bkt/runs/r1/model", b"one")
+    upload(registry, model_dir, DIGEST_1)
+    again = upload(registry, model_dir, DIGEST_2)  # e.g. the same export registered under another digest
+    assert again.uri == f"gs://bkt/runs/r1/model/{SERVING_FOLDER}"
+
+    # An interrupted copy (a file missing) is completed, not refused.
+    (gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1" / "variables" / "variables.index").unlink()
+    upload(registry, model_dir, "sha256:" + "4" * 64)
+    assert (gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1" / "variables" / "variables.index").read_bytes() == b"one"
+
+    # Someone else's model in serving/1: refused before anything is sent, and left as it was.
+    other = gcs / "bkt/runs/r1/model" / SERVING_FOLDER / "1" / "saved_model.pb"
+    other.write_bytes(b"another model")
+    calls = len(vertex.calls("UploadModel"))
+    with pytest.raises(VertexRegistryError, match="already holds another model.*Remove"):
+        upload(registry, model_dir, "sha256:" + "3" * 64)
+    assert other.read_bytes() == b"another model"
+    assert len(vertex.calls("UploadModel")) == calls
+
+
+def test_bare_saved_model_directory_is_copied_without_its_own_serving_folder(vertex, gcs, sleeps):
+    registry = make_registry(vertex, gcs, sleeps, serving_image=None)
+    model_dir = saved_model(gcs, "bkt/exports/bare", b"bare")
+    upload(registry, model_dir, DIGEST_1)
+    upload(registry, model_dir, DIGEST_2)  # the first copy, now inside model_dir, is not copied into itself
+    copy = gcs / "bkt/exports/bare" / SERVING_FOLDER / "1"
+    assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == [
+        "saved_model.pb", "variables/variables.index"]
+    assert vertex.calls("UploadModel")[0].body["model"]["artifactUri"] == f"gs://bkt/exports/bare/{SERVING_FOLDER}"
+
+
+def test_versioned_copy_through_tf_io_gfile(tmp_path):
+    """The copy a cluster's register step writes to gs:// goes through tf.io.gfile; file:// takes the same path."""
+    from components.registry.vertex import stage_versioned
+
+    source = saved_model(tmp_path, "export", b"weights")
+    serving = "file://" + str(tmp_path / "model" / SERVING_FOLDER)
+    stage_versioned(source, serving)
+    copy = tmp_path / "model" / SERVING_FOLDER / "1"
+    assert (copy / "saved_model.pb").read_bytes() == b"saved-model:weights"
+    assert (copy / "variables" / "variables.index").read_bytes() == b"weights"
+    (copy / "saved_model.pb").unlink()  # interrupted before the last file: completed
+    stage_versioned(source, serving)
+    assert (copy / "saved_model.pb").read_bytes() == b"saved-model:weights"
+    (copy / "variables" / "variables.index").write_bytes(b"other")
+    with pytest.raises(VertexRegistryError, match="already holds another model"):
+        stage_versioned(source, serving)
+
+
+def test_default_container_needs_the_files_and_an_artifact_registry_image(vertex, gcs, sleeps):
+    registry = make_registry(vertex, gcs, sleeps, serving_image=None)
+    with pytest.raises(ValueError, match="No SavedModel in gs://bkt/elsewhere.*versioned copy"):
+        upload(registry, "gs://bkt/elsewhere", DIGEST_1)
+    # Docker Hub's tensorflow/serving itself is refused by Vertex AI: it takes Artifact Registry / Container
+    # Registry images only, hence the copy Cloud Build makes.
+    registry = make_registry(vertex, gcs, sleeps, serving_image=f"docker.io/tensorflow/serving:{TF_SERVING_VERSION}")
+    with pytest.raises(VertexRegistryError, match="Artifact Registry or Container Registry"):
+        upload(registry, trained_model(gcs, "bkt/runs/r2/model", b"two"), DIGEST_1)
+    assert not vertex.model_ids()
+
+
+def test_serving_container_choice():
+    assert serving_container(PREBUILT_TF_IMAGES["gpu"]).spec() == {"image_uri": PREBUILT_TF_IMAGES["gpu"]}
+    assert not serving_container(prebuilt_image_for("asia-east1")).versioned_artifact
+    mine = serving_container("europe-west4-docker.pkg.dev/p/r/my-tf-serving@sha256:" + "a" * 64)
+    assert mine.versioned_artifact and mine.predict_route == "/v1/models/model:predict"
+    assert default_serving_image("p", "europe-west4").startswith("europe-west4-docker.pkg.dev/p/")
+    with pytest.raises(ValueError, match="image URI"):
+        serving_container("tensorflow serving")
+
+
+def test_tensorflow_serving_is_the_minor_version_of_the_trainer_or_one_before():
+    """TensorFlow Serving releases after TensorFlow (2.20.0 came eight months after TensorFlow 2.20): the serving
+    version may trail the trainer's by one minor version, which tests/benchmarks/serving_compat.py checks loads
+    and predicts the same; move TF_SERVING_VERSION when TensorFlow Serving releases the trainer's."""
+    import re
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    pins = {re.search(r"==(\d+)\.(\d+)", requirement).groups() for extra in ("cpu", "gpu") for requirement in extras[extra]
+            if requirement.startswith(("tensorflow-cpu", "tensorflow["))}
+    (trainer,) = {(int(major), int(minor)) for major, minor in pins}
+    serving = tuple(int(n) for n in TF_SERVING_VERSION.split(".")[:2])
+    assert serving[0] == trainer[0] and trainer[1] - 1 <= serving[1] <= trainer[1], (serving, trainer)
 
 
 def test_register_with_promote_moves_champion_from_v1_to_v2(vertex, registry, gcs):
@@ -332,8 +462,8 @@ def test_label_and_description_helpers():
     text = version_description("accuracy=0.9000", digest=DIGEST_1, metrics={"accuracy": 0.9})
     assert parse_version_description(text) == {"digest": DIGEST_1, "metrics": {"accuracy": 0.9}}
     assert parse_version_description("made in the console") == {}
-    assert serving_image_for("europe-west4", "gpu") == SERVING_IMAGES["gpu"].replace("us-docker", "europe-docker")
-    assert all(":" in image and "tf2-" in image for image in SERVING_IMAGES.values())
+    assert prebuilt_image_for("europe-west4", "gpu") == PREBUILT_TF_IMAGES["gpu"].replace("us-docker", "europe-docker")
+    assert all(":" in image and "tf2-" in image for image in PREBUILT_TF_IMAGES.values())
 
 
 def with_lineage(path: str, lineage: dict | None) -> str:
@@ -403,3 +533,83 @@ def test_importing_the_module_does_not_import_the_client():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stdout.strip() == "False"
+
+
+def test_move_champion_reads_the_alias_right_before_merging(vertex, registry):
+    upload(registry, "gs://b/m1", DIGEST_1)
+    upload(registry, "gs://b/m2", DIGEST_2)
+    assert registry.move_champion(MODEL, "1", expected=None).aliases == ["default", CHAMPION]
+    get, merge = vertex.requests[-2:]
+    assert (get.rpc, get.path) == (
+        "GetModel", f"/v1/projects/{PROJECT_NUMBER}/locations/{LOCATION}/models/{MODEL}@{CHAMPION}")
+    assert (merge.rpc, merge.body) == ("MergeVersionAliases", {"versionAliases": [CHAMPION]})
+
+    # Another run moved it since this run's evaluation found none: nothing is merged, the caller learns who has it.
+    merges = len(vertex.calls("MergeVersionAliases"))
+    with pytest.raises(ChampionChanged) as changed:
+        registry.move_champion(MODEL, "2", expected=None)
+    assert changed.value.current.version == "1" and len(vertex.calls("MergeVersionAliases")) == merges
+    assert registry.move_champion(MODEL, "1", expected="7").version == "1"  # already the champion: as it is
+    assert len(vertex.calls("MergeVersionAliases")) == merges
+    assert registry.move_champion(MODEL, "2", expected="1").aliases == [CHAMPION]
+    with pytest.raises(KeyError):
+        registry.move_champion("no-such-model", "1", expected=None)
+
+
+@pytest.mark.parametrize("order", ["better first", "weaker first"])
+def test_two_runs_at_once_crown_the_model_the_gate_prefers(order, vertex, gcs, sleeps, tmp_path):
+    """Two runs, both evaluated while there was no champion, register one after the other (each its own client):
+    the champion ends on the better one, as on the local registry. (Registrations whose read and merge interleave
+    are not covered: Vertex has no conditional alias move, see VertexRegistry.move_champion.)"""
+    from components.register import evaluation_metrics, gate_from_evaluation
+    from tests.test_champion_race import evaluation_with
+
+    runs = {"better": (saved_model(gcs, "bkt/runs/better/model", b"better"), evaluation_with(967)),
+            "weaker": (saved_model(gcs, "bkt/runs/weaker/model", b"weaker"), evaluation_with(933))}
+
+    def register_step(name, registry):
+        model_dir, evaluation = runs[name]
+        return register(model_dir, registry, model_name=MODEL, metrics=evaluation_metrics(evaluation),
+                        gate=gate_from_evaluation(evaluation))
+
+    def one_after_the_other(make) -> dict:
+        return {name: register_step(name, make())
+                for name in (["better", "weaker"] if order == "better first" else ["weaker", "better"])}
+
+    results = one_after_the_other(lambda: make_registry(vertex, gcs, sleeps))
+    better = results["better"].version.version
+    champion = make_registry(vertex, gcs, sleeps).champion(MODEL)
+    assert champion.version == better and champion.metrics["accuracy"] == pytest.approx(0.967)
+    weaker_lost = results["weaker"].champion_changed
+    assert weaker_lost != results["better"].champion_changed  # one of them saw the other's move
+    loser = results["weaker"] if weaker_lost else results["better"]
+    assert ("not blessed: 0.933 >= 0.50 but < champion v" if weaker_lost else
+            "blessed: 0.967 >= 0.50 and >= champion v") in loser.promotion
+    local = one_after_the_other(lambda: LocalRegistry(str(tmp_path / "registry")))
+    assert {n: (r.promotion, r.champion) for n, r in local.items()} == \
+        {n: (r.promotion, r.champion) for n, r in results.items()}
+
+
+def test_first_uploads_of_two_runs_at_once_become_versions_of_one_model(vertex, gcs, sleeps):
+    """The second upload finds the model id taken by the first, whose operation has not finished: it waits for the
+    model to appear and becomes its next version, instead of refusing the id as another model's."""
+    import threading
+
+    start = threading.Barrier(2)
+    versions, errors = {}, []
+
+    def run(digest):
+        registry = make_registry(vertex, gcs, sleeps)
+        start.wait()
+        try:
+            versions[digest] = upload(registry, f"gs://b/{digest[-1]}", digest).version
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in (DIGEST_1, DIGEST_2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and sorted(versions.values()) == ["1", "2"]
+    assert vertex.model_ids() == [MODEL]

@@ -20,7 +20,7 @@ from pipelines import runpage
 from tests.conftest import write_png
 from tests.test_report_browser import RECORD_ERRORS, probe, readme_screenshot, screenshot
 
-SECTIONS = ["Predictions", "Training curves", "TensorBoard", "Evaluation report", "Dataset card",
+SECTIONS = ["Predictions", "Training curves", "GPU utilization", "TensorBoard", "Evaluation report", "Dataset card",
             "Augmentation preview"]
 
 # Injected into a copy of the page: on load (after every frame loaded) it writes what the browser made of the

@@ -296,36 +296,63 @@ SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "val
 DEDICATED = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
 
 
-@pytest.mark.parametrize("flavor_tolerations, kept", [
-    ([], True),  # no tolerations in the flavor: Kueue's patch leaves the pods' own alone
-    ([DEDICATED, GPU_TOLERATION, SPOT_TOLERATION], True),  # the flavor carries ours
-    ([DEDICATED, {"operator": "Exists"}], True),  # a toleration of every taint covers ours
-    ([DEDICATED], False),  # the flavor's list replaces ours: GPU and Spot tolerations gone
-    ([DEDICATED, GPU_TOLERATION], False),  # Spot's gone
+@pytest.mark.parametrize("flavor_tolerations, plugin, kept", [
+    ([], True, True),  # no tolerations in the flavor: Kueue's patch leaves the pods' own alone
+    ([DEDICATED, GPU_TOLERATION, SPOT_TOLERATION], True, True),  # the flavor carries ours
+    ([DEDICATED, {"operator": "Exists"}], False, True),  # a toleration of every taint covers ours
+    # The GPU toleration dropped: GKE's ExtendedResourceToleration plugin puts it back on each pod (a warning).
+    ([DEDICATED, SPOT_TOLERATION], True, True),
+    ([DEDICATED], True, False),  # Spot's gone: the plugin puts only the GPU one back
+    ([DEDICATED, GPU_TOLERATION], False, False),  # Spot's gone
 ])
-def test_kueue_flavor_tolerations_and_ours(flavor_tolerations, kept):
+def test_kueue_flavor_tolerations_and_ours(flavor_tolerations, plugin, kept, caplog):
     """Kueue v0.19 admits a TrainJob by appending its runtime patch with the ResourceFlavor's tolerations, which
-    replace the pods' list (tests/standins/kueue.py): the launcher runs the job only when the GPU and Spot
-    tolerations survive, and otherwise stops at once, deleting it, and says what to add to the flavor."""
+    replace the pods' list (tests/standins/kueue.py). A dropped GPU toleration comes back on each pod where the API
+    server runs the ExtendedResourceToleration admission plugin (GKE: tests/standins/admission.py), so the launcher
+    runs the job and warns; a dropped Spot toleration does not come back, so it stops at once, deleting the job,
+    and says what to add to the flavor."""
     flavor = {"nodeLabels": {"cloud.google.com/gke-accelerator": "nvidia-l4"}, "tolerations": flavor_tolerations}
-    with KubernetesStandIn(kueue_flavors={"team-gpu": flavor}) as api:
+    plugins = ("ExtendedResourceToleration",) if plugin else ()
+    with KubernetesStandIn(kueue_flavors={"team-gpu": flavor}, admission_plugins=plugins) as api:
         api.add_runtime(launch.runtime_manifest())
         manifest = launch.trainjob_manifest(gpu_job(2, command=script(ROLE)), "ml")
         if kept:
-            assert launcher(api).run(manifest).state == "Complete"
+            with caplog.at_level("WARNING", logger="components.launch.trainjob"):
+                assert launcher(api).run(manifest).state == "Complete"
             pods = [p.pod_spec for p in api.jobset_pods("ml")]
             assert len(pods) == 2
             for pod in pods:
                 assert all(any(launch.trainjob._tolerates(t, wanted) for t in pod["tolerations"])
                            for wanted in (GPU_TOLERATION, SPOT_TOLERATION)), pod["tolerations"]
                 assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+            warned = [r.getMessage() for r in caplog.records if "ExtendedResourceToleration" in r.getMessage()]
+            dropped_gpu = GPU_TOLERATION not in flavor_tolerations and flavor_tolerations and plugin
+            assert len(warned) == bool(dropped_gpu), warned  # once per TrainJob, not at every poll
             return
         with pytest.raises(launch.LaunchError, match=r"Kueue's ResourceFlavor .* drops .*cloud.google.com/gke-spot.*"
-                                                     r"Add these tolerations to the ResourceFlavor"):
+                                                     r"Add these tolerations to the ResourceFlavor") as error:
             launcher(api).run(manifest)
+        assert "'nvidia.com/gpu'" not in str(error.value).split("drops")[1].split("so the pods")[0]
         assert api.deleted == [("ml", "train-1")]
         (created,) = [b for b in api.created_bodies if b["kind"] == "TrainJob"]
         assert [p["manager"] for p in created["spec"]["runtimePatches"]] == [launch.trainjob.RUNTIME_PATCH_MANAGER]
+
+
+def test_the_admission_plugin_adds_a_toleration_per_extended_resource_requested():
+    """kubernetes extendedresourcetoleration Admit: requests (limits, defaulted into them) of extended resources,
+    containers and init containers, sorted; an equal toleration is not added twice; native resources add none."""
+    from tests.standins.admission import extended_resource_toleration
+
+    pod = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4"}}}],
+           "initContainers": [{"resources": {"requests": {"example.com/fpga": "1", "memory": "1Gi"}}}],
+           "tolerations": [GPU_TOLERATION, SPOT_TOLERATION]}
+    extended_resource_toleration(pod)
+    assert pod["tolerations"] == [GPU_TOLERATION, SPOT_TOLERATION,
+                                  {"key": "example.com/fpga", "operator": "Exists", "effect": "NoSchedule"}]
+    cpu_only = {"containers": [{"resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}}}]}
+    extended_resource_toleration(cpu_only)
+    assert "tolerations" not in cpu_only
+    assert launch.trainjob.readded_by_admission(launch.trainjob_manifest(gpu_job(1), "ml")) == [GPU_TOLERATION]
 
 
 def test_a_permanent_failure_fails_at_once_with_the_reason(k8s):
@@ -397,6 +424,48 @@ def test_a_retried_launcher_follows_the_trainjob_it_created(k8s):
     launcher(k8s).create(manifest)
     assert launcher(k8s).run(manifest).state == "Complete"
     assert len(k8s.created_bodies) == 1
+
+
+def test_a_launcher_killed_mid_training_is_followed_by_one_that_finds_the_running_trainjob(k8s, tmp_path):
+    """The launcher's pod is killed while the nodes train (evicted under node pressure or OOM-killed: SIGKILL, no
+    chance to delete its job). KFP retries the step; the new launcher asks for the same TrainJob (named after the
+    run and task), finds it running and follows it to the end: no second TrainJob, no second set of nodes."""
+    import subprocess
+
+    go = tmp_path / "go"
+    command = script(f"""
+        import os, time
+        with open(os.path.join({str(tmp_path)!r}, "started-" + os.environ["TRAINING_NODE_INDEX"]), "a") as f:
+            f.write("started\\n")
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.05)
+        print("trained", flush=True)
+    """)
+    argv = [sys.executable, "-m", "components.launch", "--api-server", k8s.url, "--namespace", "ml", "--name",
+            "train-restarted", "--image", "img", "--workers", "1", "--poll-seconds", "0.05", "--", *command]
+    launchers = []
+    try:
+        launchers.append(subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        k8s.wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2)  # both nodes are training
+        launchers[0].kill()
+        launchers[0].communicate(timeout=30)
+        assert k8s.deleted == [] and ("ml", "train-restarted") in k8s.trainjobs  # the job outlives its launcher
+        launchers.append(subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        k8s.wait_for(lambda: len(k8s.requests_to("POST", TRAINJOBS)) == 2)  # the retry asked for the job again
+        go.touch()
+        _, stderr = launchers[1].communicate(timeout=60)
+    finally:
+        for child in launchers:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    assert launchers[1].returncode == 0, stderr[-3000:]
+    assert [b["metadata"]["name"] for b in k8s.created_bodies if b["kind"] == "TrainJob"] == ["train-restarted"]
+    for index in (0, 1):  # each node started once: the retried launcher did not restart the training
+        assert (tmp_path / f"started-{index}").read_text() == "started\n"
+    assert k8s.jobset("ml", "train-restarted").snapshot()["status"]["restarts"] == 0
 
 
 def test_an_invalid_trainjob_is_reported_with_the_api_message(k8s):

@@ -1,9 +1,11 @@
 """Launch: run training on several machines, as a Kubeflow Trainer v2 TrainJob or a JobSet (GKE), a legacy Kubeflow
-TFJob, or a Vertex AI CustomJob, and follow it.
+TFJob or PyTorchJob, or a Vertex AI CustomJob, and follow it.
 
 A pipeline step can only ask for one pod. For multi-node training the step instead creates a job that runs
-the same image and the same training command on a chief and N workers (the platform sets `TF_CONFIG`, or each
-pod builds it from its environment, so components/train/ picks MultiWorkerMirroredStrategy), follows its status
+the same image and the same training command on a chief and N workers (each framework its own way, frameworks.py:
+for TensorFlow the platform sets `TF_CONFIG`, or each pod builds it from its environment, so components/train/
+picks MultiWorkerMirroredStrategy; torch nodes run torchrun on the platform's PET_* variables; JAX nodes
+jax.distributed on JAX_*), follows its status
 and the chief's log, fails when the job fails, and deletes (cancels) the job when it is itself stopped: a
 cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not outlive the run that asked for it.
 
@@ -17,7 +19,11 @@ cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not o
   (for clusters with JobSet but without Trainer v2).
 - trainjob.py: the Kubeflow Trainer v2 TrainJob, the plain ClusterTrainingRuntime shipped in manifests/trainer/,
   and `TrainJobLauncher`: the default on GKE.
-- tfjob.py: the Kubeflow Training Operator v1 TFJob (legacy: for clusters that still run it).
+- frameworks.py: what each framework's nodes run and the variables they need where the platform sets none;
+  node.py: what a torch or JAX node runs (torchrun with the steps' exit codes; on Vertex AI, CLUSTER_SPEC turned
+  into torchrun's or JAX's variables first).
+- tfjob.py, pytorchjob.py: the Kubeflow Training Operator v1 TFJob and PyTorchJob (legacy: for clusters that
+  still run it).
 - vertex.py: the Vertex AI CustomJob and `VertexJobLauncher`.
 - training.py: `launch_training`, what the train step's multi-node path calls; `training_job` (the job it runs,
   placed by the task's TaskConfig or the launch settings) and `job_manifests`.
@@ -33,8 +39,11 @@ from components.launch.cli import main
 from components.launch.job import Cancelled, JobOutcome, LaunchError, Launcher, TrainingJob, job_name
 from components.launch.k8s import CustomResourceLauncher, LogFollower, kubernetes_client
 from components.launch.jobset import JobSetLauncher, jobset_manifest, jobset_status
+from components.launch.frameworks import FRAMEWORKS
 from components.launch.placement import (ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL, NODE_POOL_LABEL,
-                                         SPOT_NODE_LABEL, Placement, gpu_placement, placement_from_task_config)
+                                         SPOT_NODE_LABEL, Placement, gpu_placement, node_resources,
+                                         placement_from_task_config)
+from components.launch.pytorchjob import PyTorchJobLauncher, pytorchjob_manifest, pytorchjob_status
 from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifest, tfjob_status
 from components.launch.trainjob import (RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest,
                                         trainjob_status)
@@ -43,12 +52,12 @@ from components.launch.training import (KUBERNETES_LAUNCHERS, LAUNCHERS, LaunchS
 from components.launch.vertex import VertexJobLauncher, custom_job
 
 __all__ = [
-    "ACCELERATOR_NODE_LABEL", "CONTAINER_NAME", "Cancelled", "CustomResourceLauncher", "GPU_RESOURCE",
+    "ACCELERATOR_NODE_LABEL", "CONTAINER_NAME", "Cancelled", "CustomResourceLauncher", "FRAMEWORKS", "GPU_RESOURCE",
     "JobOutcome", "JobSetLauncher", "KUBERNETES_LAUNCHERS", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError",
-    "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL", "Placement", "RUNTIME_NAME", "SPOT_NODE_LABEL",
-    "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher", "copy_tree",
-    "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
-    "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "placement_from_task_config",
-    "runtime_manifest", "tfjob_manifest", "tfjob_status", "training_job", "trainjob_manifest", "trainjob_status",
-    "vertex_machine_type",
+    "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL", "Placement", "PyTorchJobLauncher", "RUNTIME_NAME",
+    "SPOT_NODE_LABEL", "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher",
+    "copy_tree", "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
+    "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "node_resources",
+    "placement_from_task_config", "pytorchjob_manifest", "pytorchjob_status", "runtime_manifest", "tfjob_manifest",
+    "tfjob_status", "training_job", "trainjob_manifest", "trainjob_status", "vertex_machine_type",
 ]

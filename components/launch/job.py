@@ -15,6 +15,7 @@ import hashlib
 from typing import Any, Callable, Iterator
 
 from components import gcp
+from components.launch.frameworks import check_framework
 from components.launch.placement import CPU_ONLY, DNS_LABEL_CHARS, GPU_RESOURCE, Placement
 
 # The launchers' errors are the layer's job errors, under the names callers catch.
@@ -50,8 +51,10 @@ class TrainingJob:
     backoff_limit: int = 6  # replica restarts (preemptions) before the job fails
     service_account: str = ""
     grace_seconds: int = 30  # SIGTERM to SIGKILL: time to write the preemption checkpoint
+    framework: str = "tensorflow"  # what the nodes train with: how they find each other (frameworks.py)
 
     def __post_init__(self):
+        check_framework(self.framework)
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         if not self.command:
@@ -61,6 +64,11 @@ class TrainingJob:
     def nodes(self) -> int:
         """Machines in all: the chief and the workers."""
         return self.workers + 1
+
+    @property
+    def processes_per_node(self) -> int:
+        """torchrun's processes on each node: one per GPU, one on a CPU node."""
+        return self.placement.gpus or 1
 
     def container_resources(self) -> dict:
         """Each replica's container resources: CPU and memory requested, the GPUs as a limit."""

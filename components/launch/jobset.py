@@ -9,11 +9,13 @@ same failure rules from the same builders below, and costs a manifest function a
 The pods. One replicated job `node` (Trainer v2 overrides the Job and the container of that name: its trainer
 step), 1 replica, `parallelism = completions = nodes`, `completionMode: Indexed`. JobSet names pod k's host
 `{jobset}-node-0-{k}` in the subdomain `{jobset}` (its headless Service), and Kubernetes gives the pod the
-annotation `batch.kubernetes.io/job-completion-index: k`. `cluster_env` turns that into TRAINING_NODE_HOSTS and
-TRAINING_NODE_INDEX, from which each pod builds its own TF_CONFIG (components/train/cluster.py), as Trainer's JAX
-plugin does with JAX_COORDINATOR_ADDRESS and JAX_PROCESS_ID. Node 0 is the chief: its log is the one streamed.
+annotation `batch.kubernetes.io/job-completion-index: k`. `node_env` turns that into what the job's framework
+reads (frameworks.py): for TensorFlow TRAINING_NODE_HOSTS and TRAINING_NODE_INDEX (`cluster_env`), from which each
+pod builds its own TF_CONFIG (components/train/cluster.py); for torch torchrun's PET_* and for JAX the JAX_*, the
+same values Trainer's torch and JAX plugins set. Node 0 is the chief: its log is the one streamed.
 
-Failures. MultiWorkerMirroredStrategy cannot take one replaced worker back into a running collective, so a
+Failures. MultiWorkerMirroredStrategy (and a DDP or JAX process group alike) cannot take one replaced worker back
+into a running collective, so a
 retryable failure restarts the whole group, which resumes from the chief's checkpoints (components/train/):
 - the node Job's `podFailurePolicy` (Kubernetes Job API; needs `restartPolicy: Never` and `backoffLimit: 0`):
   1. a pod with the `DisruptionTarget` condition (preempted, evicted, its node shut down) is counted, whatever its
@@ -33,6 +35,7 @@ from __future__ import annotations
 import logging
 
 from components import gcp
+from components.launch.frameworks import TRAINER_PORT, jax_env, torch_env
 from components.launch.job import TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
 from components.launch.placement import KUEUE_QUEUE_LABEL
@@ -73,6 +76,24 @@ def cluster_env(name: str, nodes: int) -> list[dict]:
     return [{"name": HOSTS_ENV, "value": ",".join(node_hosts(name, nodes))},
             {"name": INDEX_ENV, "valueFrom": {"fieldRef": {
                 "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}}]
+
+
+def node_env(job: TrainingJob) -> list[dict]:
+    """What each node needs to find the others, for the framework `job` trains with (frameworks.py): the TF node
+    addresses, torchrun's PET_* or jax.distributed's JAX_*, from the JobSet's hostnames and the completion index."""
+    if job.framework == "torch":
+        return torch_env(job.name, job.nodes, job.processes_per_node)
+    if job.framework == "jax":
+        return jax_env(job.name, job.nodes)
+    return cluster_env(job.name, job.nodes)
+
+
+def node_ports(framework: str) -> list[dict]:
+    """The node container's port for the nodes' own traffic: TensorFlow's gRPC port, or the port Trainer v2 gives
+    torch's rendezvous and JAX's coordinator."""
+    if framework == "tensorflow":
+        return [{"name": "tf-training", "containerPort": TRAINING_PORT}]
+    return [{"name": "rendezvous", "containerPort": TRAINER_PORT}]
 
 
 def pod_failure_policy() -> dict:
@@ -125,8 +146,7 @@ def jobset_manifest(job: TrainingJob, namespace: str, *, max_restarts: int | Non
     on the runtime in manifests/trainer/ gets, and the same failure rules."""
     check_name(job)
     container = {"name": NODE, "image": job.image, "command": list(job.command),
-                 "env": job.env_list() + cluster_env(job.name, job.nodes),
-                 "ports": [{"name": "tf-training", "containerPort": TRAINING_PORT}],
+                 "env": job.env_list() + node_env(job), "ports": node_ports(job.framework),
                  "resources": job.container_resources()}
     template = node_job_template(container, pod_spec=job.pod_placement(), pod_labels=job.pod_labels(),
                                  nodes=job.nodes)

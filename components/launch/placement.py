@@ -39,7 +39,7 @@ class Placement:
         """The GPU count as a KFP task's accelerator limit takes it from a step's output: a string, since the KFP
         driver reads the limit's placeholder as a string and resolves a number to nothing (kubeflow/pipelines
         2.17.0, backend/src/v2/driver/resolve.go:825); empty for none, which sets no GPU limit at all
-        (driver.go:437), so that a CPU pod asks for no GPU resource."""
+        (driver.go:440), so that a CPU pod asks for no GPU resource."""
         return str(self.gpus) if self.gpus else ""
 
 
@@ -74,18 +74,28 @@ def gpu_placement(accelerator: str, gpus: int, *, known_accelerators, spot: bool
     return Placement(selector, tolerations, gpus, accelerator if gpus else "")
 
 
-def placement_from_task_config(task_config: dict | None) -> tuple[Placement, dict] | None:
+def node_resources(cpu: str = "", memory: str = "", gpus: str = "") -> dict:
+    """A node's Kubernetes ResourceRequirements from a pipeline task's values: CPU and memory requested, and the
+    GPU limit as the placement step writes it (a string, empty for none)."""
+    requests = {name: value for name, value in (("cpu", cpu), ("memory", memory)) if value}
+    limits = {GPU_RESOURCE: str(gpus)} if str(gpus or "").strip() not in ("", "0") else {}
+    return {key: value for key, value in (("limits", limits), ("requests", requests)) if value}
+
+
+def placement_from_task_config(task_config: dict | None,
+                               resources: dict | None = None) -> tuple[Placement, dict] | None:
     """The placement, CPU and memory a pipeline task carries (KFP's TaskConfig passthrough, `dataclasses.asdict`
-    of `dsl.TaskConfig`: `resources` as a Kubernetes ResourceRequirements, `node_selector`, `tolerations`), for a
-    launcher to give its replicas; None when the task carries none (kfp.local, a backend before KFP 2.15).
-    The second value holds `cpu`/`memory` when the task requests them."""
-    if not task_config:
+    of `dsl.TaskConfig`: `node_selector`, `tolerations`, and `resources` as a Kubernetes ResourceRequirements when
+    the task passes them through), for a launcher to give its replicas. `resources`, when given, are the nodes'
+    instead of the TaskConfig's (a launcher whose own pod keeps the task's resources gets the nodes' as values).
+    None when no TaskConfig reached the task (kfp.local, a backend before KFP 2.15): the driver's TaskConfig always
+    has `resources` ({} when not passed through; kubeflow/pipelines 2.17.0 backend/src/v2/driver/driver.go:112-120,
+    container.go:283-310), so its absence tells. The second value holds `cpu`/`memory` when requested."""
+    if not task_config or all(value is None for value in task_config.values()):
         return None
-    resources = task_config.get("resources") or {}
+    resources = resources if resources is not None else (task_config.get("resources") or {})
     selector = dict(task_config.get("node_selector") or {})
     tolerations = [dict(t) for t in task_config.get("tolerations") or []]
-    if not (resources or selector or tolerations):
-        return None
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
     count = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE, 0)) or 0
     try:

@@ -26,6 +26,9 @@ TFJOB_PHASES = {"Succeeded": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}  #
 
 def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
     """The kubeflow.org/v1 TFJob for `job`: chief + workers, same image and command, ExitCode restarts."""
+    if job.framework != "tensorflow":
+        raise ValueError(f"a TFJob trains with TensorFlow, not {job.framework}: use another launcher (trainjob, "
+                         f"jobset, vertex-job{', pytorchjob' if job.framework == 'torch' else ''})")
     container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
                  "resources": job.container_resources()}
     labels = job.pod_labels()

@@ -14,33 +14,42 @@ import logging
 
 from components import gcp
 from components.gcp.accelerators import ACCELERATORS
+from components.launch.frameworks import check_framework, setup
 from components.launch.job import LaunchError, TrainingJob, job_name
 from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
 from components.launch.k8s import kubernetes_client
 from components.launch.placement import gpu_placement, placement_from_task_config
+from components.launch.pytorchjob import PyTorchJobLauncher, pytorchjob_manifest
 from components.launch.tfjob import TFJobLauncher, tfjob_manifest
-from components.launch.trainjob import RUNTIME_NAME, TrainJobLauncher, runtime_manifest, trainjob_manifest
+from components.launch.trainjob import (RUNTIME_NAME, RUNTIMES, TrainJobLauncher, runtime_for, runtime_manifest,
+                                        trainjob_manifest)
 from components.launch.vertex import VertexJobLauncher, custom_job
 from components.train.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 # trainjob: Kubeflow Trainer v2 (what a Kubeflow install has); jobset: the JobSet beneath it, for clusters with
-# JobSet but no Trainer v2; tfjob: Kubeflow Training Operator v1 (legacy); vertex-job: Vertex AI.
-KUBERNETES_LAUNCHERS = {"trainjob": TrainJobLauncher, "jobset": JobSetLauncher, "tfjob": TFJobLauncher}
+# JobSet but no Trainer v2; tfjob and pytorchjob: Kubeflow Training Operator v1 (legacy); vertex-job: Vertex AI.
+KUBERNETES_LAUNCHERS = {"trainjob": TrainJobLauncher, "jobset": JobSetLauncher, "tfjob": TFJobLauncher,
+                        "pytorchjob": PyTorchJobLauncher}
 LAUNCHERS = (*KUBERNETES_LAUNCHERS, "vertex-job")
+# The launchers that run one framework only (the others run all of frameworks.FRAMEWORKS).
+LAUNCHER_FRAMEWORKS = {"tfjob": ("tensorflow",), "pytorchjob": ("torch",)}
 
 
 def job_manifests(launcher: str, job: TrainingJob, namespace: str, *, runtime: str = RUNTIME_NAME) -> list[dict]:
     """What a Kubernetes launcher creates for `job`, last; before it, what the cluster needs that the repository
-    ships (the TrainJob's ClusterTrainingRuntime, when it is ours), for a dry run to show."""
+    ships (the TrainJob's ClusterTrainingRuntime for `job`'s framework, when it is ours), for a dry run to show."""
     if launcher == "trainjob":
-        shipped = [runtime_manifest()] if runtime == RUNTIME_NAME else []
+        runtime = runtime_for(job.framework, runtime)
+        shipped = [runtime_manifest(framework=job.framework)] if runtime in RUNTIMES.values() else []
         return [*shipped, trainjob_manifest(job, namespace, runtime)]
     if launcher == "jobset":
         return [jobset_manifest(job, namespace)]
     if launcher == "tfjob":
         return [tfjob_manifest(job, namespace)]
+    if launcher == "pytorchjob":
+        return [pytorchjob_manifest(job, namespace)]
     raise ValueError(f"{launcher!r} is not a Kubernetes launcher ({', '.join(KUBERNETES_LAUNCHERS)})")
 
 
@@ -74,17 +83,26 @@ class LaunchSettings:
     node_pool: str = ""
     kueue_queue: str = ""  # Kueue LocalQueue that admits the job (empty: not queued)
     namespace: str = "kubeflow"  # Kubernetes launchers
-    runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a plain one, see trainjob.py)
+    runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a shipped name: the framework's, trainjob.py)
+    framework: str = "tensorflow"  # what the nodes train with (frameworks.py): their command and how they meet
     # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
     # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
     # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
     task_config: dict | None = None
+    # The nodes' resources (Kubernetes ResourceRequirements) with task_config, when the task keeps its own
+    # resources for the launcher's pod and hands the nodes' over as values (placement.node_resources).
+    node_resources: dict | None = None
     project: str = ""  # Vertex AI
     location: str = ""  # Vertex AI
 
     def __post_init__(self):
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        check_framework(self.framework)
+        if self.framework not in LAUNCHER_FRAMEWORKS.get(self.launcher, (self.framework,)):
+            others = [name for name in LAUNCHERS if self.framework in LAUNCHER_FRAMEWORKS.get(name, (self.framework,))]
+            raise ValueError(f"launcher={self.launcher} runs {' or '.join(LAUNCHER_FRAMEWORKS[self.launcher])} only; "
+                             f"for {self.framework} use {', '.join(others)}")
         if self.launcher == "vertex-job" and not self.project:
             raise ValueError("launcher=vertex-job needs the Google Cloud project")
         if self.launcher == "vertex-job" and self.task_config is not None:
@@ -92,14 +110,15 @@ class LaunchSettings:
 
 
 def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, task_name: str) -> TrainingJob:
-    """The job `launch` runs `command` as: its replicas placed by the pipeline task's config (KFP's TaskConfig
+    """The job `launch` runs the training command `command` as: each node runs it as its framework starts a node
+    (torchrun for torch, frameworks.py); its replicas placed by the pipeline task's config (KFP's TaskConfig
     passthrough) when given, else by launch's accelerator, GPUs, Spot and node pool."""
     if launch.task_config is not None:
-        from_task = placement_from_task_config(launch.task_config)
+        from_task = placement_from_task_config(launch.task_config, launch.node_resources)
         if from_task is None:
-            raise ValueError("The training task passed on no resources, node selector or tolerations (KFP's "
-                             "TaskConfig passthrough, KFP 2.15 or newer): the nodes' GPUs are unknown. Upgrade KFP, "
-                             "or compile with --train-launcher pod")
+            raise ValueError("The training task received no TaskConfig (KFP's TaskConfig passthrough, KFP 2.15 or "
+                             "newer): the nodes' node selector and tolerations are unknown. Upgrade KFP, or "
+                             "compile with --train-launcher pod")
         placement, sizes = from_task
     else:
         placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
@@ -107,8 +126,8 @@ def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, tas
     # JobSet-based jobs name their pods after themselves: their names leave room for that.
     longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
     return TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
-                       command=command, workers=launch.workers, placement=placement,
-                       kueue_queue=launch.kueue_queue, **sizes,
+                       command=setup(launch.framework).node_command(command), workers=launch.workers,
+                       placement=placement, kueue_queue=launch.kueue_queue, framework=launch.framework, **sizes,
                        labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
 
 
@@ -153,18 +172,20 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
                              framework: str = "tensorflow") -> dict:
     """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
     replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
-    `{pipeline_root}/jobs/{run_id}/{task_name}`."""
+    `{pipeline_root}/jobs/{run_id}/{task_name}`. `framework` trains; `launch` must start its nodes for it."""
     from components.train.faults import backup_dir_for
 
-    if framework != "tensorflow":  # the replicas of these jobs find each other through TF_CONFIG
-        raise ValueError(f"framework {framework}: the multi-node launchers start TensorFlow replicas (TF_CONFIG); "
-                         "train on torch or jax with the pod launcher (one node), or on TensorFlow")
-
+    if framework != launch.framework:
+        raise ValueError(f"The job's nodes are started for {launch.framework} but train with {framework}: give the "
+                         "launch settings the training's framework")
+    # The training command names the framework, where the training settings have one.
+    trains_with = {"framework": framework} if "framework" in {
+        field.name for field in dataclasses.fields(TrainSettings)} else {}
     settings = TrainSettings.from_pipeline(
         dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name),
         model=model, pretrained=pretrained, freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers,
-        fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache, framework=framework)
+        fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache, **trains_with)
     return launch_training(settings, launch, model_path=model_path, tensorboard_path=tensorboard_path,
                            staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
                            task_name=task_name)

@@ -1,20 +1,23 @@
-"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the plain
-ClusterTrainingRuntime it runs on, the status reader and `TrainJobLauncher`.
+"""Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, pinned at TRAINER_RELEASE): the TrainJob, the
+ClusterTrainingRuntimes it runs on (one per framework), the status reader and `TrainJobLauncher`.
 
-The runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework policy:
-its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
-TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). Its JobSet
-template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly as
-the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints;
-1-127 fail at once).
+TensorFlow's runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework
+policy: its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
+TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). The torch and
+JAX runtimes (torch-multinode.yaml, jax-multinode.yaml) carry Trainer's torch or jax policy instead, whose plugins
+give the nodes torchrun's PET_* or jax.distributed's JAX_* (frameworks.py); the TrainJob then sets none of them. Its
+JobSet template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly
+as the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints; 1-127
+fail at once).
 
 Per job, the TrainJob sets `trainer.numNodes` (chief + workers), `image`, `command`, `env` and `resourcesPerNode`
 (CPU, memory, GPUs), and one runtime patch (`runtimePatches`, manager RUNTIME_PATCH_MANAGER) for the `node` pods:
-the run's node selector and tolerations (GPU, Spot, node pool), the grace period, the service account and the
-pipeline's labels. With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
+the run's node selector and tolerations (GPU, Spot, node pool), the service account and the pipeline's labels (the
+grace period is the runtime's, RUNTIME_GRACE_SECONDS: see there). With Kueue, the TrainJob carries the queue label; Kueue's webhook suspends it (status
 Suspended) until the queue admits it, then adds a runtime patch of its own, whose ResourceFlavor tolerations
-replace ours: the launcher stops the job if that drops the GPU or Spot tolerations (`dropped_tolerations`,
-docs/kueue-trainjob.md).
+replace ours: the launcher stops the job if that drops the Spot (or any other) toleration (`dropped_tolerations`,
+docs/kueue-trainjob.md). A dropped GPU toleration is put back on every node pod by the API server's
+ExtendedResourceToleration admission plugin, which GKE runs (`readded_by_admission`): a warning, not a stop.
 
 The step's service account needs create/get/delete on trainjobs, get/list on pods and get on pods/log in the
 namespace, and get on clustertrainingruntimes (manifests/trainer/launcher-rbac.yaml): the launcher reads the
@@ -27,8 +30,9 @@ import logging
 
 from components import gcp
 from components.launch.job import LaunchError, TrainingJob
-from components.launch.jobset import (MAX_RESTARTS, NODE, TRAINING_PORT, NodePodsLauncher, check_name, cluster_env,
-                                      jobset_spec, node_job_template, restart_attempt)
+from components.launch.frameworks import check_framework
+from components.launch.jobset import (MAX_RESTARTS, NODE, NodePodsLauncher, check_name, cluster_env, jobset_spec,
+                                      node_job_template, node_ports, restart_attempt)
 from components.launch.k8s import api_reason
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
@@ -37,8 +41,13 @@ log = logging.getLogger(__name__)
 TRAINER_RELEASE = "v2.3.0"
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 TRAINJOB_PLURAL, RUNTIME_PLURAL = "trainjobs", "clustertrainingruntimes"
-RUNTIME_NAME = "tensorflow-multiworker"  # the ClusterTrainingRuntime in manifests/trainer/
+RUNTIME_NAME = "tensorflow-multiworker"  # the plain ClusterTrainingRuntime in manifests/trainer/
+# The runtimes shipped in manifests/trainer/, one per framework: the plain one for TensorFlow, and for torch and JAX
+# runtimes with Trainer's own torch and JAX policies (upstream's torch-distributed and jax-distributed runtimes,
+# manifests/base/runtimes/ at v2.3.0, with the failure rules of jobset.py added).
+RUNTIMES = {"tensorflow": RUNTIME_NAME, "torch": "torch-multinode", "jax": "jax-multinode"}
 RUNTIME_FILE = f"manifests/trainer/{RUNTIME_NAME}.yaml"
+FRAMEWORK_LABEL = "kfp-image-classification/framework"  # on the TrainJob: which runtime policy it needs
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job Trainer's trainer step is
 # Who owns our runtime patch: Trainer's webhook wants a domain-prefixed path; the project's name stands in for it.
 RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
@@ -46,29 +55,68 @@ RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
 KUEUE_PATCH_MANAGER = "kueue.x-k8s.io/manager"
 FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")  # MLPolicySource members in v2.3.0
 TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
+TRAINING = {"tensorflow": "TensorFlow multi-worker training", "torch": "PyTorch DDP under torchrun",
+            "jax": "JAX multi-process training"}
 
 
-def runtime_manifest(name: str = RUNTIME_NAME, *, max_restarts: int = MAX_RESTARTS) -> dict:
-    """The plain ClusterTrainingRuntime: one `node` replicated job, no image or command of its own (every
-    TrainJob brings them), the failure rules of jobset.py."""
-    container = {"name": NODE, "ports": [{"name": "tf-training", "containerPort": TRAINING_PORT}]}
+# The node pods' grace period is the runtime's, not the TrainJob's: a pod-template patch's
+# terminationGracePeriodSeconds is new in Trainer v2.3.0, and Kueue v0.19.2, built on Trainer v2.2.1's types
+# (go.mod:14), writes the whole TrainJob back when it admits it (trainjob_controller.go:283, an Update), which
+# would drop that field.
+RUNTIME_GRACE_SECONDS = 30
+
+
+def runtime_file(framework: str = "tensorflow") -> str:
+    return f"manifests/trainer/{RUNTIMES[check_framework(framework)]}.yaml"
+
+
+def runtime_for(framework: str, runtime: str = RUNTIME_NAME) -> str:
+    """The ClusterTrainingRuntime a TrainJob of `framework` runs on: a shipped runtime's name stands for the shipped
+    runtime of that framework (so that choosing torch needs no second setting); another name is the user's own."""
+    return RUNTIMES[check_framework(framework)] if runtime in RUNTIMES.values() else runtime
+
+
+def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framework: str = "tensorflow") -> dict:
+    """The shipped ClusterTrainingRuntime of `framework`: one `node` replicated job, no image or command of its own
+    (every TrainJob brings them), the failure rules of jobset.py. TensorFlow's is plain (mlPolicy numNodes only:
+    Trainer's PlainML plugin); torch's and JAX's carry Trainer's torch or jax policy, whose plugins give every node
+    torchrun's PET_* or jax.distributed's JAX_* and the port 29500 (kubeflow/trainer v2.3.0
+    pkg/runtime/framework/plugins/torch/torch.go:145-203, jax/jax.go:76-100), as upstream's torch-distributed and
+    jax-distributed runtimes do."""
+    container = {"name": NODE}
+    policy: dict = {"numNodes": 1}
+    if framework == "tensorflow":
+        container["ports"] = node_ports(framework)  # the plugins of torch and JAX add theirs
+    else:
+        policy[check_framework(framework)] = {}
     template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"},
-                                 pod_spec={"terminationGracePeriodSeconds": 30})
+                                 pod_spec={"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS})
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
-            "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": jobset_spec(template, max_restarts)}}}
+            "metadata": {"name": name or RUNTIMES[framework],
+                         "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
+            "spec": {"mlPolicy": policy, "template": {"spec": jobset_spec(template, max_restarts)}}}
 
 
 def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_NAME) -> dict:
     """The TrainJob for `job` on the ClusterTrainingRuntime `runtime` (see the module docstring)."""
     check_name(job)
-    trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command),
-               "env": job.env_list() + cluster_env(job.name, job.nodes),
+    # TensorFlow's nodes build TF_CONFIG from our variables; torch's and JAX's get theirs from the runtime's policy
+    # (whose webhook refuses a TrainJob that sets the PET_* itself: torch.go:65-77).
+    env = job.env_list() + (cluster_env(job.name, job.nodes) if job.framework == "tensorflow" else [])
+    trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command), "env": env,
                "resourcesPerNode": job.container_resources()}
-    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": job.pod_placement()}
+    if job.framework == "torch":  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
+        trainer["numProcPerNode"] = job.processes_per_node
+    placement = job.pod_placement()
+    grace = placement.pop("terminationGracePeriodSeconds", RUNTIME_GRACE_SECONDS)
+    if grace != RUNTIME_GRACE_SECONDS:
+        raise ValueError(f"The TrainJob launcher's node pods get the grace period of the runtime "
+                         f"{runtime!r} ({RUNTIME_GRACE_SECONDS} s), not {grace} s; use the JobSet launcher for "
+                         f"another one.")
+    node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": placement}
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
-    labels = job.pod_labels()
+    labels = {**job.pod_labels(), FRAMEWORK_LABEL: job.framework}
     if job.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue's webhook suspends it until the queue admits it
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob",
@@ -114,6 +162,19 @@ def dropped_tolerations(trainjob: dict) -> list[dict]:
     return [t for t in ours if not any(_tolerates(given, t) for given in effective or [])]
 
 
+def readded_by_admission(trainjob: dict) -> list[dict]:
+    """The tolerations the ExtendedResourceToleration admission plugin adds to each node pod of the TrainJob: one
+    `{key: <resource>, operator: Exists, effect: NoSchedule}` per extended resource the nodes request (kubernetes
+    plugin/pkg/admission/extendedresourcetoleration/admission.go `Admit`; a pod's limits are its requests by then,
+    SetDefaults_Pod). GKE runs the plugin ("GKE automatically applies the corresponding tolerations to Pods
+    requesting GPUs by running the ExtendedResourceToleration admission controller",
+    cloud.google.com/kubernetes-engine/docs/how-to/gpus); a cluster may not. tests/standins/admission.py follows it."""
+    resources = trainjob.get("spec", {}).get("trainer", {}).get("resourcesPerNode") or {}
+    names = {*(resources.get("limits") or {}), *(resources.get("requests") or {})}
+    extended = sorted(n for n in names if "/" in n and "kubernetes.io/" not in n and not n.startswith("requests."))
+    return [{"key": name, "operator": "Exists", "effect": "NoSchedule"} for name in extended]
+
+
 def trainjob_status(trainjob: dict) -> gcp.JobStatus:
     """Complete or Failed (the JobSet's condition, with its message) end it; Suspended (waiting for Kueue) and
     Running (a node Job active) or Created do not. Trainer v2 has no Running condition: jobsStatus tells."""
@@ -128,15 +189,19 @@ def trainjob_status(trainjob: dict) -> gcp.JobStatus:
     return gcp.JobStatus("Running" if active else "Created")
 
 
-def runtime_problems(runtime: dict) -> tuple[list[str], list[str]]:
-    """What makes a ClusterTrainingRuntime unfit for TensorFlow multi-worker training (errors), and what only
-    weakens it (warnings): a framework policy would inject its own launcher/env, a custom subdomain breaks the
-    node addresses, a runtime without the failure rules restarts and fails by its own policy."""
+def runtime_problems(runtime: dict, framework: str = "tensorflow") -> tuple[list[str], list[str]]:
+    """What makes a ClusterTrainingRuntime unfit for multi-node training with `framework` (errors), and what only
+    weakens it (warnings): TensorFlow needs a plain runtime (a framework policy would inject its own launcher/env),
+    torch and JAX need Trainer's torch or jax policy (which gives the nodes their PET_* or JAX_*); a custom
+    subdomain breaks the node addresses; a runtime without the failure rules restarts and fails by its own policy."""
     errors, warnings = [], []
     spec = runtime.get("spec", {})
     policies = [p for p in FRAMEWORK_POLICIES if p in (spec.get("mlPolicy") or {})]
-    if policies:
+    if framework == "tensorflow" and policies:
         errors.append(f"it has a {policies[0]} policy (a plain runtime has none)")
+    elif framework != "tensorflow" and policies != [framework]:
+        has = f"a {policies[0]} policy" if policies else "no framework policy"
+        errors.append(f"it has {has} (a {framework} runtime has mlPolicy.{framework})")
     jobset = spec.get("template", {}).get("spec", {})
     if jobset.get("network", {}).get("subdomain"):
         errors.append("it sets network.subdomain (the nodes find each other in the subdomain named after the job)")
@@ -149,7 +214,7 @@ def runtime_problems(runtime: dict) -> tuple[list[str], list[str]]:
         errors.append(f"it has no replicated job {NODE!r} labelled {ANCESTOR_LABEL}: trainer")
     elif "podFailurePolicy" not in trainer_jobs[0]["template"].get("spec", {}) or "failurePolicy" not in jobset:
         warnings.append(f"it has no podFailurePolicy/failurePolicy: exit codes are not told apart (retryable "
-                        f"128-255, permanent 1-127) as {RUNTIME_FILE} does")
+                        f"128-255, permanent 1-127) as {runtime_file(framework)} does")
     return errors, warnings
 
 
@@ -160,9 +225,13 @@ class TrainJobLauncher(NodePodsLauncher):
     kind = "TrainJob"
     group, version, plural = TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL
 
-    def check_runtime(self, name: str) -> None:
-        """Refuses a runtime that is missing or unfit (LaunchError naming what to apply); goes on, with a warning,
-        when the service account may not read cluster-scoped runtimes."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._warned_readded: set[str] = set()  # TrainJobs whose re-added GPU toleration was already reported
+
+    def check_runtime(self, name: str, framework: str = "tensorflow") -> None:
+        """Refuses a runtime that is missing or unfit for `framework` (LaunchError naming what to apply); goes on,
+        with a warning, when the service account may not read cluster-scoped runtimes."""
         from kubernetes.client.rest import ApiException
 
         try:
@@ -170,35 +239,47 @@ class TrainJobLauncher(NodePodsLauncher):
         except ApiException as e:
             if e.status == 404:
                 raise LaunchError(f"ClusterTrainingRuntime {name!r} is not installed: apply it with `kubectl apply "
-                                  f"--server-side -f {RUNTIME_FILE}` (or name an installed plain runtime)") from None
+                                  f"--server-side -f {runtime_file(framework)}` (or name an installed "
+                                  f"{'plain' if framework == 'tensorflow' else framework} runtime)") from None
             if e.status == 403:
                 log.warning("launch: cannot read ClusterTrainingRuntime %s (%s); creating the TrainJob unchecked",
                             name, api_reason(e))
                 return
             raise
-        errors, warnings = runtime_problems(runtime)
+        errors, warnings = runtime_problems(runtime, framework)
         if errors:
-            raise LaunchError(f"ClusterTrainingRuntime {name!r} cannot run TensorFlow multi-worker training: "
-                              f"{'; '.join(errors)}. Use {RUNTIME_NAME!r} ({RUNTIME_FILE}).")
+            raise LaunchError(f"ClusterTrainingRuntime {name!r} cannot run {TRAINING[framework]}: "
+                              f"{'; '.join(errors)}. Use {RUNTIMES[framework]!r} ({runtime_file(framework)}).")
         for warning in warnings:
             log.warning("launch: ClusterTrainingRuntime %s: %s", name, warning)
 
     def create(self, manifest: dict) -> str:
-        self.check_runtime(manifest["spec"]["runtimeRef"]["name"])
+        self.check_runtime(manifest["spec"]["runtimeRef"]["name"],
+                           manifest["metadata"].get("labels", {}).get(FRAMEWORK_LABEL, "tensorflow"))
         return super().create(manifest)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
         dropped = dropped_tolerations(resource)
-        if dropped:  # the pods would wait for nodes they may not run on (GPU, Spot taints), for ever
-            kueue = next((p for p in resource["spec"].get("runtimePatches", [])
-                          if p.get("manager") == KUEUE_PATCH_MANAGER), None)
-            given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
-            by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+        readded = readded_by_admission(resource)
+        put_back = [t for t in dropped if any(_tolerates(given, t) for given in readded)]
+        lost = [t for t in dropped if t not in put_back]
+        kueue = next((p for p in resource["spec"].get("runtimePatches", [])
+                      if p.get("manager") == KUEUE_PATCH_MANAGER), None)
+        given = (_node_pod_patch(kueue) or {}).get("tolerations") if kueue else None
+        by = f"Kueue's ResourceFlavor (its tolerations: {given})" if given is not None else "a later runtime patch"
+        name = resource["metadata"]["name"]
+        if lost:  # the pods would wait for nodes they may not run on (Spot, node pool taints), for ever
             raise LaunchError(
-                f"TrainJob {resource['metadata']['name']}: {by} replaces the node pods' tolerations and drops "
-                f"{dropped}, so the pods cannot run on the nodes the run chose. Add these tolerations to the "
-                f"ResourceFlavor's spec.tolerations, or give it none (docs/kueue-trainjob.md). The TrainJob was "
-                f"deleted.")
+                f"TrainJob {name}: {by} replaces the node pods' tolerations and drops {lost}, so the pods cannot "
+                f"run on the nodes the run chose. Add these tolerations to the ResourceFlavor's spec.tolerations, "
+                f"or give it none (docs/kueue-trainjob.md). The TrainJob was deleted.")
+        if put_back and name not in self._warned_readded:
+            self._warned_readded.add(name)
+            log.warning("launch: TrainJob %s: %s drops %s from the node pods; the nodes request %s, so the API "
+                        "server's ExtendedResourceToleration admission plugin (GKE runs it) adds it back to each "
+                        "pod. On a cluster without that plugin the pods cannot be scheduled on the GPU nodes: add "
+                        "it to the ResourceFlavor's spec.tolerations (docs/kueue-trainjob.md).", name, by, put_back,
+                        ", ".join(t["key"] for t in put_back))
         return trainjob_status(resource)
 
     def restarts(self, trainjob: dict | None) -> int:

@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machine_type: str = "",
                base_output_dir: str = ""):
-    """The Vertex AI CustomJob for `job`: worker pool 0 is the chief, pool 1 the workers (Vertex sets TF_CONFIG)."""
+    """The Vertex AI CustomJob for `job`: worker pool 0 is the chief, pool 1 the workers. Vertex sets TF_CONFIG and
+    CLUSTER_SPEC; a torch or JAX node (node.py) turns CLUSTER_SPEC into their variables."""
     from google.cloud import aiplatform_v1 as v1
 
     gpus = job.placement.gpus
@@ -22,8 +23,11 @@ def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machi
     if gpus:
         machine.accelerator_type = vertex_accelerators[job.placement.accelerator]
         machine.accelerator_count = gpus
+    env = dict(job.env)
+    if job.framework == "torch":
+        env["PET_NPROC_PER_NODE"] = str(job.processes_per_node)
     container = v1.ContainerSpec(image_uri=job.image, command=list(job.command),
-                                 env=[v1.EnvVar(name=k, value=str(v)) for k, v in sorted(job.env.items())])
+                                 env=[v1.EnvVar(name=k, value=str(v)) for k, v in sorted(env.items())])
     pools = [v1.WorkerPoolSpec(machine_spec=machine, replica_count=1, container_spec=container)]
     if job.workers:
         pools.append(v1.WorkerPoolSpec(machine_spec=machine, replica_count=job.workers, container_spec=container))

@@ -43,7 +43,8 @@ sources with the same decoding, waits for the job, and writes the same outputs f
 Where things are: `sources` (what the inputs are, listed and chunked), `decode` (bytes to pixels, the JPEG
 header parser, TFRecord reading), `prefetch` (the read-ahead thread), `output` (shards, markers, the combined
 files, `PredictResult`), `local` (`predict`, the loop on this machine), `vertex` (the BatchPredictionJob path),
-`samples` (sample inputs), `cli` (the command line and the options `pipectl predict` shares).
+`samples` (sample inputs), `cli` (the command line and the options `pipectl predict` shares), `nvjpeg` (JPEGs
+decoded on the GPU where torchvision can, said in the log; `--cpu-decode` turns it off).
 """
 
 from components.predict.cli import add_arguments, main, predict_from_args

@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inputs per output shard, the unit of restart (default: %(default)s)")
     parser.add_argument("--print-first", type=int, default=1000,
                         help="print this many predictions in full, then progress lines (default: %(default)s)")
+    parser.add_argument("--cpu-decode", action="store_true",
+                        help="decode JPEGs on the CPU even where torchvision could decode them on the GPU (nvJPEG): "
+                        "the readers' exact pixels, rather than within a few levels")
     vertex = parser.add_argument_group("on Vertex AI (a BatchPredictionJob instead of this machine)")
     vertex.add_argument("--vertex-model", metavar="RESOURCE",
                         help="the registered model: projects/P/locations/L/models/ID[@VERSION_OR_ALIAS]")
@@ -34,7 +37,8 @@ def predict_from_args(args: argparse.Namespace, model_dir: str, images: str, out
     """Runs what the options of `add_arguments` ask for: here, or as a Vertex AI batch prediction job."""
     if not args.vertex_model:
         return predict(model_dir, images, output_dir, batch_size=args.batch_size, top_k=args.top_k,
-                       chunk_size=args.chunk_size, print_first=args.print_first)
+                       chunk_size=args.chunk_size, print_first=args.print_first,
+                       gpu_decode=not args.cpu_decode)
     if not args.staging:
         raise ValueError("--vertex-model needs --staging gs://BUCKET/FOLDER for the instances and the job's output")
     location = re.match(r"^projects/[^/]+/locations/([^/]+)/", args.vertex_model)

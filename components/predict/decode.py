@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import struct
 from typing import Iterator
 
@@ -12,6 +13,8 @@ import numpy as np
 
 from components import data
 from components.predict.sources import Chunk, Unlisted, _is_remote
+
+log = logging.getLogger(__name__)
 
 # TFRecord feature names, in order of preference, for the image bytes and for the name of the image.
 RECORD_IMAGE_KEYS = ("image/encoded", "image", "image_raw", "image/raw", "encoded")
@@ -136,7 +139,8 @@ class Decoder:
     converts what it can and gives the reason for what it cannot.
     """
 
-    def __init__(self, image_shape: list[int], pool: concurrent.futures.Executor, *, raw_ok: bool = False):
+    def __init__(self, image_shape: list[int], pool: concurrent.futures.Executor, *, raw_ok: bool = False,
+                 gpu_jpeg=None):
         import tensorflow as tf
 
         self.height, self.width, self.channels = image_shape
@@ -152,6 +156,9 @@ class Decoder:
         # on preprocess's PIL decode (raw records), which the slow path is.
         self.sources = data.record_encoding(self.width, "file") == data.SOURCE
         self._errors = (tf.errors.InvalidArgumentError, tf.errors.UnknownError)
+        # JPEGs of the fast routes decoded on the GPU instead (nvjpeg.GpuJpegDecoder), when given: the readers'
+        # rule approximately; a batch it rejects is decoded on the CPU as without it
+        self.gpu_jpeg = gpu_jpeg
 
     def slow(self, contents: bytes) -> np.ndarray | str:
         try:
@@ -181,6 +188,8 @@ class Decoder:
                 reasons[position] = contents
             else:
                 routes[self.route(contents)].append(position)
+        if self.gpu_jpeg is not None:
+            self._decode_on_gpu(items, routes, images, decoded)
         for kind, fast in (("png", self._png), ("jpeg", self._jpeg), ("source", self._source)):
             positions = routes[kind]
             if not positions:
@@ -203,6 +212,30 @@ class Decoder:
         keep = np.flatnonzero(decoded)
         return ([items[p][0] for p in keep], images[keep] if len(keep) < len(items) else images,
                 [(items[p][0], reasons[p]) for p in sorted(reasons)])
+
+    def _decode_on_gpu(self, items: list, routes: dict[str, list[int]], images: np.ndarray,
+                       decoded: np.ndarray) -> None:
+        """Decodes the JPEGs of the "jpeg" and "source" routes with `gpu_jpeg` and takes them off those routes; a
+        batch that fails stays on them (TensorFlow's decoders, then the slow path, say which file and why)."""
+        positions = [p for kind in ("jpeg", "source") for p in routes[kind] if items[p][1].startswith(b"\xff\xd8\xff")]
+        if not positions:
+            return
+        try:
+            images[positions] = self.gpu_jpeg([items[p][1] for p in positions],
+                                              [jpeg_shape(items[p][1]) for p in positions])
+        except (RuntimeError, ValueError) as e:  # torchvision's errors for a file nvJPEG cannot decode
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "out of memory" in why.lower():  # the device, not the file: every later batch would fail too
+                log.warning("predict: JPEGs decode on the CPU from here on: the GPU decoder ran out of memory (%s)",
+                            why)
+                self.gpu_jpeg = None
+            else:
+                log.debug("predict: a batch went back to the CPU decoders (%s)", why)
+            return
+        decoded[positions] = True
+        done = set(positions)
+        for kind in ("jpeg", "source"):
+            routes[kind] = [p for p in routes[kind] if p not in done]
 
 
 def decode_contents(contents: bytes, height: int, width: int, channels: int, *, raw_ok: bool = False) -> np.ndarray:

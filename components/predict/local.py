@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from components import data
+from components.predict import nvjpeg
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _gather, _remove_stale_shards,
                                        read_marker, shard_paths)
@@ -74,8 +75,10 @@ def auto_batch_size(image_shape: list[int], budget_bytes: int = 128 << 20) -> in
 
 def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | None = None, top_k: int = 3,
             chunk_size: int = 10_000, workers: int | None = None, print_first: int = 1000,
-            combine_max: int = 1_000_000, classifier: data.Classifier | None = None) -> PredictResult:
-    """Predicts every image of `source` into `output_dir`; see the package docstring for sources and layout."""
+            combine_max: int = 1_000_000, classifier: data.Classifier | None = None,
+            gpu_decode: bool = True) -> PredictResult:
+    """Predicts every image of `source` into `output_dir`; see the package docstring for sources and layout.
+    `gpu_decode`: decode JPEGs on the GPU where torchvision can (components/predict/nvjpeg.py), said in the log."""
     import tensorflow as tf
 
     if (batch_size is not None and batch_size < 1) or chunk_size < 1 or top_k < 1:
@@ -96,7 +99,11 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
     totals = {"count": 0, "errors": 0, "inputs": 0}
     chunks = skipped = predicted_here = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="predict-io") as pool:
-        decoder = Decoder(classifier.image_shape, pool, raw_ok=where.kind == "tfrecord")
+        gpu_jpeg = nvjpeg.gpu_jpeg_decoder(classifier.image_shape) if gpu_decode else None
+        if gpu_jpeg is not None:
+            log.info("predict: decoding JPEGs on the GPU with %s (the readers' rule to within a few levels; "
+                     "gpu_decode=False for the CPU's exact pixels)", gpu_jpeg.description)
+        decoder = Decoder(classifier.image_shape, pool, raw_ok=where.kind == "tfrecord", gpu_jpeg=gpu_jpeg)
         for chunk in iter_chunks(where, chunk_size, exclude=output_dir):
             chunks += 1
             marker = read_marker(shard_paths(output_dir, chunk.index)["marker"])

@@ -64,14 +64,14 @@ def _decode(line: str, settings: BeamSettings):
         return
     size = settings.image_size
     ex = per_image.decode_file(uri, label, split, size, size, settings.channels, settings.check_extension)
-    if ex.image is None:
+    if not ex.kept:
         yield beam.pvalue.TaggedOutput("rejected", (ordinal, label, per_image.rejected_row(uri, ex.reason,
                                                                                             ex.detail)))
         return
     stored = ex.image.tobytes() if ex.stored is None else ex.stored
     source = (ex.source_size, ex.source_bytes, ex.reencoded) if ex.source_size else None
-    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, image_histogram(ex.image, settings.channels),
-                   source)
+    histogram = image_histogram(ex.image, settings.channels) if ex.histogram is None else ex.histogram
+    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, histogram, source)
 
 
 def _dedup(keyed):

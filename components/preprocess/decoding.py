@@ -38,7 +38,7 @@ def _batched(examples: list[Example], height: int, width: int, channels: int) ->
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
     return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding,
-             (e.source_size, e.source_bytes, e.reencoded)) for e in examples], images
+             (e.source_size, e.source_bytes, e.reencoded, e.histogram)) for e in examples], images
 
 
 def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
@@ -65,90 +65,80 @@ class TensorFlowDecoder:
     no conversion: 8-bit PNGs and JPEGs already of the target size and colour type (JPEG: the exact integer DCT, as
     Pillow uses), without EXIF orientation. These decode to the same pixels as `data.decode_image`
     (tests/test_preprocess.py checks); every other file, and a batch that fails, goes through it (PIL), which
-    converts what it can and gives the reason for what it cannot."""
+    converts what it can and gives the reason for what it cannot.
+
+    The files are read and routed in Python (`route`), and only the decoding runs in TensorFlow, one op per file
+    in batch prediction's traced decoders (predict.decode.batch_decoder): with reading and routing inside the
+    graph, a dozen ops per file in tf.map_fn's loop, `decode_examples` cost 0.060-0.062 ms of CPU per 28x28 PNG,
+    now 0.049 (10,000 files, the same examples)."""
 
     def __init__(self, height: int, width: int, channels: int):
-        import struct
-
         import tensorflow as tf
 
-        from components.predict.decode import PNG_MAGIC
+        from components.predict.decode import batch_decoder
 
         self.shape = (height, width, channels)
-        self.png_head = PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)
-        png_head, shape = self.png_head, [height, width, channels]
-        empty = tf.zeros(shape, tf.uint8)
-
-        def one(path):
-            # Reading, routing and decoding all in C++: the Python left per file is hashing and record building.
-            contents = tf.io.read_file(path)
-            exif_free = tf.logical_not(tf.strings.regex_full_match(tf.strings.substr(contents, 0, 65536),
-                                                                   "(?s).*(eXIf|Exif).*"))
-            png = tf.logical_and(tf.equal(tf.strings.substr(contents, 0, len(png_head)), png_head), exif_free)
-            jpeg = tf.logical_and(tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff"), exif_free)
-            jpeg = tf.cond(jpeg, lambda: tf.reduce_all(tf.equal(tf.io.extract_jpeg_shape(contents), shape)),
-                           lambda: tf.constant(False))
-            image = tf.cond(png, lambda: tf.reshape(tf.io.decode_png(contents, channels=channels), shape),
-                            lambda: tf.cond(jpeg, lambda: tf.reshape(tf.io.decode_jpeg(
-                                contents, channels=channels, dct_method="INTEGER_ACCURATE"), shape), lambda: empty))
-            kind = tf.where(png, 1, tf.where(jpeg, 2, 0))
-            return contents, image, kind
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def read_and_decode(paths):
-            with tf.device("/CPU:0"):
-                return tf.map_fn(one, paths, fn_output_signature=(tf.string, tf.uint8, tf.int32),
-                                 parallel_iterations=2 * available_cpus())
-
-        self.read_and_decode = read_and_decode
+        self.decoders = {"PNG": batch_decoder("png", self.shape), "JPEG": batch_decoder("jpeg", self.shape)}
         self.errors = (tf.errors.OpError,)
 
     def route(self, raw: bytes) -> str | None:
-        """What TensorFlow decodes (as `read_and_decode` decides, in Python): "PNG", "JPEG" or None."""
+        """What TensorFlow decodes: "PNG", "JPEG" or None."""
         return per_image.exact_format(raw, *self.shape)
 
     def decode_examples(self, items: list[Item], check_extension: bool) -> list[Example]:
-        """The examples of a batch, TensorFlow reading and decoding what it can. A batch holding a file TensorFlow
-        cannot read or decode (missing, corrupt) goes through `decode_batch` whole, which says why. (Threads only:
-        examples stay in this process, with no round trip through decode_batch's arrays.)"""
+        """The examples of a batch, TensorFlow decoding what it can. A file that cannot be read gets its reason as
+        `decode_file` gives it; a decoder batch holding a file TensorFlow cannot decode (corrupt) goes through
+        `per_image.decode_contents` (PIL) file by file, which says why. (Threads only: examples stay in this
+        process, with no round trip through decode_batch's arrays.)"""
         height, width, channels = self.shape
         examples: list[Example | None] = [None] * len(items)
-        files = []
+        routed: dict[str, list[tuple[int, bytes]]] = {"PNG": [], "JPEG": []}
         for position, item in enumerate(items):
             problem = item.problem or (per_image.extension_problem(item.uri) if check_extension else None)
             if problem:
                 examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
-            elif "://" in item.uri:  # remote files: decode_plan never picks this plan for them
+                continue
+            if "://" in item.uri:  # remote files: decode_plan never picks this plan for them
                 return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
-            else:
-                files.append(position)
-        if files:
             try:
-                contents, images, kinds = self.read_and_decode([items[p].uri for p in files])
+                raw = data.read_bytes(item.uri)
+            except data.ImageError as e:
+                examples[position] = Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
+                continue
+            kind = self.route(raw)
+            if kind:
+                routed[kind].append((position, raw))
+            else:
+                examples[position] = per_image.decode_contents(item, raw, height, width, channels)
+        for kind, files in routed.items():
+            if not files:
+                continue
+            try:
+                images = self.decoders[kind]([raw for _, raw in files]).numpy()
             except self.errors:
-                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
-            contents, images, kinds = contents.numpy(), images.numpy(), kinds.numpy()
-            for index, position in enumerate(files):
-                item, raw = items[position], contents[index]
-                if kinds[index]:
-                    image = images[index]
-                    stored, encoding = per_image.stored_form(image, width, "PNG" if kinds[index] == 1 else "JPEG",
-                                                             raw)
-                    examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
-                                                 stored=stored, encoding=encoding,
-                                                 source_size=(height, width) if encoding == data.SOURCE else None,
-                                                 source_bytes=len(raw))
-                else:
-                    examples[position] = per_image.decode_contents(item, raw, height, width, channels)
+                for position, raw in files:
+                    examples[position] = per_image.decode_contents(items[position], raw, height, width, channels)
+                continue
+            for (position, raw), image in zip(files, images):
+                item = items[position]
+                stored, encoding = per_image.stored_form(image, width, kind, raw)
+                examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
+                                             stored=stored, encoding=encoding,
+                                             source_size=(height, width) if encoding == data.SOURCE else None,
+                                             source_bytes=len(raw))
         return examples
 
 
 def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
-    for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded) in rows:
+    for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded,
+                                                                   histogram) in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
+        elif histogram is not None:  # a source record: no pixels travel
+            yield Example(uri, label, split, key, None, stored=stored, encoding=encoding, source_size=source_size,
+                          source_bytes=source_bytes, reencoded=reencoded, histogram=histogram)
         else:
             yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding,
                           source_size=source_size, source_bytes=source_bytes, reencoded=reencoded)
@@ -208,10 +198,11 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
 # Below this many inputs one worker is used: measuring would cost more than it could save.
 MEASURE_MIN_INPUTS = 1000
 MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
-# Files above this size on average are photos: a few hundred of them already take seconds to decode, so below
-# MEASURE_MIN_INPUTS they are decoded by one thread per CPU (PIL releases the GIL while decoding, resizing and
-# encoding: 2 threads win on 480x480 JPEGs, see planned_decode) rather than by one worker.
-PHOTO_BYTES = 32 << 10
+# Files above this size on average are photos: below MEASURE_MIN_INPUTS they are decoded by one thread per CPU
+# (PIL releases the GIL while decoding, resizing and encoding: 2 threads win on 480x480 JPEGs, see planned_decode)
+# rather than by one worker, and above it one worker is measured but not chosen (see _measure_plans). npm's
+# 307x173 food photos average 17 KB: 2 threads decoded 2,000 of them in 0.93-0.97 s, one worker in 2.1-2.7 s.
+PHOTO_BYTES = 8 << 10
 # Worker processes take a second or two to start: they are only tried when the run would take longer than this.
 PROCESSES_WORTH_SECONDS = 10.0
 
@@ -275,7 +266,8 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
         yield from parallel_decode(items, **shape, **few)
         return
     prefix = list(itertools.islice(items(), _sample_size(expected)))
-    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)
+    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock,
+                                   photos=_photos(items))
     yield from decoded
     yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
 
@@ -301,15 +293,18 @@ def _consume(examples: Iterable[Example]) -> list[Example]:
     includes the main process's share (building records) and how well the plan overlaps it."""
     kept = []
     for ex in examples:
-        if ex.image is not None:
+        if ex.kept:
             per_image.record(ex)
         kept.append(ex)
     return kept
 
 
 def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: tuple,
-                   clock: Callable[[], float]) -> tuple[dict, list[Example]]:
-    """(the best plan, the prefix's examples as one worker decoded them)."""
+                   clock: Callable[[], float], photos: bool = False) -> tuple[dict, list[Example]]:
+    """(the best plan, the prefix's examples as one worker decoded them). With `photos`, one worker is measured
+    (it decodes the prefix) but another plan is chosen: on photos it decodes in the thread that builds and
+    writes the records, which nothing overlaps, and a sample of a hundred files on a busy machine measured it
+    ahead of 2 threads in one run of three that the whole runs then lost by 2-3x."""
     files = sum(1 for item in prefix if not item.problem) or len(prefix)
     start = clock()
     decoded = _consume(ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args)))
@@ -322,7 +317,7 @@ def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: t
             continue  # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
         rate, startup = _measure(prefix, files, plan, args, clock)
         measured.append((startup + expected / rate, rate, plan))
-    best = min(measured, key=lambda m: m[0])[2]
+    best = min(measured[1:] if photos and len(measured) > 1 else measured, key=lambda m: m[0])[2]
     log.info("preprocess: decoding with %s (measured on %d files, records built: %s)", _label(best), files,
              ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
     return best, decoded

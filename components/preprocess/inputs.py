@@ -21,7 +21,7 @@ class Example:
     label: int
     split: str | None  # the source's own split ("train"/"test"), or None to assign by content
     key: int = 0  # 64 bits of the SHA-256 of the source bytes: the split and duplicate key
-    image: np.ndarray | None = None  # None when rejected
+    image: np.ndarray | None = None  # the pixels at the dataset's size; None when rejected or `histogram` is set
     reason: str = ""
     detail: str = ""
     stored: bytes | None = None  # the record's image bytes when encoded (PNG/JPEG); None: the raw pixels
@@ -29,6 +29,13 @@ class Example:
     source_size: tuple[int, int] | None = None  # (height, width) of a source file
     source_bytes: int = 0  # its size in bytes
     reencoded: str = ""  # why a source record holds re-encoded bytes (images.REENCODE_REASONS), "" if it does not
+    # A kept source record's pixel-statistics share (images.sampled_histogram), counted where it was decoded: its
+    # pixels are not carried (a 224x224 RGB array per photo to copy, stack and count in the main process)
+    histogram: np.ndarray | None = None
+
+    @property
+    def kept(self) -> bool:
+        return not self.reason
 
 
 @dataclasses.dataclass

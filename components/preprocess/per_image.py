@@ -102,9 +102,10 @@ def decode_contents(item: Item, raw: bytes, height: int, width: int, channels: i
         source = data.decode_source(raw, height, width, channels, max_side=max_side(width))
     except data.ImageError as e:
         return Example(item.uri, item.label, item.split, reason=e.reason, detail=e.detail)
-    return Example(item.uri, item.label, item.split, content_key(raw), source.pixels,
+    return Example(item.uri, item.label, item.split, content_key(raw),
                    stored=raw if source.reencoded is None else source.reencoded, encoding=data.SOURCE,
-                   source_size=source.source_size, source_bytes=len(raw), reencoded=source.why)
+                   source_size=source.source_size, source_bytes=len(raw), reencoded=source.why,
+                   histogram=source.histogram)
 
 
 def conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:

@@ -159,7 +159,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
                 seen += 1
                 if not seen & 1023:
                     progress.update(seen)
-                if ex.image is None:
+                if not ex.kept:
                     rejections.append((ex.uri, ex.label, ex.reason, ex.detail))
                     continue
                 prior = seen_content.get(ex.key)
@@ -176,7 +176,8 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
                 # (decoding it again would cost more than the histogram's 1 KB per channel).
                 raw = ex.stored is None
                 pending.append((ex.uri, ex.label, ex.encoding, ex.image.tobytes() if raw else ex.stored, raw,
-                                None if raw else image_histogram(ex.image, channels).astype(np.uint32)))
+                                None if raw else (image_histogram(ex.image, channels) if ex.histogram is None
+                                                  else ex.histogram).astype(np.uint32)))
                 if len(pending) >= SPOOL_BATCH or (not raw and len(pending) >= 16):
                     pickle.dump(pending, spool, protocol=pickle.HIGHEST_PROTOCOL)
                     pending = []

@@ -33,6 +33,21 @@ class ModelVersion:
         return dataclasses.asdict(self)
 
 
+class ChampionChanged(Exception):
+    """`move_champion` refused: the champion is not the version the caller's gate compared against.
+
+    `current` is the champion the registry holds now (None: there is none)."""
+
+    def __init__(self, model: str, expected: str | None, current: ModelVersion | None):
+        self.model, self.expected, self.current = model, expected, current
+        super().__init__(f"the {CHAMPION} of {model} is {describe_champion(current)}, not "
+                         f"{'v' + expected if expected else 'none'} as expected")
+
+
+def describe_champion(version: ModelVersion | None) -> str:
+    return f"v{version.version}" if version is not None else "none"
+
+
 class Registry(Protocol):
     """What the register and evaluate steps need from a model registry."""
 
@@ -46,5 +61,11 @@ class Registry(Protocol):
                description: str, artifact_uri: str | None = None, lineage: dict | None = None) -> ModelVersion: ...
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion: ...
+
+    def move_champion(self, model: str, version: str, *, expected: str | None) -> ModelVersion:
+        """Moves `champion` to `version` only if the champion is still `expected` (a version; None: no
+        champion), else raises ChampionChanged with the current one. A version that is already the champion
+        is returned as it is."""
+        ...
 
     def versions(self, model: str) -> list[ModelVersion]: ...

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from typing import Iterator
 
-from components.registry.base import CHAMPION, ModelVersion
+from components.registry.base import CHAMPION, ChampionChanged, ModelVersion
 
 
 class LocalRegistry:
@@ -100,12 +100,26 @@ class LocalRegistry:
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion:
         with self._locked(model) as index:
-            target = next((v for v in index["versions"] if v["version"] == version), None)
-            if target is None:
-                raise KeyError(f"{model} has no version {version}")
-            for entry in index["versions"]:
-                if alias in entry["aliases"]:
-                    entry["aliases"].remove(alias)
-            target["aliases"].append(alias)
-            self._write_index(model, index)
-            return self._version(model, target)
+            return self._move(model, index, version, alias)
+
+    def move_champion(self, model: str, version: str, *, expected: str | None) -> ModelVersion:
+        """Checks and moves under the one lock every writer takes, so no other run's move falls between the two."""
+        with self._locked(model) as index:
+            current = next((v for v in index["versions"] if CHAMPION in v["aliases"]), None)
+            if current is not None and current["version"] == version:
+                return self._version(model, current)
+            if (current["version"] if current else None) != expected:
+                raise ChampionChanged(model, expected, self._version(model, current) if current else None)
+            return self._move(model, index, version, CHAMPION)
+
+    def _move(self, model: str, index: dict, version: str, alias: str) -> ModelVersion:
+        """Moves `alias` to `version` in `index` and writes it; the caller holds the lock."""
+        target = next((v for v in index["versions"] if v["version"] == version), None)
+        if target is None:
+            raise KeyError(f"{model} has no version {version}")
+        for entry in index["versions"]:
+            if alias in entry["aliases"]:
+                entry["aliases"].remove(alias)
+        target["aliases"].append(alias)
+        self._write_index(model, index)
+        return self._version(model, target)

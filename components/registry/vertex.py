@@ -8,8 +8,9 @@ so importing this module stays cheap.
 
 Where things are kept on Vertex:
 
-- the artifacts: `artifactUri`, a `gs://` directory holding the exported SavedModel, served by a pinned
-  prebuilt TensorFlow serving container (`SERVING_IMAGES`);
+- the artifacts: `artifactUri`, a `gs://` directory: by default `MODEL_DIR/serving`, holding the exported
+  SavedModel as `1/` (staged by `upload`), served by TensorFlow Serving (`serving_container`); with a Vertex AI
+  prebuilt image, the SavedModel directory itself;
 - the model digest: label `model_digest` (label values are limited to 63 characters of [a-z0-9_-], so it is
   `sha256-` and the first 56 hex digits), which `find_by_digest` filters versions on; the full digest is also
   kept in the version description;
@@ -34,29 +35,113 @@ and a fake `sleep`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import time
 from typing import Any, Callable
 
 from components import gcp
-from components.registry.base import CHAMPION, ModelVersion
+from components.registry.base import CHAMPION, ChampionChanged, ModelVersion
 
 log = logging.getLogger(__name__)
 
-# Prebuilt Vertex AI TensorFlow serving containers, pinned to one TensorFlow minor version (the version is the
-# image name: `tf2-cpu.2-15`; Google publishes each of them under the `latest` tag only, which moves between
-# patch builds of that minor version). 2.15 is the newest TensorFlow serving image the installed
-# google-cloud-aiplatform knows (aiplatform/constants/prediction.py). Pass `serving_image=` to use another one
-# (e.g. pinned by digest). The `us-docker.pkg.dev` host is swapped for `europe-`/`asia-docker.pkg.dev` in
-# those regions.
-SERVING_IMAGES = {
+# The serving container: the one place it is chosen (`serving_container`).
+#
+# The default is TensorFlow Serving of the TensorFlow that trains (pyproject.toml pins tensorflow 2.21; TensorFlow
+# Serving's newest release is 2.20.0, tag 2.20.0 of tensorflow/serving, 2026-04-23; a SavedModel of 2.21 loads and
+# predicts the same in 2.20 and in 2.15: tests/benchmarks/serving_compat.py). Vertex AI takes serving images only
+# from Artifact Registry or Container Registry (ModelContainerSpec.image_uri), so the image is Docker Hub's
+# `tensorflow/serving`, copied into the project's repository by Cloud Build (cloudbuild.yaml, step
+# build-serving) and named there by digest when the pipeline is compiled. How Vertex AI runs it:
+#
+# - command and args replace the image's entrypoint (tools/docker/Dockerfile:55-60 at 2.20.0 starts
+#   tensorflow_model_server with --model_base_path=/models/model): REST on 8501, the model read straight from the
+#   gs:// copy Vertex AI makes of the artifacts (`$(AIP_STORAGE_URI)`, expanded by Vertex AI; the server is built
+#   with TensorFlow's GCS file system, model_servers/BUILD:565);
+# - predict and health routes: POST /v1/models/NAME:predict takes Vertex AI's {"instances": [...]} and answers
+#   {"predictions": [...]} (util/json_tensor.cc:60,74); GET /v1/models/NAME is the model's status
+#   (model_servers/http_rest_api_handler.cc:86-104);
+# - TensorFlow Serving loads numbered version folders under its base path, skipping anything else
+#   (sources/storage_path/file_system_storage_path_source.cc:87-111, 313-317): the artifact is a folder holding
+#   the SavedModel as `1/` (`stage_versioned`), staged next to the model by the register step.
+TF_SERVING_VERSION = "2.20.0"
+TF_SERVING_IMAGE_NAME = "tensorflow-serving"  # its name in the project's Artifact Registry repository
+TF_SERVING_MODEL_NAME = "model"
+TF_SERVING_PORT = 8501
+SERVING_FOLDER = "serving"  # the versioned copy of the SavedModel, beside it: MODEL_DIR/serving/1/
+
+# Vertex AI's prebuilt TensorFlow prediction containers, still selectable by passing their URI as the serving
+# image. 2.15 is the newest (google-cloud-aiplatform's aiplatform/constants/prediction.py lists no later one);
+# Vertex AI's prebuilt-container page gives it end of support 2026-01-14 and end of availability 2027-01-14.
+# Google publishes them under `latest` only. The `us-docker.pkg.dev` host becomes `europe-`/`asia-docker.pkg.dev`
+# in those regions. They load the SavedModel straight from the artifact URI.
+PREBUILT_TF_IMAGES = {
     "cpu": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest",
     "gpu": "us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest",
 }
+PREBUILT_IMAGE_RE = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev/vertex-ai(-restricted)?/prediction/")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingContainer:
+    """How Vertex AI runs the model's serving container (ModelContainerSpec), and the artifact layout it reads."""
+
+    image_uri: str
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    port: int | None = None
+    predict_route: str = ""
+    health_route: str = ""
+    versioned_artifact: bool = False  # the SavedModel as ARTIFACT/1/ (TensorFlow Serving), not ARTIFACT itself
+
+    def spec(self) -> dict:
+        """The ModelContainerSpec fields (unset ones left out, for Vertex AI's defaults)."""
+        spec = {"image_uri": self.image_uri}
+        if self.command:
+            spec["command"] = list(self.command)
+        if self.args:
+            spec["args"] = list(self.args)
+        if self.port:
+            spec["ports"] = [{"container_port": self.port}]
+        if self.predict_route:
+            spec["predict_route"] = self.predict_route
+        if self.health_route:
+            spec["health_route"] = self.health_route
+        return spec
+
+
+def tf_serving_container(image_uri: str) -> ServingContainer:
+    """TensorFlow Serving (`image_uri`: tensorflow/serving or an image built on it) as Vertex AI runs it."""
+    name = TF_SERVING_MODEL_NAME
+    return ServingContainer(
+        image_uri=image_uri, command=("/usr/bin/tensorflow_model_server",),
+        args=("--port=8500", f"--rest_api_port={TF_SERVING_PORT}", f"--model_name={name}",
+              "--model_base_path=$(AIP_STORAGE_URI)"),
+        port=TF_SERVING_PORT, predict_route=f"/v1/models/{name}:predict", health_route=f"/v1/models/{name}",
+        versioned_artifact=True)
+
+
+def default_serving_image(project: str, location: str, repository: str = "kfp/image-classification") -> str:
+    """Where Cloud Build's defaults put the TensorFlow Serving copy (`_IMAGE_REPO` of cloudbuild.yaml), by tag;
+    a compiled pipeline names the copy by digest instead (`pipectl compile --serving-image`)."""
+    return f"{location}-docker.pkg.dev/{project}/{repository}/{TF_SERVING_IMAGE_NAME}:{TF_SERVING_VERSION}"
+
+
+def serving_container(image_uri: str) -> ServingContainer:
+    """The container spec for a serving image: a Vertex AI prebuilt prediction image (recognised by its
+    documented registry path) runs as built, on the SavedModel itself; any other image is run as TensorFlow
+    Serving (tensorflow/serving or an image built on it), on the versioned copy."""
+    if not image_uri or any(c.isspace() for c in image_uri):
+        raise ValueError(f"serving image must be an image URI, got {image_uri!r}")
+    if PREBUILT_IMAGE_RE.match(image_uri):
+        return ServingContainer(image_uri=image_uri)
+    return tf_serving_container(image_uri)
+
 
 DIGEST_LABEL = "model_digest"
 NETWORK_LABEL = "network"
@@ -139,16 +224,82 @@ def parse_version_description(text: str) -> dict:
     return {}
 
 
-def serving_image_for(location: str, accelerator: str = "cpu") -> str:
-    """The pinned prebuilt TensorFlow serving image for a region (from the nearest Artifact Registry host)."""
-    if accelerator not in SERVING_IMAGES:
-        raise ValueError(f"accelerator must be one of {sorted(SERVING_IMAGES)}, got {accelerator!r}")
-    image = SERVING_IMAGES[accelerator]
+def prebuilt_image_for(location: str, accelerator: str = "cpu") -> str:
+    """Vertex AI's prebuilt TensorFlow 2.15 serving image for a region (from the nearest Artifact Registry host):
+    the container this registry used by default before TensorFlow Serving; pass it as `serving_image` to keep it."""
+    if accelerator not in PREBUILT_TF_IMAGES:
+        raise ValueError(f"accelerator must be one of {sorted(PREBUILT_TF_IMAGES)}, got {accelerator!r}")
+    image = PREBUILT_TF_IMAGES[accelerator]
     if location.startswith("europe-"):
         return image.replace("us-docker.pkg.dev", "europe-docker.pkg.dev", 1)
     if location.startswith(("asia-", "australia-")):
         return image.replace("us-docker.pkg.dev", "asia-docker.pkg.dev", 1)
     return image
+
+
+def stage_versioned(saved_model_dir: str, serving_dir: str) -> None:
+    """Copies the SavedModel at local `saved_model_dir` to `serving_dir/1/`, the layout TensorFlow Serving loads.
+
+    A copy already there is kept when its files are the SavedModel's, byte for byte (a retried task), and completed
+    when files are missing (an interrupted copy on gs://, where nothing can be renamed into place); one with other
+    files or other bytes is refused, never overwritten. `serving_dir` is a local path (e.g. under the /gcs mount) or
+    a gs:// URI (written with tf.io.gfile)."""
+    if "://" in serving_dir:
+        from components.storage import gfile
+
+        fs = gfile()
+        exists, listing, read = fs.exists, fs.walk, lambda path: fs.GFile(path, "rb").read()
+    else:
+        fs, exists, listing, read = None, os.path.exists, os.walk, _read
+    source_files = _relative_files(saved_model_dir, os.walk)
+    target = serving_dir.rstrip("/") + "/1"
+    missing = source_files
+    if exists(target):
+        there = _relative_files(target, listing)
+        differs = sorted(set(there) - set(source_files)) or [
+            rel for rel in there if _read(os.path.join(saved_model_dir, rel)) != read(f"{target}/{rel}")]
+        if differs:
+            raise VertexRegistryError(
+                f"{target} already holds another model ({differs[0]} is not {saved_model_dir}'s); TensorFlow "
+                f"Serving would serve that one. Remove {target}, or register a fresh export.")
+        missing = [rel for rel in source_files if rel not in there]
+        if not missing:
+            return
+    # saved_model.pb last: a folder without it is no SavedModel yet, whoever looks at it midway.
+    missing = sorted(missing, key=lambda rel: rel == "saved_model.pb")
+    if fs is not None or exists(target):
+        for rel in missing:
+            if fs is not None:
+                fs.makedirs(f"{target}/{os.path.dirname(rel)}".rstrip("/"))
+                fs.copy(os.path.join(saved_model_dir, rel), f"{target}/{rel}")
+            else:
+                os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
+                shutil.copyfile(os.path.join(saved_model_dir, rel), os.path.join(target, rel))
+        return
+    partial = target + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    for rel in missing:
+        os.makedirs(os.path.dirname(os.path.join(partial, rel)), exist_ok=True)
+        shutil.copyfile(os.path.join(saved_model_dir, rel), os.path.join(partial, rel))
+    os.rename(partial, target)  # locally, 1/ appears whole or not at all
+
+
+def _relative_files(root: str, walk) -> list[str]:
+    """The files under `root`, relative to it; a top-level `serving/` (the copy, when the model directory is
+    itself the SavedModel) is not part of it."""
+    root = root.rstrip("/")
+    files = []
+    for folder, dirs, names in walk(root):
+        relative = str(folder).rstrip("/")[len(root):].strip("/")
+        if not relative and SERVING_FOLDER in dirs:
+            dirs.remove(SERVING_FOLDER)
+        files += [f"{relative}/{name}" if relative else name for name in names]
+    return sorted(files)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 class VertexRegistry(gcp.VertexService):
@@ -157,7 +308,7 @@ class VertexRegistry(gcp.VertexService):
     kind = "vertex"
 
     def __init__(self, project: str, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
-                 transport: str = "rest", accelerator: str = "cpu", serving_image: str | None = None,
+                 transport: str = "rest", serving_image: str | None = None,
                  gcs_fuse_root: str = "/gcs", max_attempts: int = 5, initial_backoff_s: float = 1.0,
                  max_backoff_s: float = 32.0, poll_seconds: float = 2.0, upload_timeout_seconds: float = 1800.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
@@ -166,8 +317,9 @@ class VertexRegistry(gcp.VertexService):
         project, location: where the models live (`projects/{project}/locations/{location}`).
         api_endpoint, credentials, transport: where and how calls go (see components/gcp/clients.py); a
             regional endpoint of another region than `location` is refused.
-        accelerator / serving_image: the serving container: the pinned `SERVING_IMAGES[accelerator]` for the
-            region unless `serving_image` names one.
+        serving_image: the serving container's image (`serving_container` says how it is run): by default
+            TensorFlow Serving where Cloud Build copies it (`default_serving_image`); a Vertex AI prebuilt
+            image (`prebuilt_image_for`) keeps the prebuilt TensorFlow 2.15 container.
         gcs_fuse_root: local paths under it are Cloud Storage paths (`/gcs/BUCKET/PATH` is `gs://BUCKET/PATH`
             on Vertex AI Pipelines), so a step can hash the model locally and register its gs:// URI.
         max_attempts, initial_backoff_s, max_backoff_s, sleep: the retry policy (components/gcp/retry.py);
@@ -184,7 +336,7 @@ class VertexRegistry(gcp.VertexService):
         super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
                          retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep),
                          monotonic=monotonic)
-        self.serving_image = serving_image or serving_image_for(location, accelerator)
+        self.serving = serving_container(serving_image or default_serving_image(project, location))
         self.gcs_fuse_root = gcs_fuse_root.rstrip("/") if gcs_fuse_root else ""
         self.poll_seconds = poll_seconds
         self.upload_timeout_seconds = upload_timeout_seconds
@@ -279,13 +431,14 @@ class VertexRegistry(gcp.VertexService):
         return None
 
     def champion(self, model: str) -> ModelVersion | None:
+        parent = self._find_model(model)
+        return None if parent is None else self._champion_of(parent)
+
+    def _champion_of(self, parent: Any) -> ModelVersion | None:
         from google.api_core import exceptions as gexc
 
-        parent = self._find_model(model)
-        if parent is None:
-            return None
         try:
-            pb = self._call(f"get the {CHAMPION} of {model!r}",
+            pb = self._call(f"get the {CHAMPION} of {parent.display_name!r}",
                             lambda: self._client.get_model(name=f"{parent.name}@{CHAMPION}"))
         except gexc.NotFound:
             return None
@@ -299,16 +452,20 @@ class VertexRegistry(gcp.VertexService):
         from google.cloud.aiplatform_v1 import types
 
         uri = self.artifact_uri_for(artifact_uri or model_dir)
+        saved_model_dir = model_dir
         if os.path.isfile(os.path.join(model_dir, "saved_model", "saved_model.pb")):
-            # Training writes the SavedModel (what Vertex's TensorFlow serving loads) in a subfolder.
+            # Training writes the SavedModel (what the serving container loads) in a subfolder.
+            saved_model_dir = os.path.join(model_dir, "saved_model")
             uri += "/saved_model"
+        if self.serving.versioned_artifact:
+            uri = self._stage_versioned(model_dir, saved_model_dir, artifact_uri)
         self._check_bucket_region(uri)
         version_labels = {sanitize_label_key(k): sanitize_label_value(v) for k, v in (labels or {}).items()}
         version_labels.update(lineage_labels(lineage))  # the registry's own labels win over the caller's
         version_labels[DIGEST_LABEL] = digest_label(digest)
         body = types.Model(
             display_name=model, artifact_uri=uri, labels=version_labels,
-            container_spec=types.ModelContainerSpec(image_uri=self.serving_image),
+            container_spec=types.ModelContainerSpec(**self.serving.spec()),
             version_description=version_description(description, digest=digest, metrics=metrics, lineage=lineage))
         what = f"upload a version of model {model!r}"
 
@@ -323,17 +480,56 @@ class VertexRegistry(gcp.VertexService):
                                    idempotent=False, artifact_uri=uri)
         except gexc.Conflict:  # 409 ALREADY_EXISTS
             # Another run created the model between our lookup and upload: become a version of it.
-            parent_model = self._find_model(model)
-            if parent_model is None:
-                raise VertexRegistryError(
-                    f"Cannot create model {model!r}: the model id {self._model_id_for(model)!r} is taken in "
-                    f"{self.parent} by a model with another display name; register under another name.") from None
+            parent_model = self._created_by_another_run(model)
             operation = self._call(what, lambda: self._client.upload_model(request=request_for(parent_model)),
                                    idempotent=False, artifact_uri=uri)
         response = self._wait(operation, what, uri)
         pb = self._call(f"get the new version of {model!r}",
                         lambda: self._client.get_model(name=f"{response.model}@{response.model_version_id}"))
         return self._version(pb)
+
+    def _created_by_another_run(self, model: str) -> Any:
+        """The model whose id our upload found taken. Another run's first upload holds the id from its request
+        to the end of its operation, when the model appears (with its first version): until then it is waited
+        for. A model of that id with another display name is refused."""
+        from google.api_core import exceptions as gexc
+
+        model_id = self._model_id_for(model)
+        deadline = self._monotonic() + self.upload_timeout_seconds
+        while True:
+            parent_model = self._find_model(model)
+            if parent_model is not None:
+                return parent_model
+            try:
+                taken = self._call(f"get model {model_id!r}",
+                                   lambda: self._client.get_model(name=f"{self.parent}/models/{model_id}"))
+                if taken.display_name == model:  # its upload finished between the two reads
+                    return taken
+            except gexc.NotFound:
+                if self._monotonic() < deadline:  # still being created by the other run's upload
+                    self._sleep(self.poll_seconds)
+                    continue
+                raise VertexRegistryError(
+                    f"Cannot create model {model!r}: another upload holds the model id {model_id!r} in "
+                    f"{self.parent} and has not finished in {self.upload_timeout_seconds:.0f}s; register again "
+                    "later.") from None
+            raise VertexRegistryError(
+                f"Cannot create model {model!r}: the model id {model_id!r} is taken in {self.parent} by a model "
+                f"with another display name; register under another name.")
+
+    def _stage_versioned(self, model_dir: str, saved_model_dir: str, artifact_uri: str | None) -> str:
+        """Stages MODEL_DIR/serving/1/ (`stage_versioned`) and returns its parent's gs:// URI, the artifact URI
+        TensorFlow Serving's base path is set to."""
+        if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
+            raise ValueError(
+                f"No SavedModel in {model_dir} (looked for saved_model/saved_model.pb and saved_model.pb): the serving "
+                f"container {self.serving.image_uri} loads it from a versioned copy the register step makes, so the "
+                f"model directory must be readable here (a local path, or under the {self.gcs_fuse_root or '/gcs'}/ "
+                f"mount).")
+        base = self.artifact_uri_for(artifact_uri or model_dir) + "/" + SERVING_FOLDER
+        # Written where the files are seen: under the /gcs mount when the model is there, else to gs:// itself.
+        stage_versioned(saved_model_dir, os.path.join(model_dir, SERVING_FOLDER) if not artifact_uri else base)
+        return base
 
     def _wait(self, operation: Any, what: str, artifact_uri: str) -> Any:
         """Follows the upload's long-running operation (each poll retried for quota) and returns its response.
@@ -349,13 +545,16 @@ class VertexRegistry(gcp.VertexService):
         return self._call(what, lambda: operation.result(timeout=0), idempotent=False, artifact_uri=artifact_uri)
 
     def set_alias(self, model: str, version: str, alias: str) -> ModelVersion:
-        from google.api_core import exceptions as gexc
-
         if alias != "default" and not ALIAS_RE.match(alias):
             raise ValueError(f"Invalid Vertex version alias {alias!r}: it must match {ALIAS_RE.pattern}")
         parent = self._find_model(model)
         if parent is None:
             raise KeyError(f"{model} has no version {version}")
+        return self._merge_alias(parent, model, version, alias)
+
+    def _merge_alias(self, parent: Any, model: str, version: str, alias: str) -> ModelVersion:
+        from google.api_core import exceptions as gexc
+
         try:
             pb = self._call(f"move alias {alias!r} to version {version} of {model!r}",
                             lambda: self._client.merge_version_aliases(name=f"{parent.name}@{version}",
@@ -363,6 +562,24 @@ class VertexRegistry(gcp.VertexService):
         except gexc.NotFound:
             raise KeyError(f"{model} has no version {version}") from None
         return self._version(pb)
+
+    def move_champion(self, model: str, version: str, *, expected: str | None) -> ModelVersion:
+        """Reads the champion right before moving it, and moves it only if it is still `expected`.
+
+        Vertex offers no conditional alias move: MergeVersionAliasesRequest holds only the version's name and
+        the aliases (googleapis/googleapis google/cloud/aiplatform/v1/model_service.proto:619-646 at f8291d2b),
+        UpdateModel cannot change aliases (its supported fields, :549-550), and `Model.etag` serves UpdateModel
+        only (model.proto:431-433). So a move by another run between this read and the merge (one round trip)
+        is not seen; the window between evaluation and registration (training's end to the register step) is."""
+        parent = self._find_model(model)
+        if parent is None:
+            raise KeyError(f"{model} has no version {version}")
+        current = self._champion_of(parent)
+        if current is not None and current.version == version:
+            return current
+        if (current.version if current else None) != expected:
+            raise ChampionChanged(model, expected, current)
+        return self._merge_alias(parent, model, version, CHAMPION)
 
     def versions(self, model: str) -> list[ModelVersion]:
         """All versions of `model`, oldest first (like LocalRegistry.versions)."""

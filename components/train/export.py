@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+
+NO_TENSORFLOW = 3  # the exit code when TensorFlow cannot be imported here
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="the network's name (default: training.json's)")
     args = parser.parse_args(argv)
     os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is first imported
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError as e:
+        print(f"no TensorFlow here: {e}", file=sys.stderr)
+        return NO_TENSORFLOW
     from components.train.model import complete_saved_model
 
     shape = [int(n) for n in args.image_shape.split(",")] if args.image_shape else None

@@ -43,7 +43,7 @@ import numpy as np
 
 from components import augment as augment_lib
 from components import data
-from components.train import batchnorm, frameworks, models
+from components.train import batchnorm, frameworks, gpu_usage, models
 from components.train import pretrained as pretrained_lib
 from components.train.cluster import ClusterRole
 from components.train.faults import (NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before,
@@ -304,9 +304,10 @@ class TrainingLoop:
         # Every worker would estimate statistics on its own images and the replicas would disagree: one worker only.
         self.recalibration = backend.recalibration_batches(settings.dataset_dir) \
             if plan.role.workers == 1 and batchnorm.trainable_batchnorm(self.model) else None
+        self.gpu_sampler = gpu_usage.start_for_training(settings.tensorboard_dir, chief=chief)
         start = time.monotonic()
         self.last_save = time.monotonic()
-        with PreemptionWatch() as watch:
+        with PreemptionWatch() as watch, self.gpu_sampler:
             log.info("train: starting at step %d of %d", self.step, plan.total_steps)
             while self.step < plan.total_steps:
                 self.run_epoch(watch, validation)
@@ -372,6 +373,7 @@ class TrainingLoop:
             self.writer.scalar(f"epoch_{name}", value, self.step)
         log.info("epoch %d/%d (%.1fs) %s", epoch + 1, self.plan.recipe.epochs, time.monotonic() - epoch_start,
                  " ".join(f"{k}={v:.4f}" for k, v in sorted(logs.items())))
+        self.gpu_sampler.end_epoch(epoch, self.step)
         if self.epoch_callback is not None and self.plan.role.is_chief:
             self.epoch_callback(epoch, dict(logs), self.predict_logits)
         self.save(f"end of epoch {epoch + 1}")
@@ -467,7 +469,7 @@ class TrainingLoop:
             data.write_json(data.join(settings.model_dir, TRAINING_INFO), {
                 **result.to_json(), **written, "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
                 "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
-                "model": self.model_lineage(),
+                "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary(),
             })
             self.writer.flush()
         if self.scratch:

@@ -51,6 +51,12 @@ def log_to_kfp(info: dict, metrics, model) -> None:
     metrics.log_metric("images_per_second", round(info["images_per_second"], 1))
     metrics.log_metric("steps", info["steps"])
     metrics.log_metric("resumed_from_step", info["resumed_from_step"])
+    for gpu in (info.get("gpu_usage") or {}).get("gpus", []):  # components/train/gpu_usage.py
+        if gpu["run"].get("samples"):
+            for name in ("utilization_mean", "utilization_p95", "memory_used_gib_max"):
+                metrics.log_metric(f"gpu{gpu['index']}_{name}", gpu["run"][name])
+            metrics.log_metric(f"gpu{gpu['index']}_memory_total_gib", gpu["memory_total_gib"])
     model.metadata.update({"framework": info.get("framework", "tensorflow"),
-                           "serving_format": info.get("serving_format", "keras+saved_model"), "strategy": info["strategy"], "replicas": info["replicas"],
+                           "serving_format": info.get("serving_format", "keras+saved_model"),
+                           "strategy": info["strategy"], "replicas": info["replicas"],
                            "workers": info["workers"], "global_batch_size": info["global_batch_size"]})

@@ -16,7 +16,9 @@ Bodies are validated against the vendored CRD and the pod templates against the 
 
 Pods run as local processes (pods.py). The pods of one JobSet share the machine's loopback network: each pod's DNS
 name gets a port of its own on 127.0.0.1, and `{hostname}.{subdomain}[.{namespace}.svc[.cluster.local]]:{port}`
-in a container's env is rewritten to that address, which is what the headless Service resolves in a cluster.
+in a container's env is rewritten to that address, which is what the headless Service resolves in a cluster. A
+variable that is a pod's DNS name alone becomes 127.0.0.1, and one that is a container port of the pods alone
+becomes the first pod's loopback port for it (torchrun's PET_MASTER_ADDR and PET_MASTER_PORT name node 0 so).
 Env `valueFrom.fieldRef` (Downward API) resolves metadata.name/namespace/labels['k']/annotations['k']. Pods a
 controller deleted (a failed Job's others, a restart's) are no longer listed. `preempt()` does what a Spot VM's
 node shutdown does: the pod gets the DisruptionTarget condition and SIGTERM, then SIGKILL after its grace period.
@@ -36,6 +38,7 @@ import time
 import uuid
 from typing import Callable
 
+from tests.standins.admission import admit_pod
 from tests.standins.base import ApiError
 from tests.standins.pods import Pod, free_port
 from tests.standins.validation import crd_problems, job_problems
@@ -124,10 +127,15 @@ class Network:
         self.subdomain, self.namespace = subdomain, namespace
         self.ports: dict[tuple[str, int], int] = {}
 
-    def resolve(self, value: str, hostnames: list[str]) -> str:
+    def resolve(self, value: str, hostnames: list[str], ports: set[int] = frozenset()) -> str:
         if not hostnames:
             return value
+        if value.isdigit() and int(value) in ports:
+            return str(self._port(hostnames[0], int(value)))
         names = "|".join(re.escape(h) for h in sorted(hostnames, key=len, reverse=True))
+        host = rf"({names})\.{re.escape(self.subdomain)}(?:\.{re.escape(self.namespace)}\.svc(?:\.cluster\.local)?)?"
+        if re.fullmatch(host, value):
+            return "127.0.0.1"
         pattern = (rf"\b({names})\.{re.escape(self.subdomain)}"
                    rf"(?:\.{re.escape(self.namespace)}\.svc(?:\.cluster\.local)?)?:(\d+)\b")
         return re.sub(pattern, lambda m: f"127.0.0.1:{self._port(m.group(1), int(m.group(2)))}", value)
@@ -173,7 +181,8 @@ class JobRun:
                   COMPLETION_INDEX: str(index)}
         annotations = {**template.get("metadata", {}).get("annotations", {}),
                        **js.pod_labels(self.rjob, self.job_index), COMPLETION_INDEX: str(index)}
-        pod_spec = {**template.get("spec", {}), "subdomain": js.subdomain}
+        pod_spec = {**copy.deepcopy(template.get("spec", {})), "subdomain": js.subdomain}
+        admit_pod(js.admission_plugins, pod_spec)
         container = pod_spec["containers"][0]
         name = f"{hostname}-{hashlib.sha256(f'{js.uid}{time.time()}{index}'.encode()).hexdigest()[:5]}"
         meta = {"name": name, "namespace": js.namespace, "labels": labels, "annotations": annotations}
@@ -182,7 +191,8 @@ class JobRun:
             value = var.get("value", "")
             if "valueFrom" in var:
                 value = _field_ref(var["valueFrom"].get("fieldRef", {}).get("fieldPath", ""), meta)
-            env[var["name"]] = js.network.resolve(value, js.hostnames())
+            env[var["name"]] = js.network.resolve(value, js.hostnames(),
+                                                  {int(p["containerPort"]) for p in container.get("ports", [])})
         pod = JobSetPod(name, hostname, index, container, env, labels=labels, annotations=annotations,
                         namespace=js.namespace, pod_spec=pod_spec, created=js.now())
         self.pods[index] = pod
@@ -254,8 +264,10 @@ def _field_ref(path: str, meta: dict) -> str:
 class JobSetRun:
     """One JobSet and its controller loop: Jobs per replicated job, failure and success policies, restarts."""
 
-    def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
+    def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str],
+                 admission_plugins: tuple[str, ...] = ()):
         self.body, self.now, self.namespace = body, now, namespace
+        self.admission_plugins = admission_plugins  # the API server's, run on each pod created (admission.py)
         self.name = body["metadata"]["name"]
         self.uid = str(uuid.uuid4())
         body["metadata"].update(namespace=namespace, uid=self.uid, creationTimestamp=now(), resourceVersion="1",

@@ -1,17 +1,19 @@
 """A stand-in for the parts of the Kubernetes API that the launchers call, on 127.0.0.1.
 
 It follows the public definitions: the Kubeflow training operator's TFJob CRD (kubeflow.org/v1, the
-`kubeflow/training-operator` v1 API types and CRD manifest), Kubeflow Trainer v2.3.0's TrainJob and
-ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0 (jobset.x-k8s.io/v1alpha2), whose CRDs
-are vendored under tests/schemas/ and whose controllers are in trainer.py and jobsets.py, and the Kubernetes core/v1
-REST API reference for pods and pod logs; errors are meta/v1 `Status` objects, as the API server writes them
-(shared stand-in base, base.py).
+`kubeflow/training-operator` v1 API types and CRD manifest) and PyTorchJob (its v1.9.4 CRD, vendored), Kubeflow
+Trainer v2.3.0's TrainJob and ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1) and JobSet v0.12.0
+(jobset.x-k8s.io/v1alpha2), whose CRDs are vendored under tests/schemas/ and whose controllers are in trainer.py and
+jobsets.py, and the Kubernetes core/v1 REST API reference for pods and pod logs; errors are meta/v1 `Status` objects,
+as the API server writes them (shared stand-in base, base.py).
 
 Endpoints, as the `kubernetes` Python client calls them:
 
     POST   /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs             create (201; 409 AlreadyExists; 422 Invalid)
     GET    /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      read, with .status (404 NotFound)
     DELETE /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      delete (200 Status), stops its pods
+    POST/GET/DELETE /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]  the same for PyTorchJobs (422:
+                                                                    the vendored CRD or the operator's webhook)
     POST   /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes          create (cluster-scoped)
     GET    /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/{name}   read
     POST   /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs        create (422 Invalid: CRD schema;
@@ -22,16 +24,18 @@ Endpoints, as the `kubernetes` Python client calls them:
     GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...       list the JobSets' pods (equality selectors)
     GET    /api/v1/namespaces/{ns}/pods/{pod}/log?container=&follow=&tailLines=  pod log (follow streams until exit)
 
-Behind the TFJob endpoints runs a small local "training operator": each replica of a created TFJob becomes a
-process running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment
-stands in for it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the
-container's `env`. Pods are named `{job}-{type}-{index}` as the operator names them. With
-`restartPolicy: ExitCode`, a replica exiting 128-255 is restarted (up to `runPolicy.backoffLimit` restarts
-for the job), 1-127 fails the job; the job succeeds when the chief (or worker 0 without a chief) exits 0.
-Conditions follow the operator's: Created, Running, Restarting, Succeeded, Failed. Behind the TrainJob and JobSet
-endpoints run the "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts
-a JobSet pod's node down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a
-ResourceFlavor first (kueue.py).
+Behind the TFJob endpoints runs a small local "training operator": each replica of a created TFJob becomes a process
+running the container's `command` + `args` (pods.py: the image is not pulled, the test's own environment stands in for
+it), with the `TF_CONFIG` the operator would inject (chief/worker addresses on 127.0.0.1) and the container's `env`.
+Pods are named `{job}-{type}-{index}` as the operator names them. With `restartPolicy: ExitCode`, a replica exiting
+128-255 is restarted (up to `runPolicy.backoffLimit` restarts for the job), 1-127 fails the job; the job succeeds when
+the chief (or worker 0 without a chief) exits 0. Conditions follow the operator's: Created, Running, Restarting,
+Succeeded, Failed. A PyTorchJob runs the same way with a Master instead of a Chief and the env of the operator's
+v1.9.4 PyTorch controller instead of TF_CONFIG (`PyTorchJob`). Behind the TrainJob and JobSet endpoints run the
+"trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts a JobSet pod's node
+down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a ResourceFlavor first
+(kueue.py). With `admission_plugins`, the API server's mutating plugins (admission.py: GKE's
+ExtendedResourceToleration) change each JobSet pod as it is created.
 """
 
 from __future__ import annotations
@@ -44,11 +48,13 @@ import uuid
 from typing import Callable
 
 from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
-from tests.standins.jobsets import JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid, jobset_problems
+from tests.standins.jobsets import (DNS1035, JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid,
+                                    jobset_problems)
 from tests.standins.kueue import QUEUE_LABEL, admit_trainjob
-from tests.standins.trainer import (FRAMEWORK_POLICIES, TRAINER_GROUP, TRAINER_VERSION, TrainJobRun, runtime_problems,
-                                    trainjob_jobset, trainjob_problems)
+from tests.standins.trainer import (FRAMEWORK_POLICIES, SIMULATED_POLICIES, TRAINER_GROUP, TRAINER_VERSION,
+                                    TrainJobRun, runtime_problems, trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
+from tests.standins.validation import crd_problems
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -56,6 +62,8 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 class TFJob:
     """One TFJob and the operator loop that runs its replicas."""
+
+    kind, specs_key, container_name, chief_type = "TFJob", "tfReplicaSpecs", "tensorflow", "chief"
 
     def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
         self.body = body
@@ -68,7 +76,7 @@ class TFJob:
         self.pods: dict[str, Pod] = {}
         self.lock = threading.Lock()
         self.deleted = threading.Event()
-        self._condition("Created", "TFJobCreated", f"TFJob {namespace}/{self.name} is created.")
+        self._condition("Created", f"{self.kind}Created", f"{self.kind} {namespace}/{self.name} is created.")
         if run_containers:
             threading.Thread(target=self._operate, daemon=True).start()
 
@@ -87,25 +95,29 @@ class TFJob:
                 self.body["status"]["completionTime"] = self.now()
             self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
 
+    def replica_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
+        """What the operator adds to a replica's env: TF_CONFIG (chief/worker addresses on 127.0.0.1)."""
+        tf_config = {"cluster": addresses, "task": {"type": rtype.lower(), "index": index}, "environment": "cloud"}
+        return {"TF_CONFIG": json.dumps(tf_config)}
+
     def _operate(self) -> None:
-        specs = self.body["spec"]["tfReplicaSpecs"]
+        specs = self.body["spec"][self.specs_key]
         addresses = {rtype.lower(): [f"127.0.0.1:{free_port()}" for _ in range(int(spec.get("replicas", 1)))]
                      for rtype, spec in specs.items()}
         policies = {}
         for rtype, spec in specs.items():
-            container = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow")
+            container = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == self.container_name)
             policies[rtype.lower()] = spec.get("restartPolicy", "Never")
             for index in range(int(spec.get("replicas", 1))):
-                tf_config = {"cluster": addresses, "task": {"type": rtype.lower(), "index": index},
-                             "environment": "cloud"}
                 name = f"{self.name}-{rtype.lower()}-{index}"
-                self.pods[name] = Pod(name, rtype.lower(), index, container, {"TF_CONFIG": json.dumps(tf_config)})
+                self.pods[name] = Pod(name, rtype.lower(), index, container,
+                                      self.replica_env(specs, rtype, index, addresses))
         for pod in self.pods.values():
             pod.start()
-        self._condition("Running", "TFJobRunning", f"TFJob {self.namespace}/{self.name} is running.")
+        self._condition("Running", f"{self.kind}Running", f"{self.kind} {self.namespace}/{self.name} is running.")
         backoff_limit = self.body["spec"].get("runPolicy", {}).get("backoffLimit")
         restarts = 0
-        chief = next((p for p in self.pods.values() if p.replica_type == "chief"),
+        chief = next((p for p in self.pods.values() if p.replica_type == self.chief_type),
                      next((p for p in self.pods.values() if p.replica_type == "worker" and p.index == 0), None))
         while not self.deleted.is_set():
             time.sleep(0.05)
@@ -116,7 +128,8 @@ class TFJob:
                 code = pod.exit_code
                 if code == 0:
                     if pod is chief:
-                        self._finish(f"TFJob {self.namespace}/{self.name} successfully completed.", succeeded=True)
+                        self._finish(f"{self.kind} {self.namespace}/{self.name} successfully completed.",
+                                     succeeded=True)
                         return
                     continue
                 retryable = policies[pod.replica_type] in ("ExitCode",) and 128 <= code <= 255 \
@@ -124,15 +137,16 @@ class TFJob:
                 if retryable and (backoff_limit is None or restarts < backoff_limit):
                     restarts += 1
                     pod.restarts += 1
-                    self._condition("Restarting", "TFJobRestarting",
-                                    f"TFJob {self.name} is restarting because {pod.replica_type} replica(s) "
+                    self._condition("Restarting", f"{self.kind}Restarting",
+                                    f"{self.kind} {self.name} is restarting because {pod.replica_type} replica(s) "
                                     f"exited with code {code}.")
                     pod.start()
-                    self._condition("Running", "TFJobRunning", f"TFJob {self.namespace}/{self.name} is running.")
+                    self._condition("Running", f"{self.kind}Running",
+                                    f"{self.kind} {self.namespace}/{self.name} is running.")
                     continue
                 reason = "exceeded the backoff limit" if retryable else f"exited with code {code}"
-                self._finish(f"TFJob {self.namespace}/{self.name} has failed because {pod.replica_type} replica "
-                             f"{pod.index} {reason}.", succeeded=False)
+                self._finish(f"{self.kind} {self.namespace}/{self.name} has failed because {pod.replica_type} "
+                             f"replica {pod.index} {reason}.", succeeded=False)
                 return
 
     def _update_replica_statuses(self) -> None:
@@ -149,8 +163,8 @@ class TFJob:
             if policy in ("Running", "All") and pod.running:
                 pod.stop()
         self._update_replica_statuses()
-        self._condition("Succeeded" if succeeded else "Failed", "TFJobSucceeded" if succeeded else "TFJobFailed",
-                        message)
+        self._condition("Succeeded" if succeeded else "Failed",
+                        f"{self.kind}Succeeded" if succeeded else f"{self.kind}Failed", message)
 
     def delete(self) -> None:
         self.deleted.set()
@@ -162,16 +176,102 @@ class TFJob:
             return json.loads(json.dumps(self.body))
 
 
+class PyTorchJob(TFJob):
+    """One PyTorchJob (Training Operator v1.9.4) and the operator loop that runs its replicas: the TFJob's loop
+    (ExitCode restarts, conditions), a Master instead of a Chief, and the env of
+    pkg/controller.v1/pytorch/envvar.go:43-127 and master.go:33-62 instead of TF_CONFIG.
+
+    In a cluster MASTER_ADDR and PET_MASTER_ADDR name the master's Service (`{job}-master-0`) and MASTER_PORT and
+    PET_MASTER_PORT its container port `pytorchjob-port`; on loopback the replicas get 127.0.0.1 and a free port
+    for them. `declared_env[pod]` keeps what the operator sets, as a cluster's pod spec would show it."""
+
+    kind, specs_key, container_name, chief_type = "PyTorchJob", "pytorchReplicaSpecs", "pytorch", "master"
+
+    def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
+        self.declared_env: dict[str, dict] = {}
+        self.loopback_port = free_port()
+        super().__init__(body, namespace, run_containers, now)
+
+    def replica_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
+        spec = self.body["spec"]
+        replicas = sum(int(s.get("replicas", 1)) for s in specs.values())  # envvar.go:142-148
+        nproc = spec.get("nprocPerNode")
+        world = replicas * (int(nproc) if str(nproc).isdigit() else 1)  # envvar.go:62-64, 132-140
+        env = {"PYTHONUNBUFFERED": "1"}  # envvar.go:56-60
+        if "Master" in specs:  # envvar.go:67-97; master.go:36-59
+            port = next(p["containerPort"] for c in specs["Master"]["template"]["spec"]["containers"]
+                        if c["name"] == "pytorch" for p in c.get("ports", []) if p.get("name") == "pytorchjob-port")
+            rank = index + 1 if rtype == "Worker" else index
+            env.update({"MASTER_PORT": str(port), "PET_MASTER_PORT": str(port),
+                        "MASTER_ADDR": f"{self.name}-master-0", "PET_MASTER_ADDR": f"{self.name}-master-0",
+                        "WORLD_SIZE": str(world), "RANK": str(rank), "PET_NODE_RANK": str(rank)})
+        if nproc is not None:  # envvar.go:99-104
+            env["PET_NPROC_PER_NODE"] = str(nproc)
+        if spec.get("elasticPolicy") is None:  # envvar.go:117-123 (elastic mode is not simulated)
+            env["PET_NNODES"] = str(replicas)
+        self.declared_env[f"{self.name}-{rtype.lower()}-{index}"] = dict(env)
+        loopback = {"MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(self.loopback_port), "PET_MASTER_PORT": str(self.loopback_port)}
+        return {**env, **{k: v for k, v in loopback.items() if k in env}}
+
+
+def default_pytorchjob(body: dict) -> None:
+    """The operator's defaulting webhook, for the fields the stand-in reads (pytorch_defaults.go:31-36, 68-95):
+    replicas 1, the master port `pytorchjob-port` 23456, nprocPerNode `auto` without an elastic policy."""
+    spec = body.setdefault("spec", {})
+    for rspec in (spec.get("pytorchReplicaSpecs") or {}).values():
+        rspec.setdefault("replicas", 1)
+        rspec.setdefault("restartPolicy", "OnFailure")
+        for container in rspec.get("template", {}).get("spec", {}).get("containers", []):
+            if container.get("name") == "pytorch" and not any(p.get("name") == "pytorchjob-port"
+                                                              for p in container.get("ports", [])):
+                container.setdefault("ports", []).append({"name": "pytorchjob-port", "containerPort": 23456})
+    if spec.get("elasticPolicy") is None:
+        spec.setdefault("nprocPerNode", "auto")
+
+
+def _validate_pytorchjob(body: dict) -> list[str]:
+    """The PyTorchJob CRD's schema (vendored, validation.py) and the operator's webhook
+    (pkg/webhooks/pytorch/pytorchjob_webhook.go:75-160) for the fields we use."""
+    problems = crd_problems(body)
+    name = body.get("metadata", {}).get("name", "")
+    if not DNS1035.match(name) or len(name) > 63:
+        problems.append(f"metadata.name: Invalid value: {name!r}: should match: a DNS-1035 label")
+    specs = body.get("spec", {}).get("pytorchReplicaSpecs")
+    if not specs:
+        problems.append("spec.pytorchReplicaSpecs: Required value: must be required")
+    for rtype, rspec in (specs or {}).items():
+        where = f"spec.pytorchReplicaSpecs[{rtype}]"
+        if rtype not in ("Master", "Worker"):
+            problems.append(f'{where}: Unsupported value: "{rtype}": supported values: "Master", "Worker"')
+        containers = (rspec or {}).get("template", {}).get("spec", {}).get("containers", [])
+        for index, container in enumerate(containers):
+            if not container.get("image"):
+                problems.append(f"{where}.template.spec.containers[{index}].image: Required value: must be required")
+        if not any(c.get("name") == "pytorch" for c in containers):
+            problems.append(f"{where}.template.spec.containers: Required value: must have at least one container "
+                            "with name pytorch")
+        replicas = (rspec or {}).get("replicas")
+        if rtype == "Master" and replicas != 1:
+            problems.append(f"{where}.replicas: Forbidden: must be 1")
+        elif replicas is not None and replicas < 1:
+            problems.append(f"{where}.replicas: Forbidden: must be at least 1")
+    return problems
+
+
 class KubernetesStandIn(StandIn):
     """Start with `with KubernetesStandIn() as k8s:`; point the client at `k8s.url`."""
 
     name = "Kubernetes"
 
-    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None):
+    def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None,
+                 admission_plugins: tuple[str, ...] = ()):
         super().__init__()
         self.run_containers = run_containers
+        self.admission_plugins = tuple(admission_plugins)  # mutating plugins run on each pod created (admission.py)
         self.kueue_flavors = kueue_flavors or {}  # Kueue's LocalQueue name -> its ResourceFlavor's spec (kueue.py)
         self.jobs: dict[tuple[str, str], TFJob] = {}
+        self.pytorchjobs: dict[tuple[str, str], PyTorchJob] = {}
         self.trainjobs: dict[tuple[str, str], TrainJobRun] = {}
         self.jobsets: dict[tuple[str, str], JobSetRun] = {}
         self.runtimes: dict[str, dict] = {}
@@ -180,6 +280,7 @@ class KubernetesStandIn(StandIn):
 
     def routes(self) -> list:
         jobs = rf"/apis/{GROUP}/{VERSION}/namespaces/(?P<namespace>[^/]+)/{PLURAL}"
+        pytorchjobs = rf"/apis/{GROUP}/{VERSION}/namespaces/(?P<namespace>[^/]+)/pytorchjobs"
         trainjobs = rf"/apis/{TRAINER_GROUP}/{TRAINER_VERSION}/namespaces/(?P<namespace>[^/]+)/trainjobs"
         runtimes = rf"/apis/{TRAINER_GROUP}/{TRAINER_VERSION}/clustertrainingruntimes"
         jobsets = rf"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/(?P<namespace>[^/]+)/jobsets"
@@ -188,6 +289,9 @@ class KubernetesStandIn(StandIn):
             route("POST", jobs, "createKubeflowOrgV1NamespacedTFJob", self._create),
             route("GET", jobs + name, "readKubeflowOrgV1NamespacedTFJob", self._read),
             route("DELETE", jobs + name, "deleteKubeflowOrgV1NamespacedTFJob", self._delete),
+            route("POST", pytorchjobs, "createKubeflowOrgV1NamespacedPyTorchJob", self._create_pytorchjob),
+            route("GET", pytorchjobs + name, "readKubeflowOrgV1NamespacedPyTorchJob", self._read_pytorchjob),
+            route("DELETE", pytorchjobs + name, "deleteKubeflowOrgV1NamespacedPyTorchJob", self._delete_pytorchjob),
             route("POST", runtimes, "createTrainerV1alpha1ClusterTrainingRuntime", self._create_runtime),
             route("GET", runtimes + name, "readTrainerV1alpha1ClusterTrainingRuntime", self._read_runtime),
             route("POST", trainjobs, "createTrainerV1alpha1NamespacedTrainJob", self._create_trainjob),
@@ -208,12 +312,15 @@ class KubernetesStandIn(StandIn):
         return ApiError("NOT_FOUND", "the server could not find the requested resource")
 
     def stop(self) -> None:
-        for job in [*self.jobs.values(), *self.jobsets.values()]:
+        for job in [*self.jobs.values(), *self.pytorchjobs.values(), *self.jobsets.values()]:
             job.delete()
         super().stop()
 
     def job(self, namespace: str, name: str) -> TFJob:
         return self.jobs[(namespace, name)]
+
+    def pytorchjob(self, namespace: str, name: str) -> PyTorchJob:
+        return self.pytorchjobs[(namespace, name)]
 
     def jobset(self, namespace: str, name: str) -> JobSetRun:
         """A JobSet, created directly or by a TrainJob of the same name."""
@@ -264,6 +371,37 @@ class KubernetesStandIn(StandIn):
         self.deleted.append(key)
         return _deleted(key[1], GROUP, PLURAL, job.body["metadata"]["uid"])
 
+    def _create_pytorchjob(self, request: Request) -> tuple[int, dict]:
+        namespace, body = request.params["namespace"], request.json()
+        name = body.get("metadata", {}).get("name", "")
+        problems = crd_problems(body)  # the API server's schema check, before the webhooks see the defaults
+        if not problems:
+            default_pytorchjob(body)
+            problems = _validate_pytorchjob(body)
+        if problems:
+            raise invalid("PyTorchJob", GROUP, name, problems)
+        if (namespace, name) in self.pytorchjobs:
+            raise ApiError("ALREADY_EXISTS", f'pytorchjobs.{GROUP} "{name}" already exists')
+        self.created_bodies.append(json.loads(json.dumps(body)))
+        job = PyTorchJob(body, namespace, self.run_containers, lambda: self.now(0))
+        self.pytorchjobs[(namespace, name)] = job
+        return 201, job.snapshot()
+
+    def _read_pytorchjob(self, request: Request) -> dict:
+        job = self.pytorchjobs.get((request.params["namespace"], request.params["name"]))
+        if job is None:
+            raise ApiError("NOT_FOUND", f'pytorchjobs.{GROUP} "{request.params["name"]}" not found')
+        return job.snapshot()
+
+    def _delete_pytorchjob(self, request: Request) -> dict:
+        key = (request.params["namespace"], request.params["name"])
+        job = self.pytorchjobs.pop(key, None)
+        if job is None:
+            raise ApiError("NOT_FOUND", f'pytorchjobs.{GROUP} "{key[1]}" not found')
+        job.delete()
+        self.deleted.append(key)
+        return _deleted(key[1], GROUP, "pytorchjobs", job.body["metadata"]["uid"])
+
     def _create_runtime(self, request: Request) -> tuple[int, dict]:
         body = request.json()
         name = body.get("metadata", {}).get("name", "")
@@ -295,10 +433,11 @@ class KubernetesStandIn(StandIn):
             raise _denied(f"spec.RuntimeRef: Invalid value: {json.dumps(ref)}: clustertrainingruntimes."
                           f'{TRAINER_GROUP} "{ref.get("name")}" not found: specified clusterTrainingRuntime must be '
                           "created before the TrainJob is created")
-        policies = [p for p in FRAMEWORK_POLICIES if p in (runtime["spec"].get("mlPolicy") or {})]
+        policies = [p for p in FRAMEWORK_POLICIES if p in (runtime["spec"].get("mlPolicy") or {})
+                    and p not in SIMULATED_POLICIES]
         if policies:
-            raise ApiError("UNIMPLEMENTED", f"the stand-in runs plain runtimes only ({ref['name']} has a "
-                                            f"{policies[0]} policy)")
+            raise ApiError("UNIMPLEMENTED", f"the stand-in runs plain, torch and jax runtimes only ({ref['name']} "
+                                            f"has a {policies[0]} policy)")
         self.created_bodies.append(json.loads(json.dumps(body)))
         body["metadata"]["uid"] = str(uuid.uuid4())
         queue = body["metadata"].get("labels", {}).get(QUEUE_LABEL)
@@ -310,7 +449,7 @@ class KubernetesStandIn(StandIn):
         problems = jobset_problems({**jobset_body, "metadata": {**jobset_body["metadata"], "namespace": namespace}})
         if problems:  # the trainer would fail to create it later; the stand-in says so at once
             raise invalid("TrainJob", TRAINER_GROUP, name, [f"the JobSet it makes is invalid: {p}" for p in problems])
-        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0))
+        jobset = JobSetRun(jobset_body, namespace, self.run_containers, lambda: self.now(0), self.admission_plugins)
         self.jobsets[(namespace, name)] = jobset
         trainjob = TrainJobRun(body, namespace, jobset, lambda: self.now(0))
         self.trainjobs[(namespace, name)] = trainjob
@@ -341,7 +480,7 @@ class KubernetesStandIn(StandIn):
         if (namespace, name) in self.jobsets:
             raise ApiError("ALREADY_EXISTS", f'jobsets.{JOBSET_GROUP} "{name}" already exists')
         self.created_bodies.append(json.loads(json.dumps(body)))
-        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0))
+        jobset = JobSetRun(body, namespace, self.run_containers, lambda: self.now(0), self.admission_plugins)
         self.jobsets[(namespace, name)] = jobset
         return 201, jobset.snapshot()
 
@@ -370,7 +509,7 @@ class KubernetesStandIn(StandIn):
 
     def _log(self, request: Request) -> Stream:
         namespace, pod_name = request.params["namespace"], request.params["pod"]
-        pod = next((job.pods[pod_name] for (ns, _), job in self.jobs.items()
+        pod = next((job.pods[pod_name] for (ns, _), job in [*self.jobs.items(), *self.pytorchjobs.items()]
                     if ns == namespace and pod_name in job.pods), None) or next(
             (pod for pod in self.jobset_pods(namespace) if pod.name == pod_name), None)
         if pod is None:

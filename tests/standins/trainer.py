@@ -11,8 +11,17 @@ counts. The webhooks' checks: the runtime must exist, runtime patches must name 
 domain-prefixed manager, a runtime's trainer job has 1 replica and a `node` container. Bodies are validated against
 the vendored CRDs (validation.py).
 
-Not simulated: framework plugins (torch, mpi, ...: k8s_api.py refuses such runtimes), the initializer steps,
-suspension.
+The torch and JAX plugins are followed too (pkg/runtime/framework/plugins/torch/torch.go:56-87 and 110-204,
+jax/jax.go:56-104; constants in pkg/constants/constants.go): the torch webhook refuses a TrainJob whose trainer env
+sets torchrun's reserved PET_* names; the torch plugin gives the `node` container PET_NNODES (numNodes),
+PET_NPROC_PER_NODE (trainer.numProcPerNode, else "auto", which on a node without GPUs becomes its CPU request,
+rounded up as Quantity.Value does), PET_NODE_RANK (the completion index, Downward API), PET_MASTER_ADDR
+(`{trainjob}-node-0-0.{trainjob}`), PET_MASTER_PORT (29500) and the port 29500; the JAX plugin JAX_NUM_PROCESSES,
+JAX_PROCESS_ID (the completion index) and JAX_COORDINATOR_ADDRESS (`{trainjob}-node-0-0.{trainjob}:29500`) and the
+same port.
+
+Not simulated: the other framework plugins (mpi, xgboost, flux: k8s_api.py refuses such runtimes), torchtune's
+command rewriting, envInjection targets, the initializer steps, suspension.
 """
 
 from __future__ import annotations
@@ -27,6 +36,10 @@ from tests.standins.validation import crd_problems
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")
+SIMULATED_POLICIES = ("torch", "jax")
+TRAINER_PORT = 29500  # constants.go:72 ContainerTrainerPort
+TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"  # constants.go:297
 
 
 def _merge(base, patch):
@@ -58,6 +71,33 @@ def _upsert_env(env: list[dict], updates: list[dict]) -> list[dict]:
             order.append(var["name"])
         by_name[var["name"]] = dict(var)
     return [by_name[name] for name in order]
+
+
+def _quantity_value(quantity) -> int:
+    """A CPU quantity as resource.Quantity.Value() gives it: rounded up to a whole number."""
+    text = str(quantity)
+    if text.endswith("m"):
+        return -(-int(text[:-1]) // 1000)
+    return int(-(-float(text) // 1))
+
+
+def _framework_env(policy: str, trainjob: dict, nodes: int, resources: dict) -> list[dict]:
+    """What Trainer's torch or JAX plugin upserts into the `node` container's env."""
+    name = trainjob["metadata"]["name"]
+    master = f"{name}-node-0-0.{name}"
+    rank = {"valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}}
+    if policy == "jax":  # jax.go:76-97
+        return [{"name": "JAX_NUM_PROCESSES", "value": str(nodes)}, {"name": "JAX_PROCESS_ID", **rank},
+                {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{master}:{TRAINER_PORT}"}]
+    trainer = trainjob["spec"].get("trainer") or {}
+    procs = trainer.get("numProcPerNode", "auto")  # torch.go:121-124
+    gpus = int((resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
+    if procs == "auto" and not gpus:  # torch.go:131-135, getNumCPUPerNode: the request, else the limit
+        cpu = (resources.get("requests") or {}).get("cpu") or (resources.get("limits") or {}).get("cpu") or 0
+        procs = max(1, _quantity_value(cpu))
+    return [{"name": "PET_NNODES", "value": str(nodes)}, {"name": "PET_NPROC_PER_NODE", "value": str(procs)},
+            {"name": "PET_NODE_RANK", **rank}, {"name": "PET_MASTER_ADDR", "value": master},
+            {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)}]
 
 
 def runtime_problems(body: dict) -> list[str]:
@@ -107,6 +147,11 @@ def trainjob_jobset(trainjob: dict, runtime: dict) -> tuple[dict, list[str]]:
         jobset_spec = _merge(jobset_spec, runtime_patch.get("spec", {}))
     ml_policy = runtime["spec"].get("mlPolicy")
     trainer = spec.get("trainer") or {}
+    policy = next((p for p in SIMULATED_POLICIES if p in (ml_policy or {})), None)
+    reserved = sorted({var["name"] for var in trainer.get("env") or []} & set(TORCH_RESERVED_ENV))
+    if policy == "torch" and reserved:  # torch.go:65-77
+        problems.append(f"spec.trainer.env: Invalid value: must not have reserved envs, invalid envs configured: "
+                        f"{reserved}")
     for rjob in jobset_spec.get("replicatedJobs", []):
         if rjob["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR_LABEL) != "trainer":
             continue
@@ -125,6 +170,11 @@ def trainjob_jobset(trainjob: dict, runtime: dict) -> tuple[dict, list[str]]:
                 container["env"] = _upsert_env(container.get("env", []), trainer["env"])
             if ml_policy is not None and trainer.get("resourcesPerNode"):
                 container["resources"] = _merge(container.get("resources", {}), trainer["resourcesPerNode"])
+            if policy is not None:
+                container["env"] = _upsert_env(container.get("env", []), _framework_env(
+                    policy, trainjob, job_spec["parallelism"], container.get("resources", {})))
+                if not any(p.get("containerPort") == TRAINER_PORT for p in container.get("ports", [])):
+                    container["ports"] = [*container.get("ports", []), {"containerPort": TRAINER_PORT}]
     body = {"apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet",
             "metadata": {"name": trainjob["metadata"]["name"], "labels": labels, "ownerReferences": [
                 {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob",

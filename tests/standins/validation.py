@@ -23,6 +23,7 @@ CRD_FILES = {
     "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
     "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml",
     "JobSet": "jobset.x-k8s.io_jobsets.yaml",
+    "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
 }
 
 
@@ -63,7 +64,8 @@ def _path(parts) -> str:
 
 
 def crd_problems(body: dict) -> list[str]:
-    """What the API server would refuse in `body` (a TrainJob, ClusterTrainingRuntime or JobSet), per its CRD."""
+    """What the API server would refuse in `body` (a TrainJob, ClusterTrainingRuntime, JobSet or PyTorchJob), per
+    its CRD."""
     kind = body.get("kind", "")
     if kind not in CRD_FILES:
         return [f"no CRD for kind {kind!r} (known: {', '.join(CRD_FILES)})"]

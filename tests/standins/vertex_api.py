@@ -28,8 +28,13 @@ ModelService:
   default version.
 - `GET v1/{name=.../models/ID}:listVersions` with a `labels` filter and paging.
 - `POST v1/{name=.../models/ID@VERSION}:mergeVersionAliases`: an alias moves to this version (it leaves the
-  version that had it); `-alias` removes it; `default` may move but not be removed; adding and removing the
-  same alias in one request cancel out.
+  version that had it: `ID@ALIAS` names one version); `-alias` removes it; `default` may move but not be
+  removed; adding and removing the same alias in one request cancel out. The request is the version's name and
+  the aliases, nothing else: no etag or expected holder, so the move is unconditional, whoever holds the alias
+  (googleapis/googleapis at f8291d2b, google/cloud/aiplatform/v1/model_service.proto:157-164 the route,
+  :619-646 MergeVersionAliasesRequest; GetModel's `@alias`: :326-338; UpdateModel cannot set aliases:
+  :549-550; `Model.etag` is for UpdateModel: model.proto:431-433). A registry that must not move an alias
+  someone else moved reads it (`GET ...@ALIAS`) right before merging, as components/registry/vertex.py does.
 - `add_model(...)` registers a model as earlier uploads would have, for tests that start from one.
 
 Resource names in responses use the project number, as Vertex does, whichever of id or number the request
@@ -55,6 +60,8 @@ from tests.standins.vertex_pipelines import PIPELINE_RPCS, PipelineService, int_
 
 __all__ = ["BATCH_RESULT", "UPLOAD_RESULT", "VertexStandIn"]
 
+# Artifact Registry (LOCATION-docker.pkg.dev) and Container Registry (gcr.io, REGION.gcr.io) image hosts.
+CONTAINER_REGISTRY_RE = re.compile(r"^([a-z0-9-]+-docker\.pkg\.dev|([a-z]+\.)?gcr\.io)/[^\s]+$")
 # fail_next(rpc=UPLOAD_RESULT): the upload's operation finishes with that error instead of a new version.
 UPLOAD_RESULT = "UploadModel:operation"
 
@@ -201,6 +208,11 @@ class ModelService(VertexService):
         image = (model.get("containerSpec") or {}).get("imageUri")
         if not image:
             raise ApiError("INVALID_ARGUMENT", "model.container_spec.image_uri is required for a custom model.")
+        if not CONTAINER_REGISTRY_RE.match(image):
+            # ModelContainerSpec.image_uri: "This URI must identify an image in Artifact Registry or Container
+            # Registry" (google/cloud/aiplatform/v1/model.proto).
+            raise ApiError("INVALID_ARGUMENT", f"model.container_spec.image_uri must name an image in Artifact "
+                                               f"Registry or Container Registry, got {image!r}.")
         artifact_uri = model.get("artifactUri", "")
         if artifact_uri and not artifact_uri.startswith("gs://"):
             raise ApiError("INVALID_ARGUMENT", f"model.artifact_uri must be a Cloud Storage URI (gs://...), got "
@@ -331,6 +343,7 @@ class ModelService(VertexService):
         return self._page(items, req, "models")
 
     def _MergeVersionAliases(self, req: Request) -> dict:
+        """model_service.proto:619-646 at f8291d2b: `name` with a version, `version_aliases`; no precondition."""
         body = req.json()
         model_id, ref = self._split_model_ref(req.params["model"])
         if not ref:

@@ -7,11 +7,14 @@ its `CustomJob` / `WorkerPoolSpec` resources; errors use Google's JSON error bod
     GET  /v1/projects/{p}/locations/{l}/customJobs/{id}         read
     POST /v1/projects/{p}/locations/{l}/customJobs/{id}:cancel  cancel (CANCELLING, then CANCELLED)
 
-As on Vertex AI, each worker pool's replicas run the pool's container command with the `TF_CONFIG` Vertex
-sets (pool 0 is the chief, pool 1 the workers); here they are local processes on 127.0.0.1 (pods.py: the image
-is not pulled). The job succeeds when the replicas of pool 0 exit 0 and fails, with Vertex's message, when any
-replica exits otherwise. `google.cloud.aiplatform_v1.JobServiceClient(transport="rest")` talks to it
-unchanged, with `client_options={"api_endpoint": standin.url}`.
+As on Vertex AI, each worker pool's replicas run the pool's container command with the `TF_CONFIG` and `CLUSTER_SPEC`
+Vertex sets (pool 0 is the chief, pool 1 the workers; CLUSTER_SPEC names the pools `workerpool0`, `workerpool1`, ...
+and the task by its pool and index: cloud.google.com/vertex-ai/docs/training/distributed-training, "In your training
+code, you can use the CLUSTER_SPEC or TF_CONFIG environment variables", #cluster-variables); here they are local
+processes on 127.0.0.1 (pods.py: the image is not pulled). The job succeeds when the replicas of pool 0 exit 0 and
+fails, with Vertex's message, when any replica exits otherwise.
+`google.cloud.aiplatform_v1.JobServiceClient(transport="rest")` talks to it unchanged, with
+`client_options={"api_endpoint": standin.url}`.
 """
 
 from __future__ import annotations
@@ -61,8 +64,12 @@ class CustomJob:
             for index in range(int(pool.get("replicaCount", 1))):
                 tf_config = {"cluster": cluster, "task": {"type": POOL_TASK_TYPES[i], "index": index, "trial": ""},
                              "job": self.body["jobSpec"], "environment": "cloud"}
+                cluster_spec = {"cluster": {f"workerpool{k}": cluster[POOL_TASK_TYPES[k]] for k in range(len(pools))},
+                                "task": {"type": f"workerpool{i}", "index": index, "trial": ""},
+                                "job": json.dumps(self.body["jobSpec"]), "environment": "cloud"}
                 self.pods.append(Pod(f"workerpool{i}-{index}", POOL_TASK_TYPES[i], index, spec,
-                                     {"TF_CONFIG": json.dumps(tf_config), "CLOUD_ML_JOB_ID": self.body["name"]}))
+                                     {"TF_CONFIG": json.dumps(tf_config), "CLUSTER_SPEC": json.dumps(cluster_spec),
+                                      "CLOUD_ML_JOB_ID": self.body["name"]}))
         time.sleep(0.1)  # PENDING is observable, as provisioning takes a while on Vertex AI
         if self.cancelled.is_set():
             return

@@ -176,7 +176,7 @@ class Backend(base.Backend):
 
     def recalibration_batches(self, dataset_dir):
         return portable.Deferred(lambda: portable.recalibration_sample(
-            self.input.eval_batches(dataset_dir, "train", 256)), once=True)
+            self.input.stream_batches(dataset_dir, "train", 256)), once=True)
 
     def summary_writer(self, logdir):
         return events.EventWriter(logdir)

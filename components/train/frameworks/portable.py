@@ -16,6 +16,7 @@ import numpy as np
 
 from components import data
 from components.train import batchnorm
+from components.train.export import NO_TENSORFLOW
 from components.train.model import SAVED_MODEL_PENDING
 from components.train.frameworks import base
 
@@ -44,32 +45,40 @@ class Deferred:
         return iter(self.make())
 
 
-class TfDataInput:
-    """The training input as (float32 NHWC 0-255, int32 labels) numpy batches, read by tf.data (TrainInput):
-    the interface of the TensorFlow-free input (`batches`, `eval_batches`, `mode`), for machines where TensorFlow
-    is installed. `train_input` is the one place that chooses the input."""
+class NumpyInput:
+    """This process's training batches and the evaluation splits as (float32 NHWC 0-255, int32 labels) numpy
+    batches, without TensorFlow (components/train/portable_input.py: the tf.data input's twin, same order and
+    sharding). `workers` shares the CPUs between the processes of one machine (one per GPU under torchrun)."""
 
-    def __init__(self, train_dir, image_shape, *, pipeline_id, num_pipelines, recipe, online_policy, mode):
-        from components.train.inputs import TrainInput
+    def __init__(self, spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None):
+        from components.train.portable_input import PortableTrainInput
 
-        self.train_input = TrainInput(train_dir, image_shape, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
-                                      recipe=recipe, online_policy=online_policy, mode=mode)
-        self.mode = self.train_input.mode
+        self.workers = workers
+        self.train = PortableTrainInput(spec.train_dir, spec.image_shape, pipeline_id=pipeline_id,
+                                        num_pipelines=num_pipelines, recipe=spec.recipe,
+                                        online_policy=spec.online_policy, mode=spec.mode, workers=workers)
+        self.mode = self.train.mode
 
     def batches(self, epoch: int, first_batch: int, num_batches: int, batch: int):
-        return self.train_input.dataset(epoch, first_batch, num_batches, batch).as_numpy_iterator()
+        return self.train.batches(epoch, first_batch, num_batches, batch)
 
     def eval_batches(self, dataset_dir: str, split: str, batch: int):
-        from components.train.inputs import make_eval_dataset
+        """A split decoded once and held (validation runs every epoch), iterable again and again."""
+        from components.train.portable_input import PortableEvalInput
 
-        dataset = make_eval_dataset(dataset_dir, split, batch)
-        return _Reiterable(dataset.as_numpy_iterator)
+        held = PortableEvalInput(dataset_dir, split, batch, workers=self.workers)
+        return _Reiterable(held.batches)
+
+    def stream_batches(self, dataset_dir: str, split: str, batch: int):
+        """One pass over a split, decoded as it goes (a sample of it needs only its first batches)."""
+        from components.train.portable_input import eval_batches
+
+        return eval_batches(dataset_dir, split, batch, workers=self.workers)
 
 
-def train_input(spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int):
-    """This process's share of the training split, seekable (see components/train/inputs.py)."""
-    return TfDataInput(spec.train_dir, spec.image_shape, pipeline_id=pipeline_id, num_pipelines=num_pipelines,
-                       recipe=spec.recipe, online_policy=spec.online_policy, mode=spec.mode)
+def train_input(spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None):
+    """This process's share of the training split, seekable (see components/train/portable_input.py)."""
+    return NumpyInput(spec, pipeline_id=pipeline_id, num_pipelines=num_pipelines, workers=workers)
 
 
 def recalibration_sample(batches, *, limit: int = batchnorm.RECALIBRATION_IMAGES,
@@ -177,9 +186,10 @@ def export_saved_model(model_dir: str, image_shape, model_name: str) -> dict:
         done = subprocess.run([sys.executable, "-m", "components.train.export", model_dir, "--image-shape",
                                ",".join(map(str, image_shape)), "--model", model_name], env=env,
                               capture_output=True, text=True)
-        if done.returncode != 0:
+        if done.returncode == 0:
+            return {"saved_model": "written"}
+        if done.returncode != NO_TENSORFLOW:
             raise RuntimeError(f"Writing the SavedModel from model.keras failed: {done.stderr[-2000:]}")
-        return {"saved_model": "written"}
     data.write_json(data.join(model_dir, SAVED_MODEL_PENDING), {
         "reason": "trained where TensorFlow is not installed",
         "complete_with": f"python -m components.train.export {model_dir}"})

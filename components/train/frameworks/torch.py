@@ -208,7 +208,7 @@ class Backend(base.Backend):
 
     def recalibration_batches(self, dataset_dir):
         return portable.Deferred(lambda: portable.recalibration_sample(
-            self._eval_source().eval_batches(dataset_dir, "train", 256)), once=True)
+            self._eval_source().stream_batches(dataset_dir, "train", 256)), once=True)
 
     def summary_writer(self, logdir):
         return events.EventWriter(logdir)

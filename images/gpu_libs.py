@@ -1,0 +1,221 @@
+"""Check, without a GPU, that a GPU image's CUDA libraries load: each by its soname, from the dynamic linker's paths.
+
+The GPU images install CUDA, cuDNN and NCCL as NVIDIA's wheels (site-packages/nvidia/*/lib), not as system
+packages. A framework finds some of them through its own RUNPATH and misses others: TensorFlow 2.21's RUNPATH
+names cublas, cudnn, cufft, cusparse, cupti, nccl and cuda_runtime but not cusolver, nvjitlink, curand or
+nvrtc, and PyTorch's libraries carry no RUNPATH at all. A library that does not load leaves the framework
+without a GPU, with only a log line to say so. So the images register every site-packages/nvidia/*/lib folder
+with the dynamic linker, and this check proves the result at build time:
+
+    python3 gpu_libs.py register /etc/ld.so.conf.d/nvidia-wheels.conf && ldconfig
+    python3 gpu_libs.py check tensorflow      # or: check torch
+
+``check`` loads every library the framework loads at run time for the GPU, each by its bare soname in a
+process of its own (so that nothing already loaded through a RUNPATH can make it pass), with the one
+exception of the driver's libcuda.so.1, which only a GPU node has: a library that needs it and nothing else
+missing is reported as waiting for the driver. It then compares the CUDA and cuDNN major versions the
+framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
+version) with the sonames that loaded. Exit status 0 when all holds, 1 with what failed, 2 on bad usage.
+
+The library lists follow each framework's own loader: TensorFlow's DsoLoader
+(third_party/xla/xla/tsl/platform/default/dso_loader.cc: cudart, cublas, cublasLt, cufft, cusolver,
+cusparse, cupti, cudnn, nccl) plus what cuDNN and cuSOLVER load in turn (cudnn's own sub-libraries, nvrtc,
+nvJitLink) and curand; PyTorch's _preload_cuda_deps in torch/__init__.py. Standard library only, apart from
+the framework itself, so that it runs before the project is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import os
+import re
+import site
+import subprocess
+import sys
+import sysconfig
+
+DRIVER = "libcuda.so.1"
+
+# Library names (the part between "lib" and ".so") each framework loads at run time for the GPU. "cudnn" also
+# stands for cuDNN's sub-libraries (libcudnn_ops, libcudnn_cnn, ...), which libcudnn opens by soname itself.
+LIBRARIES = {
+    "tensorflow": ("cudart", "cublas", "cublasLt", "cufft", "cusolver", "cusparse", "cupti", "cudnn", "nccl",
+                   "nvrtc", "nvrtc-builtins", "nvJitLink", "curand"),
+    "torch": ("cublasLt", "cublas", "cudnn", "nvrtc", "nvrtc-builtins", "cudart", "cupti", "cufft", "curand",
+              "nvJitLink", "cusparse", "cusparseLt", "cusolver", "nccl", "nvshmem_host", "cufile"),
+}
+
+# Run in a child process per library: dlopen by soname alone, then say where the linker found it.
+_LOADER = r"""
+import ctypes, sys
+try:
+    ctypes.CDLL(sys.argv[1])
+except OSError as error:
+    print("error:", error)
+    raise SystemExit(1)
+with open("/proc/self/maps") as maps:
+    paths = {line.split()[-1] for line in maps if line.rstrip().endswith("/" + sys.argv[1])}
+print("loaded:", sorted(paths)[0] if paths else "?")
+"""
+
+
+class CheckError(Exception):
+    """Bad usage or an environment the check cannot read; the message says what to do."""
+
+
+@dataclasses.dataclass
+class Library:
+    soname: str
+    status: str  # "loaded", "driver" (needs libcuda.so.1 only) or "failed"
+    detail: str  # where it loaded from, or the dynamic linker's error
+
+
+@dataclasses.dataclass
+class Report:
+    framework: str
+    lib_dirs: list[str]
+    libraries: list[Library]
+    versions: list[tuple[str, str, str, bool]]  # (what, built for, soname found, match)
+    missing: list[str]  # library names with no soname in any folder
+
+    @property
+    def ok(self) -> bool:
+        return (not self.missing and all(lib.status != "failed" for lib in self.libraries)
+                and all(match for *_, match in self.versions))
+
+    def lines(self) -> list[str]:
+        width = max((len(lib.soname) for lib in self.libraries), default=10)
+        out = [f"{self.framework}: {len(self.lib_dirs)} NVIDIA library folders"]
+        for lib in self.libraries:
+            state = {"loaded": "loaded  ", "driver": "driver  ", "failed": "FAILED  "}[lib.status]
+            out.append(f"  {state}{lib.soname:<{width}}  {lib.detail}")
+        for name in self.missing:
+            out.append(f"  MISSING lib{name}.so.*  in no site-packages/nvidia/*/lib folder: is the extra installed?")
+        for what, built, found, match in self.versions:
+            out.append(f"  {'match   ' if match else 'MISMATCH'}{what}: built for {built}, loads {found}")
+        out.append("ok" if self.ok else "FAILED: the GPU would not be registered; see the lines above")
+        return out
+
+
+def site_dirs() -> list[str]:
+    """This interpreter's site-packages folders (where pip put the NVIDIA wheels)."""
+    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()]
+    return list(dict.fromkeys(os.path.realpath(d) for d in dirs if os.path.isdir(d)))
+
+
+def nvidia_lib_dirs(sites: list[str]) -> list[str]:
+    """Every site-packages/nvidia/*/lib folder (CUDA 13 wheels share nvidia/cu13/lib)."""
+    found = []
+    for directory in sites:
+        found += sorted(glob.glob(os.path.join(directory, "nvidia", "*", "lib")))
+    return found
+
+
+def sonames(name: str, lib_dirs: list[str]) -> list[str]:
+    """The sonames of library ``name`` in the folders: wheels ship each library once, named by its soname."""
+    if name == "cudnn":
+        pattern = re.compile(r"libcudnn(_[a-z_]+)?\.so\.\d+")
+    else:
+        pattern = re.compile(rf"lib{re.escape(name)}\.so\.\d+(\.\d+)*")
+    names = {entry for directory in lib_dirs for entry in os.listdir(directory) if pattern.fullmatch(entry)}
+    return sorted(names)
+
+
+def load(soname: str, env: dict[str, str] | None = None) -> Library:
+    """dlopen ``soname`` alone in a fresh interpreter, found only through the linker's paths."""
+    result = subprocess.run([sys.executable, "-I", "-c", _LOADER, soname], capture_output=True, text=True,
+                            timeout=120, env=env)
+    output = (result.stdout + result.stderr).strip().splitlines()
+    message = output[-1] if output else f"exit status {result.returncode}"
+    if result.returncode == 0 and message.startswith("loaded: "):
+        return Library(soname, "loaded", message.removeprefix("loaded: "))
+    error = message.removeprefix("error: ")
+    if f"{DRIVER}: cannot open shared object file" in error:
+        return Library(soname, "driver", f"needs the driver's {DRIVER}, which a GPU node provides")
+    return Library(soname, "failed", error)
+
+
+def major(version: str | int | None) -> str:
+    return str(version).split(".")[0] if version not in (None, "") else "?"
+
+
+def soname_major(soname_list: list[str], stem: str) -> str:
+    for soname in soname_list:
+        match = re.fullmatch(rf"lib{stem}\.so\.(\d+)", soname)
+        if match:
+            return match.group(1)
+    return "none"
+
+
+def built_versions(framework: str) -> tuple[str, str]:
+    """(CUDA, cuDNN) versions the installed framework was built for."""
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        info = tf.sysconfig.get_build_info()
+        if not info.get("is_cuda_build"):
+            raise CheckError("this TensorFlow is not a CUDA build (tensorflow-cpu?): install the [gpu] extra")
+        return str(info.get("cuda_version")), str(info.get("cudnn_version"))
+    import torch
+
+    if not torch.version.cuda:
+        raise CheckError(f"torch {torch.__version__} is not a CUDA build: install torch from PyPI, not a +cpu wheel")
+    from torch.backends import cudnn
+
+    compiled = cudnn._cudnn.getCompileVersion() if cudnn._cudnn is not None else None
+    return str(torch.version.cuda), ".".join(map(str, compiled)) if compiled else "none"
+
+
+def check(framework: str, sites: list[str] | None = None, env: dict[str, str] | None = None) -> Report:
+    if framework not in LIBRARIES:
+        raise CheckError(f"unknown framework {framework!r}; known: {', '.join(LIBRARIES)}")
+    lib_dirs = nvidia_lib_dirs(sites if sites is not None else site_dirs())
+    if not lib_dirs:
+        raise CheckError("no site-packages/nvidia/*/lib folder: the NVIDIA wheels are not installed here")
+    found, missing = [], []
+    for name in LIBRARIES[framework]:
+        names = sonames(name, lib_dirs)
+        if not names:
+            missing.append(name)
+        found += [n for n in names if n not in found]
+    libraries = [load(soname, env) for soname in found]
+    loaded = [lib.soname for lib in libraries if lib.status != "failed"]
+    cuda, cudnn = built_versions(framework)
+    cudart, libcudnn = soname_major(loaded, "cudart"), soname_major(loaded, "cudnn")
+    versions = [("CUDA", cuda, f"libcudart.so.{cudart}", major(cuda) == cudart),
+                ("cuDNN", cudnn, f"libcudnn.so.{libcudnn}", major(cudnn) == libcudnn)]
+    return Report(framework, lib_dirs, libraries, versions, missing)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    register = commands.add_parser("register", help="write the NVIDIA library folders to an ld.so.conf.d file")
+    register.add_argument("conf", help="e.g. /etc/ld.so.conf.d/nvidia-wheels.conf; run ldconfig after")
+    run = commands.add_parser("check", help="load every CUDA library the framework loads, by soname")
+    run.add_argument("framework", choices=sorted(LIBRARIES))
+    for sub in (register, run):
+        sub.add_argument("--site", action="append", metavar="DIR",
+                         help="site-packages folder holding nvidia/ (default: this interpreter's)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "register":
+            lib_dirs = nvidia_lib_dirs(args.site or site_dirs())
+            if not lib_dirs:
+                raise CheckError("no site-packages/nvidia/*/lib folder to register: are the NVIDIA wheels installed?")
+            with open(args.conf, "w") as f:
+                f.write("".join(f"{d}\n" for d in lib_dirs))
+            print(f"{args.conf}: {len(lib_dirs)} folders")
+            return 0
+        report = check(args.framework, args.site)
+    except CheckError as e:
+        print(f"gpu_libs.py: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,560 @@
+"""The input without TensorFlow (components/records.py, pixels.py, augment_numpy.py, train/portable_input.py),
+against the TensorFlow path it stands in for: the same records, labels and pixels (raw and PNG exactly; JPEG and
+the resize rule within a level; the crop of a source file within the stated tolerance), the CRC checks, the
+policies' invariants and their exact parts, the resume and sharding semantics, and a process in which TensorFlow
+cannot be imported reading a split end to end."""
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from components import augment as augment_lib
+from components import augment_numpy, data, pixels, records
+from components.train.portable_input import PortableTrainInput, eval_batches
+from components.train.recipes import RECIPES, Recipe
+from tests.conftest import REPO_ROOT
+from tests.test_records import photo
+
+MATE = "/usr/share/backgrounds/mate"
+FULL_POLICY = {"rotation_degrees": 12.0, "shift_fraction": 0.1, "zoom_range": 0.1, "horizontal_flip": True,
+               "brightness": 0.1, "contrast": 0.2, "noise_stddev": 0.02, "elastic_alpha": 3.0, "cutout_fraction": 0.2,
+               "random_resized_crop": True, "seed": 3}
+
+
+def tf_records(files: list[str]) -> list[bytes]:
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True)
+    return [r.numpy() for r in ds]
+
+
+def split_of(dataset: str, split: str):
+    images, labels = [], []
+    for x, y in eval_batches(dataset, split, 50):
+        assert x.dtype == np.float32 and y.dtype == np.int32
+        images.append(x)
+        labels.append(y)
+    return np.concatenate(images), np.concatenate(labels)
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+def test_records_and_examples_read_as_tensorflow_reads_them(small_dataset):
+    import tensorflow as tf
+
+    for split in data.SPLITS:
+        files = records.split_files(small_dataset, split)
+        assert files == data.split_files(small_dataset, split) and len(files) >= 2
+        ours = list(records.interleave(files))
+        assert ours == tf_records(files)  # same bytes, same order (the augmentation's example index)
+        for record in ours[:50]:
+            parsed = records.parse_example(record)
+            feature = tf.train.Example.FromString(record).features.feature
+            assert parsed["image"] == list(feature["image"].bytes_list.value)
+            assert parsed["label"] == list(feature["label"].int64_list.value)
+            assert parsed["uri"] == list(feature["uri"].bytes_list.value)
+        images, labels = split_of(small_dataset, split)
+        expected_images, expected_labels = data.load_split_arrays(small_dataset, split)
+        np.testing.assert_array_equal(images, expected_images.astype(np.float32))
+        np.testing.assert_array_equal(labels, expected_labels)
+
+
+def test_the_example_parser_reads_every_wire_form():
+    import tensorflow as tf
+
+    example = tf.train.Example()
+    feature = example.features.feature
+    feature["image"].bytes_list.value.extend([b"", b"\x00\xff" * 300])
+    feature["label"].int64_list.value.extend([-3, 0, 2**40, -(2**63)])
+    feature["weights"].float_list.value.extend([0.5, -1.25])
+    feature["empty"].int64_list.SetInParent()
+    assert records.parse_example(example.SerializeToString()) == {
+        "image": [b"", b"\x00\xff" * 300], "label": [-3, 0, 2**40, -(2**63)], "weights": [0.5, -1.25], "empty": []}
+    # int64s not packed (older writers), floats not packed, and an unknown field: all read as protobuf reads them
+    label = bytes([0x1A, 0x04, 0x08, 0x07, 0x08, 0x09])  # Feature{int64_list{value: 7, value: 9}}, one by one
+    floats = bytes([0x12, 0x05, 0x0D]) + struct.pack("<f", 2.5)
+    unknown = bytes([0x10, 0x01])
+    entry = lambda key, value: bytes([0x0A, len(key) + len(value) + 4, 0x0A, len(key)]) + key + \
+        bytes([0x12, len(value)]) + value  # noqa: E731
+    body = entry(b"label", label) + entry(b"x", floats)
+    serialized = bytes([0x0A, len(body)]) + body + unknown
+    assert records.parse_example(serialized) == {"label": [7, 9], "x": [2.5]}
+    reference = tf.train.Example.FromString(serialized).features.feature
+    assert list(reference["label"].int64_list.value) == [7, 9]
+    with pytest.raises(data.DataError, match="not a tf.train.Example"):
+        records.parse_example(b"\x0a\x30\x01")
+
+
+@pytest.mark.parametrize("crc", ["google-crc32c", "numpy"])
+def test_framing_and_crc_agree_with_tensorflow_and_corruption_names_file_and_offset(tmp_path, monkeypatch, crc):
+    import google_crc32c
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    payloads = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 5, 100, 4097, 70000)]
+    if crc == "numpy":  # a machine without google-crc32c's C extension (the PyTorch GPU image)
+        monkeypatch.setattr(records, "_crc32c_c", lambda: None)
+        many = payloads + [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 3000, 300)]
+        assert records.crc32c_many(many) == [google_crc32c.value(p) for p in many]
+        assert records.crc32c(payloads[4]) == google_crc32c.value(payloads[4])
+    path = str(tmp_path / "a.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for payload in payloads:
+            writer.write(payload)
+    with open(path, "rb") as f:
+        written = f.read()
+    assert written == b"".join(records.frame(p) for p in payloads)
+    assert list(records.iter_records(path)) == payloads
+    offset = sum(len(records.frame(p)) for p in payloads[:4])  # the record of 4097 bytes
+    for where, what in ((offset + 12 + 2000, "data"), (offset + 3, "length")):
+        corrupt = bytearray(written)
+        corrupt[where] ^= 0x10
+        bad = tmp_path / f"bad-{what}.tfrecord"
+        bad.write_bytes(bytes(corrupt))
+        with pytest.raises(data.DataError, match=f"{bad} is corrupt: the {what} of the record at byte {offset}"):
+            list(records.iter_records(str(bad)))
+    short = tmp_path / "short.tfrecord"
+    short.write_bytes(written[:-10])
+    with pytest.raises(data.DataError, match=f"{short} is truncated: the record at byte {len(written) - 70016}"):
+        list(records.iter_records(str(short)))
+
+
+def test_the_constants_repeated_without_tensorflow_agree():
+    assert pixels.IMAGE_ENCODINGS == data.IMAGE_ENCODINGS
+    assert (pixels.DCT_RATIOS, pixels.ANTIALIAS_FROM) == (data.DCT_RATIOS, data.ANTIALIAS_FROM)
+
+
+# ---------------------------------------------------------------------------------------------- pixels
+
+
+def written_dataset(root, encoding: str, images: list[np.ndarray]) -> str:
+    """A one-split dataset whose records hold `images` stored as `encoding` (as datasets of earlier releases)."""
+    out = str(root / encoding)
+    writer = data.ShardWriter(out, "train", 2, encoding=pixels.PNG if encoding == pixels.ENCODED else encoding)
+    for i, image in enumerate(images):
+        if encoding == pixels.ENCODED:
+            stored = data.encode_image(image, pixels.JPEG if i % 2 else pixels.PNG)
+            writer.write_record(data.encode_example(stored, i % 3, f"img{i}"), i % 3)
+        else:
+            writer.write(image, i % 3, f"img{i}")
+    writer.close()
+    data.write_json(os.path.join(out, data.MANIFEST), {
+        "image_shape": list(images[0].shape), "class_names": ["a", "b", "c"], "image_encoding": encoding,
+        "splits": {"train": writer.summary()}})
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["raw", "png", "jpeg", "encoded"])
+def test_stored_encodings_decode_to_tensorflows_pixels(tmp_path, encoding):
+    rng = np.random.default_rng(1)
+    images = [photo(rng, 80) for _ in range(10)]
+    dataset = written_dataset(tmp_path, encoding, images)
+    ours, labels = split_of(dataset, "train")
+    expected, expected_labels = data.load_split_arrays(dataset, "train")
+    np.testing.assert_array_equal(labels, expected_labels)
+    difference = np.abs(ours - expected)
+    if encoding in ("raw", "png"):
+        assert difference.max() == 0
+    else:  # libjpeg-turbo with the same integer DCT in both
+        assert difference.max() <= 1 and difference.mean() < 0.01
+
+
+def real_photos() -> list[str]:
+    found = sorted(os.path.join(d, f) for d, _, fs in os.walk(MATE) for f in fs if f.endswith(".jpg"))
+    if not found:
+        pytest.skip(f"no photographs under {MATE} (apt-get install mate-backgrounds, or `make photos`)")
+    return found
+
+
+def test_the_resize_rule_matches_tensorflows_on_real_photos(food_photos):
+    """data.decode_to_shape's rule (DCT scale, then bilinear; antialiased from a 3x shrink) on the food photos
+    (307x173) and Debian's photographs (up to 5640x3172), at the sizes training uses: within one level."""
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(food_photos) for f in fs)[::25] + real_photos()[::3]
+    for shape in ([64, 64, 3], [224, 224, 3], [28, 28, 1]):
+        decode = data.file_decoder(tuple(shape))
+        means = []
+        for path in files:
+            with open(path, "rb") as f:
+                contents = f.read()
+            difference = np.abs(decode(contents).astype(int) - pixels.decode_to_shape(contents, shape))
+            assert difference.max() <= 1, (path, shape)
+            means.append(difference.mean())
+        assert np.mean(means) < 0.05
+
+
+def test_the_crop_of_a_source_file_matches_tensorflows_decode_and_crop(food_photos):
+    """At the crop's full scale (a crop under twice the target: no DCT scale applies) the pixels of
+    data.decode_crop_to_shape to a level, but where libjpeg's block edges meet the crop's edge; larger crops decode
+    at a DCT scale, which averages what TensorFlow's plain bilinear samples: compared with TensorFlow's crop
+    resized with antialiasing, within a few levels on average."""
+    import tensorflow as tf
+
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(food_photos) for f in fs)[::40] + real_photos()[::2]
+    rng = np.random.default_rng(2)
+    by_ratio: dict[int, list[float]] = {}
+    for path in files:
+        with open(path, "rb") as f:
+            contents = f.read()
+        height, width = pixels.source_size(contents)
+        assert data.source_shape(tf.constant(contents), 3).numpy().tolist() == [height, width, 3]
+        for _ in range(3):
+            crop_height = int(rng.integers(max(1, height // 4), height + 1))
+            crop_width = int(rng.integers(max(1, width // 4), width + 1))
+            box = (int(rng.integers(0, height - crop_height + 1)), int(rng.integers(0, width - crop_width + 1)),
+                   crop_height, crop_width)
+            ratio = pixels.dct_ratio((crop_height, crop_width), (224, 224))
+            ours = pixels.decode_crop_to_shape(contents, [224, 224, 3], box)
+            if ratio == 1:
+                theirs = data.decode_crop_to_shape(tf.constant(contents), [224, 224, 3], tf.constant(box)).numpy()
+            else:
+                crop = tf.io.decode_and_crop_jpeg(contents, box, channels=3, dct_method="INTEGER_ACCURATE")
+                theirs = data.resize_to_shape(crop, [224, 224, 3], antialias=True).numpy()
+            by_ratio.setdefault(ratio, []).append(float(np.abs(ours.astype(int) - theirs).mean()))
+    assert len(by_ratio) >= 3
+    assert max(by_ratio[1]) < 0.1
+    for ratio, means in by_ratio.items():
+        assert np.mean(means) < 5 and max(means) < 12, (ratio, means)
+
+
+def test_plain_bilinear_boxes_are_tensorflows():
+    """tf.slice + tf.image.resize (bilinear, no antialiasing) of boxes, shrinking and enlarging: Pillow's affine
+    sampling gives the same pixels but for a rounding of a half, in double precision where TensorFlow rounds in
+    float32 (up to 3% of the pixels by one level, where the weights are short binary fractions)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    for channels in (3, 1):
+        image = rng.integers(0, 256, (90, 70, channels), dtype=np.uint8)
+        for box in ((0, 0, 90, 70), (10, 5, 33, 60), (89, 0, 1, 70), (3, 4, 80, 20)):
+            crop = tf.slice(tf.constant(image), [box[0], box[1], 0], [box[2], box[3], channels])
+            for size in ((28, 28), (64, 48), (120, 100)):
+                expected = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(crop, size)), 0, 255), tf.uint8).numpy()
+                ours = pixels.crop_to_shape(image, box, size)
+                difference = np.abs(ours.astype(int) - expected)
+                assert ours.shape == expected.shape and difference.max() <= 1 and (difference > 0).mean() < 0.05
+
+
+# ---------------------------------------------------------------------------------------------- augmentation
+
+
+def kolmogorov_smirnov(a: np.ndarray, b: np.ndarray) -> float:
+    """The two-sample statistic: the largest gap between the empirical distribution functions."""
+    a, b = np.sort(a), np.sort(b)
+    points = np.concatenate([a, b])
+    return float(np.max(np.abs(np.searchsorted(a, points, side="right") / len(a)
+                               - np.searchsorted(b, points, side="right") / len(b))))
+
+
+def test_crop_boxes_follow_tensorflows_sampler():
+    """The box sampler's constraints hold for every box, and its distributions are TensorFlow's: the area, the
+    aspect ratio and the centre's position, 2,000 boxes each for a camera photo, a food photo and a 28x28 image,
+    within the two-sample Kolmogorov-Smirnov statistic's 0.1% critical value (0.062; the seeds are fixed, so the
+    test is deterministic)."""
+    import tensorflow as tf
+
+    policy = augment_lib.AugmentPolicy.from_json("photo")
+    for height, width in ((480, 640), (173, 307), (28, 28)):
+        ours = augment_numpy.crop_boxes(height, width, augment_numpy.keys(np.arange(2000), 1, 0), policy)
+        theirs = np.array([np.concatenate([b[:2], s[:2]]) for b, s in (
+            augment_lib._crop_box(tf.constant([height, width, 3]), tf.constant([7, i], tf.int64), policy)
+            for i in range(2000))])
+        for boxes in (ours, theirs):
+            top, left, h, w = boxes.T
+            assert (top >= 0).all() and (left >= 0).all() and (top + h <= height).all() and (left + w <= width).all()
+            whole = (h == height) & (w == width)
+            assert ((h * w / (height * width))[~whole] >= 0.08 - 1e-6).all()
+
+        def features(b):
+            return (b[:, 2] * b[:, 3] / (height * width), b[:, 3] / b[:, 2], (b[:, 0] + b[:, 2] / 2) / height,
+                    (b[:, 1] + b[:, 3] / 2) / width)
+
+        for name, mine, reference in zip(("area", "aspect", "centre y", "centre x"), features(ours), features(theirs)):
+            assert kolmogorov_smirnov(mine, reference) < 0.062, (height, width, name)
+
+
+def test_the_geometric_transform_and_smoothing_are_tensorflows():
+    import math
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (3, 28, 30, 1)).astype(np.float32)
+    angle = np.array([0.2, -0.1, 0.0], np.float32)
+    scale = np.array([1.05, 0.93, 1.0], np.float32)
+    tx, ty = np.array([2.0, -1.5, 0.3], np.float32), np.array([-2.2, 1.0, 0.0], np.float32)
+    ours = augment_numpy._transform(images, angle, scale, tx, ty)
+    for i in range(3):
+        height, width = 28, 30
+        cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
+        cos, sin = math.cos(angle[i]), math.sin(angle[i])
+        ox, oy = cx + tx[i], cy + ty[i]
+        transform = tf.constant([[cos / scale[i], sin / scale[i], cx - (cos * ox + sin * oy) / scale[i],
+                                  -sin / scale[i], cos / scale[i], cy - (-sin * ox + cos * oy) / scale[i], 0, 0]],
+                                tf.float32)
+        theirs = tf.raw_ops.ImageProjectiveTransformV3(
+            images=images[i:i + 1], transforms=transform, output_shape=tf.constant([height, width]),
+            fill_value=0.0, interpolation="BILINEAR", fill_mode="NEAREST")[0].numpy()
+        np.testing.assert_allclose(ours[i], theirs, atol=2e-3)
+    field = rng.uniform(-1, 1, (28, 30)).astype(np.float32)
+    smoothed = (_blur := augment_numpy._smoothing_matrix(28, 4.0)).T @ field @ augment_numpy._smoothing_matrix(30, 4.0)
+    assert _blur.shape == (28, 28)
+    np.testing.assert_allclose(smoothed, augment_lib._smooth(tf.constant(field), 4.0).numpy(), atol=1e-5)
+
+
+def test_each_example_is_a_pure_function_of_seed_copy_and_index():
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (8, 28, 28, 1), dtype=np.uint8)
+    policy = augment_lib.AugmentPolicy.from_json(FULL_POLICY)
+    indices = np.arange(100, 108)
+    whole = augment_numpy.augment_batch(images, indices, 2, policy)
+    assert whole.shape == images.shape and whole.dtype == np.uint8
+    part = augment_numpy.augment_batch(images[[5, 1]], indices[[5, 1]], 2, policy)  # another batch, order, size
+    np.testing.assert_array_equal(part, whole[[5, 1]])
+    assert not np.array_equal(augment_numpy.augment_batch(images, indices, 3, policy), whole)  # another epoch
+    reseeded = augment_lib.AugmentPolicy.from_json({**FULL_POLICY, "seed": 4})
+    assert not np.array_equal(augment_numpy.augment_batch(images, indices, 2, reseeded), whole)
+
+
+def test_flips_and_photometric_draws_have_the_policys_ranges():
+    rng = np.random.default_rng(6)
+    image = rng.integers(20, 236, (1, 32, 32, 3), dtype=np.uint8)
+    images = np.repeat(image, 400, axis=0)
+    indices = np.arange(400)
+    flipped = augment_numpy.augment_batch(images, indices, 1, augment_lib.AugmentPolicy.from_json(
+        {"horizontal_flip": True, "rotation_degrees": 0, "shift_fraction": 0, "zoom_range": 0}))
+    mirrored = np.array([np.array_equal(f, image[0, :, ::-1]) for f in flipped])
+    unchanged = np.array([np.array_equal(f, image[0]) for f in flipped])
+    assert (mirrored | unchanged).all() and 0.4 < mirrored.mean() < 0.6
+    shifted = augment_numpy.augment_batch(images, indices, 1, augment_lib.AugmentPolicy.from_json(
+        {"brightness": 0.1, "rotation_degrees": 0, "shift_fraction": 0, "zoom_range": 0}))
+    offsets = shifted.astype(float).mean(axis=(1, 2, 3)) - image.mean()
+    assert np.abs(offsets).max() <= 0.1 * 255 + 0.5 and offsets.std() > 0.1 * 255 / 2
+    cut = augment_numpy.augment_batch(images, indices, 1, augment_lib.AugmentPolicy.from_json(
+        {"cutout_fraction": 0.25, "rotation_degrees": 0, "shift_fraction": 0, "zoom_range": 0}))
+    assert ((cut == 0).all(axis=3).sum(axis=(1, 2)) == 64).all()  # an 8x8 square each, wherever it lands
+
+
+def test_the_photo_recipe_decodes_each_crop_from_the_source_file(food_photos, tmp_path_factory):
+    """Source records with the photo recipe: each example is its crop box, drawn on the file's own size, decoded
+    from the file; the flip is the rest of the policy."""
+    from components import preprocess as pp
+
+    dataset = str(tmp_path_factory.mktemp("food") / "food64")
+    pp.preprocess(food_photos, dataset, image_size=64, channels=3, workers=1, min_shards=2, limit=60)
+    policy = augment_lib.AugmentPolicy.from_json("photo")
+    pipeline = PortableTrainInput(dataset, [64, 64, 3], pipeline_id=0, num_pipelines=1, recipe=RECIPES["fast"],
+                                  online_policy=policy.to_json(), mode="memory", workers=2)
+    assert pipeline.source_bytes and pipeline.mode == "memory"
+    images, labels = next(pipeline.batches(epoch=2, first_batch=0, num_batches=1, batch=6))
+    picks = pipeline.order(2)[:6]
+    example_keys = augment_numpy.keys(picks, 3, policy.seed)
+    for position, pick in enumerate(picks):
+        contents = pipeline.contents[pick]
+        box = augment_numpy.crop_boxes(*pixels.source_size(contents), example_keys[position:position + 1], policy)[0]
+        crop = pixels.decode_crop_to_shape(contents, [64, 64, 3], box).astype(np.float32)
+        assert np.array_equal(images[position], crop) or np.array_equal(images[position], crop[:, ::-1])
+        assert labels[position] == pipeline.labels[pick]
+
+
+# ---------------------------------------------------------------------------------------------- the input
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_a_resumed_attempt_gets_the_batches_of_the_uninterrupted_one(small_dataset, mode):
+    recipe = Recipe(shuffle_buffer=200)
+    pipeline = PortableTrainInput(small_dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1, recipe=recipe,
+                                  online_policy=FULL_POLICY, mode=mode, workers=2)
+    steps = -(-pipeline.total_count // 64)  # enough to cycle past the end of the share
+    whole = list(pipeline.batches(epoch=1, first_batch=0, num_batches=steps + 2, batch=64))
+    assert len(whole) == steps + 2 and all(x.shape == (64, 28, 28, 1) for x, _ in whole)
+    restarted = PortableTrainInput(small_dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1, recipe=recipe,
+                                   online_policy=FULL_POLICY, mode=mode, workers=3)
+    resumed = list(restarted.batches(epoch=1, first_batch=5, num_batches=steps - 3, batch=64))
+    for (x, y), (x2, y2) in zip(whole[5:], resumed, strict=True):
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+    other_epoch, _ = next(pipeline.batches(epoch=2, first_batch=0, num_batches=1, batch=64))
+    assert not np.array_equal(other_epoch, whole[0][0])
+
+
+def test_two_workers_share_the_split_by_file_and_by_record(small_dataset, tmp_path):
+    """Two workers' shares are disjoint and cover the split; with fewer files than workers, every other record."""
+    manifest = records.read_manifest(small_dataset)
+    expected = sorted(records.image_label(r)[0] for r in records.interleave(records.split_files(small_dataset,
+                                                                                                "train")))
+    one_file = str(tmp_path / "one")
+    os.makedirs(os.path.join(one_file, "train"))
+    with open(os.path.join(one_file, "train", "train-00000-of-00001.tfrecord"), "wb") as f:
+        for record in records.interleave(records.split_files(small_dataset, "train")):
+            f.write(records.frame(record))
+    with open(os.path.join(one_file, "dataset.json"), "w") as f:
+        json.dump({**manifest, "splits": {"train": {**manifest["splits"]["train"], "path": "train"}}}, f)
+    for dataset in (small_dataset, one_file):
+        shares = [PortableTrainInput(dataset, [28, 28, 1], pipeline_id=i, num_pipelines=2, recipe=RECIPES["reference"],
+                                     online_policy=None, mode="memory", workers=1) for i in range(2)]
+        assert (shares[0].record_shard is None) == (dataset == small_dataset)
+        held = [sorted(image.tobytes() for image in share.images) for share in shares]
+        assert sorted(held[0] + held[1]) == expected
+        assert abs(len(held[0]) - len(held[1])) <= max(1, len(expected) // 10)
+        # every worker takes the same steps, cycling through its own share
+        steps = -(-manifest["splits"]["train"]["count"] // (2 * 32))
+        for share in shares:
+            assert sum(1 for _ in share.batches(0, 0, steps, 32)) == steps
+
+
+NO_TENSORFLOW = """
+import json, sys
+import numpy as np
+# As on the PyTorch GPU image: no TensorFlow, Keras, google-crc32c or google-cloud-storage (`import` of a module
+# set to None raises ImportError)
+for name in ("tensorflow", "keras", "google_crc32c", "google.cloud.storage"):
+    sys.modules[name] = None
+from components.train.portable_input import PortableTrainInput, eval_batches
+from components.train.recipes import RECIPES, Recipe
+dataset, photos, out = sys.argv[1:4]
+results = {}
+for mode in ("memory", "stream"):
+    pipeline = PortableTrainInput(dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1, recipe=RECIPES["reference"],
+                                  online_policy=json.loads(sys.argv[4]), mode=mode)
+    x, y = zip(*pipeline.batches(epoch=0, first_batch=0, num_batches=3, batch=32))
+    results[mode] = np.concatenate(x)
+pipeline = PortableTrainInput(photos, [64, 64, 3], pipeline_id=0, num_pipelines=1, recipe=RECIPES["fast"],
+                              online_policy={"preset": "photo"}, mode="stream")
+results["photos"] = next(pipeline.batches(epoch=0, first_batch=0, num_batches=1, batch=8))[0]
+results["test"] = np.concatenate([x for x, _ in eval_batches(dataset, "test", 100)])
+loaded = sorted(name for name, module in sys.modules.items() if module is not None and name.split(".")[0] in
+                ("tensorflow", "keras", "tf_keras", "tensorboard", "google_crc32c"))
+assert not loaded, loaded
+np.savez(out, **results)
+"""
+
+
+def test_a_process_without_tensorflow_reads_and_augments_a_split(small_dataset, food_photos, tmp_path_factory,
+                                                                 tmp_path):
+    from components import preprocess as pp
+
+    photos = str(tmp_path_factory.mktemp("food") / "food64")
+    pp.preprocess(food_photos, photos, image_size=64, channels=3, workers=1, min_shards=2, limit=40)
+    out = str(tmp_path / "batches.npz")
+    run = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, small_dataset, photos, out, json.dumps(FULL_POLICY)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = np.load(out)
+    for mode in ("memory", "stream"):
+        pipeline = PortableTrainInput(small_dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1,
+                                      recipe=RECIPES["reference"], online_policy=FULL_POLICY, mode=mode)
+        expected = np.concatenate([x for x, _ in pipeline.batches(epoch=0, first_batch=0, num_batches=3, batch=32)])
+        np.testing.assert_array_equal(got[mode], expected)
+    assert got["photos"].shape == (8, 64, 64, 3) and got["photos"].std() > 10
+    np.testing.assert_array_equal(got["test"], data.load_split_arrays(small_dataset, "test")[0])
+
+
+def test_bad_settings_and_data_say_what_is_wrong(small_dataset, tmp_path):
+    with pytest.raises(ValueError, match="input mode must be auto, memory or stream"):
+        PortableTrainInput(small_dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1, recipe=RECIPES["reference"],
+                           online_policy=None, mode="disk")
+    with pytest.raises(data.DataError, match="is not a dataset produced by preprocess"):
+        PortableTrainInput(str(tmp_path), [28, 28, 1], pipeline_id=0, num_pipelines=1, recipe=RECIPES["reference"],
+                           online_policy=None)
+    with pytest.raises(data.DataError, match="without TensorFlow only local paths and gs://"):
+        records.split_files("s3://bucket/dataset", "train")
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((10, 12, 3), np.uint8)).save(buffer, "PNG")
+    with pytest.raises(data.DataError, match="is 10x12x3, not the dataset's image_shape 28x28x3"):
+        pixels.decode_record_image(buffer.getvalue(), [28, 28, 3], "png")
+    with pytest.raises(data.DataError, match="cannot be decoded"):
+        pixels.decode_record_image(b"not an image", [28, 28, 3], "jpeg")
+
+
+def test_a_dataset_by_reference_on_gs_is_read_through_its_manifest(small_dataset, tmp_path, monkeypatch,
+                                                                    loopback_only):
+    """Data by reference (docs/data-by-reference.md): the manifest in the artifact, the shards under gs://; read
+    with google-cloud-storage's client (listing, ranged reads) from a Cloud Storage stand-in."""
+    import shutil
+
+    from tests.standins.gcs import GcsStandIn
+
+    bucket = tmp_path / "gcs" / "bucket"
+    shutil.copytree(small_dataset, bucket / "data")
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    manifest = records.read_manifest(small_dataset)
+    manifest["splits"] = {name: {**info, "path": f"gs://bucket/data/{info['path']}"}
+                          for name, info in manifest["splits"].items()}
+    (artifact / "dataset.json").write_text(json.dumps(manifest))
+    with GcsStandIn(tmp_path / "gcs") as gcs:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+        files = records.split_files(str(artifact), "train")
+        assert files == [f"gs://bucket/data/{os.path.relpath(f, small_dataset)}"
+                         for f in data.split_files(small_dataset, "train")]
+        assert records.read_manifest("gs://bucket/data")["splits"]["train"]["count"] == manifest["splits"]["train"][
+            "count"]
+        remote = PortableTrainInput(str(artifact), [28, 28, 1], pipeline_id=0, num_pipelines=1,
+                                    recipe=RECIPES["reference"], online_policy=None, mode="stream", workers=1)
+        local = PortableTrainInput(small_dataset, [28, 28, 1], pipeline_id=0, num_pipelines=1,
+                                   recipe=RECIPES["reference"], online_policy=None, mode="stream", workers=1)
+        for (x, y), (x2, y2) in zip(remote.batches(0, 0, 4, 32), local.batches(0, 0, 4, 32), strict=True):
+            np.testing.assert_array_equal(x, x2)
+            np.testing.assert_array_equal(y, y2)
+        test_images, _ = split_of(str(artifact), "test")
+        np.testing.assert_array_equal(test_images, split_of(small_dataset, "test")[0])
+        assert gcs.calls("storage.objects.list")
+        assert all(call.headers.get("range", "").startswith("bytes=") for call in gcs.calls("storage.objects.media")
+                   if call.path.endswith(".tfrecord"))
+        with pytest.raises(data.DataError, match="gs://bucket/nothing-here is not a dataset"):
+            records.read_manifest("gs://bucket/nothing-here")
+
+
+def test_a_corrupt_shard_stops_the_input_with_the_files_name(small_dataset, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(small_dataset, copy)
+    shard = records.split_files(str(copy), "test")[1]
+    contents = bytearray(open(shard, "rb").read())
+    contents[5000] ^= 0x01
+    with open(shard, "wb") as f:
+        f.write(bytes(contents))
+    with pytest.raises(data.DataError, match=f"{shard} is corrupt: the data of the record at byte"):
+        for _ in eval_batches(str(copy), "test", 64):
+            pass
+
+
+def test_evaluation_batches_are_decoded_once_and_the_same_every_pass(small_dataset):
+    from components.train.portable_input import PortableEvalInput
+
+    validation = PortableEvalInput(small_dataset, "validation", 100, workers=1)
+    first = list(validation.batches())
+    assert validation._held is not None and len(first) == -(-len(data.load_split_arrays(small_dataset,
+                                                                                         "validation")[1]) // 100)
+    second = list(validation.batches())
+    for (x, y), (x2, y2) in zip(first, second, strict=True):
+        assert x2.dtype == np.float32
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+
+
+def test_the_portable_modules_import_no_framework_even_lazily():
+    """What the subprocess test cannot reach (gs:// paths, error paths) still imports no TensorFlow or Keras: no
+    `import` of them anywhere in these modules, inside functions included."""
+    import ast
+
+    for module in ("components/records.py", "components/pixels.py", "components/augment_numpy.py",
+                   "components/train/portable_input.py"):
+        with open(os.path.join(REPO_ROOT, module)) as f:
+            tree = ast.parse(f.read())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"tensorflow", "keras", "tf_keras", "torch", "jax"}, (module, imported)
