@@ -126,6 +126,7 @@ class TrainingLoop:
         self.stale_best_file: str | None = None  # an earlier best epoch's file, until the next checkpoint
         self.recalibrated_at = -1  # the step whose weights the BatchNormalization statistics were estimated for
         self.recalibration = None  # the training images that estimate them (run_epochs), when the model has any
+        self.gpu_sampler = None  # GPU utilization over run_epochs (gpu_usage.py)
 
     def run(self) -> TrainResult:
         # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
@@ -373,7 +374,8 @@ class TrainingLoop:
             self.writer.scalar(f"epoch_{name}", value, self.step)
         log.info("epoch %d/%d (%.1fs) %s", epoch + 1, self.plan.recipe.epochs, time.monotonic() - epoch_start,
                  " ".join(f"{k}={v:.4f}" for k, v in sorted(logs.items())))
-        self.gpu_sampler.end_epoch(epoch, self.step)
+        if self.gpu_sampler is not None:
+            self.gpu_sampler.end_epoch(epoch, self.step)
         if self.epoch_callback is not None and self.plan.role.is_chief:
             self.epoch_callback(epoch, dict(logs), self.predict_logits)
         self.save(f"end of epoch {epoch + 1}")
@@ -469,7 +471,8 @@ class TrainingLoop:
             data.write_json(data.join(settings.model_dir, TRAINING_INFO), {
                 **result.to_json(), **written, "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
                 "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
-                "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary(),
+                "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary() if self.gpu_sampler is not None
+                else {"recorded": False, "reason": "no training in this attempt"},
             })
             self.writer.flush()
         if self.scratch:
