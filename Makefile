@@ -8,9 +8,10 @@ RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 REQUIRE_PHOTOS ?=
 BENCH ?=
+FRAMEWORK ?= tensorflow
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser gpu-wheels run test audit compile bench clean
+.PHONY: help install data photos browser gpu-wheels run test audit compile bench clean framework
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -22,6 +23,15 @@ $(BIN)/pipectl: pyproject.toml
 	@touch $@
 
 install: $(BIN)/pipectl data ## create .venv with the project (editable) and the embedded dataset
+
+# torch and jax only when asked (FRAMEWORK=torch|jax): PyTorch's default build brings ~3 GB of CUDA libraries.
+$(BIN)/.framework-%: $(BIN)/pipectl
+	$(BIN)/pip install --quiet -e '.[cpu,dev,beam,$*]'
+	@touch $@
+$(BIN)/.framework-tensorflow: $(BIN)/pipectl
+	@touch $@
+
+framework: install $(BIN)/.framework-$(FRAMEWORK) ## install FRAMEWORK's extra (torch, jax) into .venv
 
 data: ## install Fashion-MNIST (Debian's dataset-fashion-mnist) when it is missing
 	@if [ -f $(DATA_DIR)/train-images-idx3-ubyte.gz ]; then exit 0; fi; \
@@ -68,16 +78,16 @@ browser: ## install Debian's chromium for the report's browser tests when missin
 gpu-wheels: $(BIN)/pipectl ## fetch the GPU extras' framework and NVIDIA wheels once, for the images' library check tests (GBs)
 	$(BIN)/python -m tests.gpu_wheels
 
-run: install ## run the whole pipeline locally (kfp.local) on Fashion-MNIST; results under runs/
-	$(BIN)/pipectl run --local --output-dir $(RUN_DIR)
+run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (FRAMEWORK=torch: on PyTorch)
+	$(BIN)/pipectl run --local --framework $(FRAMEWORK) --output-dir $(RUN_DIR)
 
-test: install browser photos ## run the test suite
+test: install browser photos $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 audit: $(BIN)/pipectl ## pip-audit over every image's resolved requirements (asks api.osv.dev; Cloud Build runs it)
 	$(BIN)/python images/audit.py
 
-bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
+bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)
 
 compile: $(BIN)/pipectl ## compile the pipeline to pipeline.yaml

@@ -108,8 +108,10 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
              learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
              model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],
              network: str = "reference-cnn", pretrained: str = "none", freeze_epochs: int = -1,
-             fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "") -> float:
-    """Trains the classifier (`network`: the pipeline's `model` parameter) under a tf.distribute strategy, from
+             fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
+                 framework: str = "tensorflow") -> float:
+    """Trains the classifier (`network`: the pipeline's `model` parameter) on `framework` (tensorflow: a
+    tf.distribute strategy; torch: DDP; jax; components/train/frameworks), from
     `pretrained` weights when given (head first, then fine-tuning); resumes from checkpoints when the task is retried.
 
     Exits 143 when preempted (SIGTERM: a checkpoint is saved, the retry resumes from it); a permanent failure
@@ -124,7 +126,7 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
         dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, tensorboard_dir=tensorboard.path, model=network, pretrained=pretrained,
         freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
-        weights_cache=weights_cache,
+        weights_cache=weights_cache, framework=framework,
         # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
         backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
     result = attempt(TrainingLoop(settings).run, settings.backup_dir)

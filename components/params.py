@@ -21,6 +21,7 @@ DEFAULT_SOURCE = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion
 DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"  # the reference setup: training on a T4 pool
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"  # ... and batch prediction on an H100 pool
 AUGMENT_MODES = ("offline", "online")
+FRAMEWORKS = ("tensorflow", "torch", "jax")  # what the train step runs the Keras model on (components/train/frameworks)
 PREPROCESS_RUNNERS = ("local", "dataflow")  # components/preprocess/step.py also takes "beam" (tests, benchmarks)
 MIN_IMAGE_SIZE = 8
 MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/data.py)
@@ -136,6 +137,9 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
         # The recipes are the train step's (components/train/recipes.py); the default is this one.
         Param("recipe", str, "fast",
               "Training recipe preset: fast (the default) or reference (the classic 12-epoch recipe)."),
+        Param("framework", str, FRAMEWORKS[0],
+              "What trains the model: tensorflow (tf.distribute), torch (DDP under torchrun) or jax (jax.distributed); "
+              "the training image must carry it.", one_of(FRAMEWORKS), choices=FRAMEWORKS),
         Param("epochs", int, 0, "Training epochs (0: the recipe's).", _at_least(0, ", 0 for the recipe's")),
         Param("batch_size", int, 0, "Batch size per replica (0: the recipe's).", _at_least(0)),
         Param("learning_rate", float, 0.0, "Base learning rate (0: the recipe's).", _at_least(0)),

@@ -147,6 +147,8 @@ def describe_lineage(lineage: dict) -> str:
     text = f"network {lineage.get('name')}, pretrained {pretrained.get('source') or 'none'}"
     if pretrained.get("sha256"):
         text += f" (sha256 {str(pretrained['sha256']).split(':')[-1][:12]}...)"
+    if lineage.get("framework"):
+        text += f", trained on {lineage['framework']}"
     source_model = pretrained.get("source_model") or {}
     if pretrained.get("loaded", "").startswith("backbone") and source_model.get("num_classes"):
         text += (f", its backbone only (trained as {source_model.get('name') or 'a classifier'} on "

@@ -1,12 +1,28 @@
-"""Paths that are local or gs:// (everything goes through `tf.io.gfile`), and the error for input data that cannot
-be used. The bottom of the data helpers: components/images.py and components/data.py build on it."""
+"""Paths that are local or gs:// (through `tf.io.gfile`), and the error for input data that cannot be used. The
+bottom of the data helpers: components/images.py and components/data.py build on it.
+
+Training on PyTorch or JAX runs where TensorFlow may not be installed (the PyTorch GPU image): that step calls
+`use_tensorflow_io(False)` first, and the helpers then read and write local paths (a GCS FUSE mount included) with
+Python's own file functions; a `gs://` URI still goes through TensorFlow where it is installed."""
 
 from __future__ import annotations
 
+import glob as glob_lib
 import os
+import shutil
+
+_tensorflow_io = True  # whether gfile() is tf.io.gfile (the default) or LocalFiles
+
+
+def use_tensorflow_io(enabled: bool) -> None:
+    """Chooses what gfile() returns: tf.io.gfile (True, the default) or LocalFiles (False)."""
+    global _tensorflow_io
+    _tensorflow_io = enabled
 
 
 def gfile():
+    if not _tensorflow_io:
+        return LocalFiles
     import tensorflow as tf
 
     return tf.io.gfile
@@ -19,3 +35,69 @@ def join(base: str, *parts: str) -> str:
 
 class DataError(ValueError):
     """Input data that cannot be used, with a message saying what to do about it."""
+
+
+def _tf_gfile_for(path: str):
+    """tf.io.gfile for a URI (gs://...), or DataError saying what to do where TensorFlow is not installed."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise DataError(f"{path}: reading URIs without TensorFlow is not supported; mount the bucket with GCS FUSE "
+                        "and pass its local path (docs/data-by-reference.md)") from None
+    return tf.io.gfile
+
+
+class LocalFiles:
+    """The part of tf.io.gfile's interface the steps use, for local paths, without TensorFlow."""
+
+    @staticmethod
+    def exists(path: str) -> bool:
+        return _tf_gfile_for(path).exists(path) if "://" in path else os.path.exists(path)
+
+    @staticmethod
+    def isdir(path: str) -> bool:
+        return _tf_gfile_for(path).isdir(path) if "://" in path else os.path.isdir(path)
+
+    @staticmethod
+    def makedirs(path: str) -> None:
+        if "://" in path:
+            return _tf_gfile_for(path).makedirs(path)
+        os.makedirs(path, exist_ok=True)
+
+    @staticmethod
+    def glob(pattern: str) -> list[str]:
+        return _tf_gfile_for(pattern).glob(pattern) if "://" in pattern else glob_lib.glob(pattern)
+
+    @staticmethod
+    def listdir(path: str) -> list[str]:
+        return _tf_gfile_for(path).listdir(path) if "://" in path else os.listdir(path)
+
+    @staticmethod
+    def copy(source: str, target: str, overwrite: bool = False) -> None:
+        if "://" in source or "://" in target:
+            return _tf_gfile_for(source if "://" in source else target).copy(source, target, overwrite=overwrite)
+        if not overwrite and os.path.exists(target):
+            raise FileExistsError(target)
+        shutil.copyfile(source, target)
+
+    @staticmethod
+    def rename(source: str, target: str, overwrite: bool = False) -> None:
+        if "://" in source or "://" in target:
+            return _tf_gfile_for(source).rename(source, target, overwrite=overwrite)
+        if not overwrite and os.path.exists(target):
+            raise FileExistsError(target)
+        os.replace(source, target)
+
+    @staticmethod
+    def remove(path: str) -> None:
+        return _tf_gfile_for(path).remove(path) if "://" in path else os.remove(path)
+
+    @staticmethod
+    def rmtree(path: str) -> None:
+        return _tf_gfile_for(path).rmtree(path) if "://" in path else shutil.rmtree(path)
+
+    @staticmethod
+    def GFile(path: str, mode: str = "r"):  # noqa: N802 (tf.io.gfile's name)
+        if "://" in path:
+            return _tf_gfile_for(path).GFile(path, mode)
+        return open(path, mode)

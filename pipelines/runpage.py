@@ -139,8 +139,13 @@ def _training_info(summary: dict) -> dict | None:
 
 def _training(summary: dict, report: str | None) -> str:
     curves = figure_from(report, "Training curves")
-    history = (_training_info(summary) or {}).get("history", {})
+    trained = _training_info(summary) or {}
+    history = trained.get("history", {})
     parts = [f"<div class='curves'><img alt='Training curves' src='{curves}'></div>"] if curves else []
+    if trained.get("framework"):
+        parts.insert(0, f"<p>Trained on <b>{html.escape(trained['framework'])}</b> "
+                        f"({html.escape(str(trained.get('strategy', '')))}); serving format "
+                        f"{html.escape(str(trained.get('serving_format', '')))}.</p>")
     metrics = [m for m in ("loss", "accuracy", "val_loss", "val_accuracy") if history.get(m)]
     if metrics:
         rows = "".join(f"<tr><td class='n'>{epoch + 1}</td>"

@@ -118,6 +118,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         augment_mode: str = params.default("augment_mode"),
         augment_policy: str = params.default("augment_policy"),
         recipe: str = params.default("recipe"),
+        framework: str = params.default("framework"),
         epochs: int = params.default("epochs"),
         batch_size: int = params.default("batch_size"),
         learning_rate: float = params.default("learning_rate"),
@@ -177,7 +178,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER, network=model, pretrained=pretrained,
             freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
-            weights_cache=weights_cache)
+            weights_cache=weights_cache, framework=framework)
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request(TRAIN_NODE_CPU).set_memory_request(TRAIN_NODE_MEMORY)

@@ -128,8 +128,8 @@ def test_settings_are_the_training_clis_options():
     parsed = train.build_parser().parse_args(["--dataset-dir", "d", "--model-dir", "m"])
     assert set(vars(parsed)) == {field.name for field in dataclasses.fields(train.TrainSettings)}
     assert train.TrainSettings.from_args(parsed) == train.TrainSettings("d", "m")
-    assert train.TrainSettings("d", "m").to_argv() == ["--dataset-dir", "d", "--model-dir", "m", "--recipe",
-                                                      train.DEFAULT_RECIPE, "--model", "reference-cnn",
+    assert train.TrainSettings("d", "m").to_argv() == ["--dataset-dir", "d", "--model-dir", "m", "--framework",
+                                                      "tensorflow", "--recipe", train.DEFAULT_RECIPE, "--model", "reference-cnn",
                                                       "--pretrained", "none", "--fine-tune-layers", "0",
                                                       "--checkpoint-seconds", "120.0", "--input-mode", "auto"]
     assert "--no-scale-lr" in train.TrainSettings("d", "m", scale_lr=False).to_argv()

@@ -190,7 +190,8 @@ def model_lineage(model_dir: str) -> dict:
     """The network and its starting weights, from training.json's `model` key:
 
     `{"name": "reference-cnn" | "<backbone>" | "<module:function>", "pretrained": {"source": "none" | "imagenet" |
-    "<path or URI>", "sha256": "<hex>" | None}, ...}` (other keys of `model`, such as `freeze_epochs`, are kept).
+    "<path or URI>", "sha256": "<hex>" | None}, ...}` (other keys of `model`, such as `freeze_epochs`, are kept),
+    with training.json's `framework` (tensorflow, torch, jax) and `serving_format` where it records them.
     Without the key (a training.json written before it existed) the model is the reference CNN from scratch; without
     training.json (a bare SavedModel) nothing is known and {} is returned.
     """
@@ -209,4 +210,5 @@ def model_lineage(model_dir: str) -> dict:
     pretrained = dict(pretrained or {})
     pretrained.setdefault("source", "none")
     pretrained.setdefault("sha256", None)
-    return {**model, "pretrained": pretrained}
+    trained = {key: info[key] for key in ("framework", "serving_format") if key in info}  # what trained it
+    return {**model, "pretrained": pretrained, **trained}

@@ -1,4 +1,7 @@
-"""Train: the image classifier under a tf.distribute strategy, resumable to the step after a preemption.
+"""Train: the image classifier on TensorFlow (a tf.distribute strategy, the default), PyTorch (DDP under torchrun)
+or JAX (jax.distributed), resumable to the step after a preemption. What differs between them is in `frameworks`
+(one module per framework behind `frameworks.base.Backend`); the rest below holds for all three, with torchrun's
+RANK/WORLD_SIZE or JAX_NUM_PROCESSES/JAX_PROCESS_ID in place of TF_CONFIG.
 
 Distribution. The strategy comes from the machine: `TF_CONFIG` naming several workers ->
 MultiWorkerMirroredStrategy; several local GPUs -> MirroredStrategy; otherwise the default strategy (one
@@ -32,7 +35,8 @@ image shape, per-epoch history, steps, timings, throughput).
 Where things are: `loop` (`TrainingLoop`, the training loop in named phases, and `train`), `settings`
 (`TrainSettings`, everything a run is told), `recipes` (the presets), `learning_rate`, `models` (the catalogue:
 the reference CNN, backbones, bring-your-own; the transfer-learning phases), `pretrained` (weights: fetch, cache,
-load, digest), `model` (precision, XLA, GPU visibility, export), `cluster` (TF_CONFIG and the strategy), `inputs` (the
+load, digest), `model` (precision, XLA, GPU visibility, export), `export` (the SavedModel of a model trained on torch/JAX),
+`frameworks` (TensorFlow, PyTorch, JAX under the loop), `cluster` (TF_CONFIG and the strategy), `inputs` (the
 seekable training input), `faults` (preemption, exit codes, the failure marker, the checkpoint directory), `results`
 (`TrainResult`, training.json, KFP metrics), `cli`.
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from components import stepcli
+from components.train import frameworks
 from components.train.faults import attempt
 from components.train.loop import TrainingLoop
 from components.train.settings import TrainSettings
@@ -22,4 +23,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     settings = TrainSettings.from_args(build_parser().parse_args(argv))
+    frameworks.use(settings.framework)  # KERAS_BACKEND, before anything imports keras
     return stepcli.run(lambda: attempt(TrainingLoop(settings).run, settings.backup_dir))

@@ -65,17 +65,16 @@ class PreemptionWatch:
 
 
 @contextlib.contextmanager
-def peer_loss_is_preemption(where: Callable[[], str]) -> Iterator[None]:
-    """Turns TensorFlow's errors for a peer worker gone away (a preempted node, a restarted pod: its collective
-    ops fail, or MultiWorkerMirroredStrategy's health check aborts them) into Preempted, so the attempt exits
-    EXIT_RETRY and the whole job restarts and resumes, rather than 1, which a JobSet failure policy or a TFJob's
-    ExitCode restart policy takes as permanent. `where()` names the phase (or step) for the message."""
-    import tensorflow as tf
-
+def peer_loss_is_preemption(where: Callable[[], str], is_peer_loss: Callable[[Exception], bool]) -> Iterator[None]:
+    """Turns the framework's errors for a peer worker gone away (those `is_peer_loss` recognises: a preempted node,
+    a restarted pod; its collective ops fail) into Preempted, so the attempt exits EXIT_RETRY and the whole job restarts and resumes,
+    rather than 1, which a JobSet failure policy or a TFJob's ExitCode restart policy takes as permanent. `where()`
+    names the phase (or step) for the message."""
     try:
         yield
-    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
-            tf.errors.CancelledError) as e:
+    except Exception as e:
+        if not is_peer_loss(e):
+            raise
         raise Preempted(f"Lost contact with a peer worker in {where()}: {str(e).splitlines()[0]}") from e
 
 

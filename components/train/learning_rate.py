@@ -36,26 +36,26 @@ def keras_schedule(recipe: Recipe, replicas: int, steps_per_epoch: int, *, first
     that starts at global step `first_step` (the fine-tuning phase's) counts its steps from 0: the schedule adds
     `first_step`, and scales the rate by `rate_factor`."""
     import keras
-    import tensorflow as tf
+    from keras import ops
 
     peak = peak_learning_rate(recipe, replicas)
     warmup_steps = recipe.warmup_epochs * steps_per_epoch if peak != recipe.learning_rate else 0.0
     total_steps = recipe.epochs * steps_per_epoch
 
-    class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):  # keras.ops: any framework's tensors
         def __call__(self, step):
-            step = tf.cast(step, tf.float32) + first_step
+            step = ops.cast(step, "float32") + first_step
             warm = recipe.learning_rate + (peak - recipe.learning_rate) * step / max(warmup_steps, 1.0)
             if recipe.lr_schedule == "cosine":
-                progress = tf.clip_by_value((step - warmup_steps) / max(total_steps - warmup_steps, 1.0), 0.0, 1.0)
-                after = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
+                progress = ops.clip((step - warmup_steps) / max(total_steps - warmup_steps, 1.0), 0.0, 1.0)
+                after = peak * 0.5 * (1.0 + ops.cos(math.pi * progress))
             else:
-                epoch = tf.floor(step / steps_per_epoch)
-                factor = tf.constant(1.0)
+                epoch = ops.floor(step / steps_per_epoch)
+                factor = ops.ones((), "float32")
                 for first_epoch, step_factor in recipe.lr_steps:
-                    factor = tf.where(epoch >= first_epoch, tf.constant(step_factor, tf.float32), factor)
+                    factor = ops.where(epoch >= first_epoch, ops.full((), step_factor, "float32"), factor)
                 after = peak * factor
-            return tf.where(step < warmup_steps, warm, after) * rate_factor
+            return ops.where(step < warmup_steps, warm, after) * rate_factor
 
         def get_config(self):
             return {"recipe": dataclasses.asdict(recipe), "replicas": replicas, "steps_per_epoch": steps_per_epoch,

@@ -37,18 +37,19 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Callable
+
+import numpy as np
 
 from components import augment as augment_lib
 from components import data
-from components.train.cluster import ClusterRole, choose_strategy, cluster_role, strategy_name
+from components.train import batchnorm, frameworks, gpu_usage, models
+from components.train import pretrained as pretrained_lib
+from components.train.cluster import ClusterRole
 from components.train.faults import (NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before,
                                      peer_loss_is_preemption)
-from components.train.inputs import TrainInput, make_eval_dataset
-from components.train import batchnorm, gpu_usage, models
-from components.train import pretrained as pretrained_lib
+from components.train.frameworks.base import InputSpec
 from components.train.learning_rate import keras_schedule, peak_learning_rate
-from components.train.model import check_gpus_visible, resolve_jit, resolve_precision, write_model
 from components.train.recipes import Recipe
 from components.train.results import TRAINING_INFO, TrainResult
 from components.train.settings import TrainSettings
@@ -67,7 +68,7 @@ class Plan:
     train_dir: str  # the dataset's, or the augmented copies'
     online_policy: dict | None  # augmentation applied while training, if any
     train_count: int
-    strategy: Any  # a tf.distribute.Strategy
+    distribution: str  # how the replicas train together: the tf.distribute strategy, DDP, ...
     precision: str
     use_jit: bool
     replicas: int
@@ -75,6 +76,10 @@ class Plan:
     steps_per_epoch: int
     total_steps: int
     peak_learning_rate: float
+
+    def input_spec(self, input_mode: str) -> InputSpec:
+        return InputSpec(self.train_dir, self.image_shape, self.recipe, self.online_policy, input_mode,
+                         self.replicas, self.global_batch, self.steps_per_epoch)
 
 
 def setup_json(recipe: Recipe, global_batch: int, steps_per_epoch: int, train_count: int, workers: int,
@@ -91,38 +96,45 @@ def setup_json(recipe: Recipe, global_batch: int, steps_per_epoch: int, train_co
 class TrainingLoop:
     """One attempt at training with `settings`; see the module docstring for the phases.
 
-    `validate=False` skips the validation pass. `tf_config` defaults to the `TF_CONFIG` environment variable.
-    `epoch_callback(epoch, logs, predict)`, when given, is called on the chief after each epoch (epoch counted
-    from 0) with that epoch's logs and a function mapping a batch of images to logits (for tuning services and
-    benchmarks). `run()` raises NonFiniteLossError, data.DataError/ValueError (bad input), Preempted (SIGTERM or
-    a lost peer; checkpoint saved), PermanentFailure (an earlier attempt failed for good).
+    The framework (settings.framework: components/train/frameworks) does what differs between TensorFlow, PyTorch
+    and JAX (distribution, step functions, checkpoint files, TensorBoard, the model files); the phases here are the
+    same for all. `validate=False` skips the validation pass. `tf_config` defaults to the `TF_CONFIG` environment
+    variable (TensorFlow). `epoch_callback(epoch, logs, predict)`, when given, is called on the chief after each
+    epoch (epoch counted from 0) with that epoch's logs and a function mapping a batch of images to logits (for
+    tuning services and benchmarks). `run()` raises NonFiniteLossError, data.DataError/ValueError (bad input),
+    Preempted (SIGTERM or a lost peer; checkpoint saved), PermanentFailure (an earlier attempt failed for good).
     """
 
     def __init__(self, settings: TrainSettings, *, validate: bool = True, tf_config: str | None = None,
                  epoch_callback: Callable[[int, dict, Callable], None] | None = None):
+        frameworks.use(settings.framework)  # before keras is first imported (KERAS_BACKEND)
         self.settings = settings
+        self.backend = frameworks.backend_class(settings.framework)(settings)
         self.validate = validate
         self.tf_config = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
         self.epoch_callback = epoch_callback
-        self.inputs: dict[int, TrainInput] = {}  # one per input pipeline (per worker), made on first use
         self.step = 0  # optimizer steps taken, in all attempts together
         self.resumed_from = 0
         self.history: dict[str, list[float]] = {}
+        self.epoch_sums = np.zeros(3, np.float64)  # the current epoch's (loss sum, correct, count) so far
         self.scratch: str | None = None  # a non-chief worker's throwaway output
         self.train_seconds = 0.0
-        self.phase = ""  # the phase `run()` is in, for the message of a lost peer
+        self.stage = ""  # the phase of `run()` it is in (prepare ... export), for the message of a lost peer
+        self.phase = 0  # the transfer-learning phase (1: head only, 2: all; see enter_phase)
         self.best: dict = {}  # the epoch best on validation: {"epoch", "val_accuracy", "val_loss", "file"}
         self.best_weights: list | None = None  # its weights, in this process
         self.stale_best_file: str | None = None  # an earlier best epoch's file, until the next checkpoint
         self.recalibrated_at = -1  # the step whose weights the BatchNormalization statistics were estimated for
         self.recalibration = None  # the training images that estimate them (run_epochs), when the model has any
+        self.gpu_sampler = None  # GPU utilization over run_epochs (gpu_usage.py)
 
     def run(self) -> TrainResult:
         # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
-        # runs collective ops too (the strategy's start, variables created and restored under it, the export).
-        with peer_loss_is_preemption(lambda: f"step {self.step}" if self.phase == "run_epochs" else self.phase):
+        # runs collective ops too (the distribution's start, variables created and restored, the export).
+        with peer_loss_is_preemption(lambda: f"step {self.step}" if self.stage == "run_epochs" else self.stage,
+                                     self.backend.is_peer_loss):
             for phase in (self.prepare, self.build, self.restore, self.run_epochs, self.export):
-                self.phase = phase.__name__
+                self.stage = phase.__name__
                 result = phase()
         return result
 
@@ -130,11 +142,10 @@ class TrainingLoop:
 
     def prepare(self) -> Plan:
         import keras
-        import tensorflow as tf
 
-        settings = self.settings
+        settings, backend = self.settings, self.backend
         recipe = settings.resolve_recipe()
-        role = cluster_role(self.tf_config)
+        role = backend.role(self.tf_config)
         check_not_failed_before(settings.backup_dir)
         manifest = data.read_manifest(settings.dataset_dir)
         pretrained_lib.check_settings(settings.model, settings.pretrained, manifest["image_shape"],
@@ -142,11 +153,8 @@ class TrainingLoop:
                                       epochs=recipe.epochs)
         train_dir, online_policy = augment_lib.train_files(settings.dataset_dir, settings.augmented_dir)
 
-        # The strategy first: MultiWorkerMirroredStrategy must configure the runtime before any other TF op.
-        strategy = choose_strategy(self.tf_config)
-        gpus = tf.config.list_physical_devices("GPU")
-        check_gpus_visible(gpus)
-        replicas = strategy.num_replicas_in_sync
+        runtime = backend.start(role)
+        replicas = runtime.replicas
         global_batch = recipe.batch_size * replicas
         train_count = data.read_manifest(train_dir)["splits"]["train"]["count"]
         if train_count < 1:
@@ -154,46 +162,26 @@ class TrainingLoop:
         steps_per_epoch = max(1, math.ceil(train_count / global_batch))
         self.plan = plan = Plan(
             recipe=recipe, role=role, class_names=manifest["class_names"], image_shape=manifest["image_shape"],
-            train_dir=train_dir, online_policy=online_policy, train_count=train_count, strategy=strategy,
-            precision=resolve_precision(recipe.precision, gpus), use_jit=resolve_jit(recipe.jit_compile, gpus),
-            replicas=replicas, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-            total_steps=recipe.epochs * steps_per_epoch, peak_learning_rate=peak_learning_rate(recipe, replicas))
+            train_dir=train_dir, online_policy=online_policy, train_count=train_count,
+            distribution=runtime.distribution, precision=backend.resolve_precision(recipe.precision),
+            use_jit=backend.resolve_jit(recipe.jit_compile), replicas=replicas, global_batch=global_batch,
+            steps_per_epoch=steps_per_epoch, total_steps=recipe.epochs * steps_per_epoch,
+            peak_learning_rate=peak_learning_rate(recipe, replicas))
         keras.utils.set_random_seed(recipe.seed)
         log.info("train: %s on %s, %d replica(s) in %d worker(s), global batch %d, peak learning rate %g, %s, "
-                 "XLA %s, recipe %s, model %s, pretrained %s", strategy_name(strategy), role.task, replicas,
+                 "XLA %s, recipe %s, model %s, pretrained %s, framework %s", plan.distribution, role.task, replicas,
                  role.workers, global_batch, plan.peak_learning_rate, plan.precision, "on" if plan.use_jit else "off",
-                 settings.recipe, settings.model, settings.pretrained)
+                 settings.recipe, settings.model, settings.pretrained, backend.name)
         return plan
-
-    def distributed_batches(self, epoch: int, first_step: int):
-        """An iterator over the per-replica batches of `epoch` from its step `first_step` to its end."""
-        plan = self.plan
-
-        def dataset_fn(context):
-            per_replica = context.get_per_replica_batch_size(plan.global_batch)
-            per_pipeline = plan.replicas // context.num_input_pipelines  # replicas fed by this pipeline
-            return self._input_for(context).dataset(epoch, first_step * per_pipeline,
-                                                    (plan.steps_per_epoch - first_step) * per_pipeline, per_replica)
-
-        return iter(plan.strategy.distribute_datasets_from_function(dataset_fn))
-
-    def _input_for(self, context) -> TrainInput:
-        if context.input_pipeline_id not in self.inputs:
-            self.inputs[context.input_pipeline_id] = TrainInput(
-                self.plan.train_dir, self.plan.image_shape, pipeline_id=context.input_pipeline_id,
-                num_pipelines=context.num_input_pipelines, recipe=self.plan.recipe,
-                online_policy=self.plan.online_policy, mode=self.settings.input_mode)
-        return self.inputs[context.input_pipeline_id]
 
     # ------------------------------------------------------------------------------------------ build
 
     def build(self) -> None:
         import keras
-        import tensorflow as tf
 
-        settings, plan = self.settings, self.plan
+        settings, plan, backend = self.settings, self.plan, self.backend
         recipe = plan.recipe
-        with plan.strategy.scope():
+        with backend.scope():
             self.model = models.build(settings.model, plan.image_shape, len(plan.class_names), plan.precision)
             self.weights = pretrained_lib.load(self.model, settings.model, settings.pretrained,
                                                backup_dir=settings.backup_dir, write_cache=plan.role.is_chief,
@@ -237,34 +225,32 @@ class TrainingLoop:
         if plan.recipe.label_smoothing:
             smoothed = keras.losses.CategoricalCrossentropy(
                 from_logits=True, label_smoothing=plan.recipe.label_smoothing, reduction=None)
-            self.train_loss_fn = lambda labels, logits: smoothed(tf.one_hot(labels, len(plan.class_names)), logits)
+            self.train_loss_fn = lambda labels, logits: smoothed(
+                keras.ops.one_hot(labels, len(plan.class_names)), logits)
 
         # The epoch's running sums (loss, correct, count) and the finished epochs' history travel with the weights.
         self.setup = setup_json(plan.recipe, plan.global_batch, plan.steps_per_epoch, plan.train_count,
                                 plan.role.workers, self.model_lineage())
-        with tf.device("/CPU:0"):  # host-side bookkeeping (strings cannot live on a GPU)
-            self.epoch_sums = tf.Variable(tf.zeros([3], tf.float64), trainable=False)
-            self.history_var = tf.Variable("{}", dtype=tf.string, trainable=False)
-            self.setup_var = tf.Variable(self.setup, dtype=tf.string, trainable=False)
-            self.best_var = tf.Variable("{}", dtype=tf.string, trainable=False)
-        optimizers = {"head_optimizer": self.head_optimizer} if self.head_optimizer is not None else {}
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch_sums=self.epoch_sums,
-                                              history=self.history_var, setup=self.setup_var, best=self.best_var,
-                                              **optimizers)
-
+        # The other workers write what the chief writes (checkpoints, model) to scratch space, deleted at the end.
+        self.scratch = None if plan.role.is_chief else tempfile.mkdtemp(prefix="train-scratch-")
+        optimizers = {"optimizer": self.optimizer}
+        if self.head_optimizer is not None:
+            optimizers["head_optimizer"] = self.head_optimizer
+        self.checkpoint = backend.checkpoint(self.model, optimizers, backup_dir=settings.backup_dir,
+                                             scratch=self.scratch, is_chief=plan.role.is_chief, setup=self.setup)
         self._run_steps = {}  # by phase, made when the phase is entered (traced with its trainable layers)
-        self._agree = tf.function(self._any_worker)
-        self.predict_logits = tf.function(self._logits)
+        self.predict_logits = backend.predict_function(self.model)
+        self.writer = backend.summary_writer(settings.tensorboard_dir if plan.role.is_chief else None)
 
     def global_step(self) -> int:
         """Optimizer steps taken in all attempts: the head phase's and the fine-tuning (or only) phase's."""
-        head = int(self.head_optimizer.iterations.numpy()) if self.head_optimizer is not None else 0
-        return head + int(self.optimizer.iterations.numpy())
+        import keras
+
+        optimizers = [self.optimizer] + ([self.head_optimizer] if self.head_optimizer is not None else [])
+        return sum(int(keras.ops.convert_to_numpy(optimizer.iterations)) for optimizer in optimizers)
 
     def enter_phase(self, phase: int) -> None:
         """Makes the phase's layers trainable (before its step function is traced) and its step function."""
-        import tensorflow as tf
-
         if phase == self.phase:
             return
         if self.transfer:
@@ -274,100 +260,55 @@ class TrainingLoop:
                      self.step)
         if phase not in self._run_steps:
             optimizer = self.head_optimizer if phase == 1 else self.optimizer
-            step_fn = functools.partial(self._replica_step, optimizer, self.phase_variables[phase])
-            if self.plan.use_jit:
-                step_fn = tf.function(step_fn, jit_compile=True)
-            self._run_steps[phase] = tf.function(functools.partial(self._steps, step_fn))
+            self._run_steps[phase] = self.backend.step_function(
+                self.model, optimizer, self.phase_variables[phase], self.train_loss_fn, self.plan.global_batch,
+                self.plan.use_jit)
         self.phase = phase
-
-    def _replica_step(self, optimizer, variables, images, labels):
-        """One optimizer step on one replica's batch; returns its (loss sum, correct, count)."""
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
-            per_example = self.train_loss_fn(labels, logits)
-            loss = tf.reduce_sum(per_example) / self.plan.global_batch
-            scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, variables)
-        optimizer.apply(grads, variables)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-        return tf.stack([tf.reduce_sum(per_example), correct, tf.cast(tf.size(labels), tf.float32)])
-
-    def _steps(self, step_fn, iterator, count):
-        """`count` steps on every replica in one call into the runtime; the per-step sums over all replicas."""
-        import tensorflow as tf
-
-        strategy = self.plan.strategy
-        sums = tf.TensorArray(tf.float32, size=count)
-        for i in tf.range(count):
-            images, labels = next(iterator)
-            sums = sums.write(i, strategy.reduce("SUM", strategy.run(step_fn, args=(images, labels)), axis=None))
-        return sums.stack()
-
-    def _any_worker(self, flags):
-        # Every worker must take the same decision (save, stop) at the same step, or the all-reduces hang.
-        import tensorflow as tf
-
-        strategy = self.plan.strategy
-        return strategy.reduce("SUM", strategy.run(lambda: tf.identity(flags)), axis=None)  # > 0: anyone
-
-    def _logits(self, images):
-        return self.model(images, training=False)
 
     # ------------------------------------------------------------------------------------------ restore
 
     def restore(self) -> None:
-        import tensorflow as tf
-
         backup_dir, plan = self.settings.backup_dir, self.plan
-        # The other workers write what the chief writes (checkpoints, model) to scratch space, deleted at the end.
-        self.scratch = None if plan.role.is_chief else tempfile.mkdtemp(prefix="train-scratch-")
-        checkpoint_dir = backup_dir if plan.role.is_chief else os.path.join(self.scratch, "checkpoints")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir, max_to_keep=2) \
-            if backup_dir else None
-        latest = tf.train.latest_checkpoint(backup_dir) if backup_dir else None
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-            if self.setup_var.numpy().decode() != self.setup:
+        found = self.checkpoint.restore_latest() if self.checkpoint is not None else None
+        if found:
+            latest, extras = found
+            if extras["setup"] != self.setup:
                 raise ValueError(f"{backup_dir} holds checkpoints of a different training setup "
-                                 f"({self.setup_var.numpy().decode()}); use a new backup directory for new settings")
+                                 f"({extras['setup']}); use a new backup directory for new settings")
+            self.epoch_sums = np.asarray(extras["epoch_sums"], np.float64)
+            self.history = json.loads(extras["history"])
+            self.best = json.loads(extras["best"])
             self.resumed_from = self.global_step()
             log.info("train: resuming from step %d of %d (epoch %d, step %d) from %s", self.resumed_from,
                      plan.total_steps, self.resumed_from // plan.steps_per_epoch + 1,
                      self.resumed_from % plan.steps_per_epoch, latest)
-        self.history = json.loads(self.history_var.numpy().decode())
-        self.best = json.loads(self.best_var.numpy().decode())
         self.step = self.global_step()
 
     def save(self, reason: str) -> None:
         """A checkpoint at the current step (no-op without a backup_dir)."""
-        if self.manager is None:
+        if self.checkpoint is None:
             return
-        self.history_var.assign(json.dumps(self.history))
-        path = self.manager.save(checkpoint_number=self.global_step())
+        path = self.checkpoint.save(self.global_step(), {
+            "epoch_sums": self.epoch_sums, "history": json.dumps(self.history), "setup": self.setup,
+            "best": json.dumps(self.best)})
         if self.plan.role.is_chief:
             log.info("train: checkpoint %s (%s)", path, reason)
 
     # ------------------------------------------------------------------------------------------ run epochs
 
     def run_epochs(self) -> None:
-        import tensorflow as tf
-
-        settings, plan = self.settings, self.plan
+        settings, plan, backend = self.settings, self.plan, self.backend
         chief = plan.role.is_chief
         has_validation = data.read_manifest(settings.dataset_dir)["splits"]["validation"]["count"] > 0
-        validation = make_eval_dataset(settings.dataset_dir, "validation", max(plan.global_batch, 256)) \
+        validation = backend.eval_batches(settings.dataset_dir, "validation", max(plan.global_batch, 256)) \
             if self.validate and chief and has_validation else None
         # Every worker would estimate statistics on its own images and the replicas would disagree: one worker only.
-        self.recalibration = batchnorm.recalibration_images(settings.dataset_dir) \
+        self.recalibration = backend.recalibration_batches(settings.dataset_dir) \
             if plan.role.workers == 1 and batchnorm.trainable_batchnorm(self.model) else None
-        self.writer = tf.summary.create_file_writer(settings.tensorboard_dir) if settings.tensorboard_dir and chief \
-            else tf.summary.create_noop_writer()
         self.gpu_sampler = gpu_usage.start_for_training(settings.tensorboard_dir, chief=chief)
         start = time.monotonic()
         self.last_save = time.monotonic()
-        with PreemptionWatch() as watch, self.writer.as_default(), self.gpu_sampler:
+        with PreemptionWatch() as watch, self.gpu_sampler:
             log.info("train: starting at step %d of %d", self.step, plan.total_steps)
             while self.step < plan.total_steps:
                 self.run_epoch(watch, validation)
@@ -375,15 +316,13 @@ class TrainingLoop:
 
     def run_epoch(self, watch: PreemptionWatch, validation) -> None:
         """The rest of the current epoch (all of it, or from a resumed step), then its end-of-epoch work."""
-        import tensorflow as tf
-
         plan = self.plan
         epoch, in_epoch = divmod(self.step, plan.steps_per_epoch)
         epoch_start = time.monotonic()
         if in_epoch == 0:
-            self.epoch_sums.assign(tf.zeros([3], tf.float64))
+            self.epoch_sums = np.zeros(3, np.float64)
         self.enter_phase(1 if self.step < self.freeze_steps else 2)  # the frozen phase ends at an epoch's end
-        iterator = self.distributed_batches(epoch, in_epoch)
+        iterator = self.backend.batches(plan.input_spec(self.settings.input_mode), epoch, in_epoch)
         while in_epoch < plan.steps_per_epoch:
             count = min(plan.recipe.steps_per_execution, plan.steps_per_epoch - in_epoch)
             self.take_steps(iterator, count, epoch, in_epoch)
@@ -393,9 +332,7 @@ class TrainingLoop:
 
     def take_steps(self, iterator, count: int, epoch: int, in_epoch: int) -> None:
         """`count` optimizer steps; stops training (NonFiniteLossError) at the first NaN or infinite loss."""
-        import tensorflow as tf
-
-        sums = self._run_steps[self.phase](iterator, tf.constant(count)).numpy()
+        sums = np.asarray(self._run_steps[self.phase](iterator, count), np.float64)
         losses = sums[:, 0] / sums[:, 2]
         bad = [i for i, value in enumerate(losses) if not math.isfinite(value)]
         if bad:
@@ -403,20 +340,20 @@ class TrainingLoop:
                 f"Loss became {losses[bad[0]]} at epoch {epoch + 1}, step {in_epoch + bad[0] + 1} "
                 f"(global step {self.step + bad[0] + 1}): training stopped. Lower the learning rate or "
                 "check the input data for corrupt values.")
-        self.epoch_sums.assign_add(tf.constant(sums.sum(axis=0), tf.float64))
+        self.epoch_sums = self.epoch_sums + sums.sum(axis=0)
         self.step += count
 
     def checkpoint_or_stop(self, watch: PreemptionWatch, epoch: int, in_epoch: int) -> None:
         """Between steps: on SIGTERM (on any worker) save and raise Preempted; within an epoch, save when the chief's
         checkpoint_seconds have passed. All workers decide together."""
-        import tensorflow as tf
-
         role = self.plan.role
         want_save = role.is_chief and time.monotonic() - self.last_save >= self.settings.checkpoint_seconds
         flags = [float(watch.signalled.is_set()), float(want_save)]
         if role.workers > 1:
-            flags = self._agree(tf.constant(flags)).numpy().tolist()
-        if flags[0]:
+            flags = self.backend.agree(flags)
+        # At an epoch's last step the stop waits for the epoch's end (its validation, history and checkpoint): a
+        # checkpoint taken before them would resume into the next epoch without them.
+        if flags[0] and in_epoch < self.plan.steps_per_epoch:
             self.save("preempted")
             raise Preempted(f"Preempted at step {self.step} of {self.plan.total_steps}; a retry resumes from here")
         if flags[1] and in_epoch < self.plan.steps_per_epoch:
@@ -425,9 +362,7 @@ class TrainingLoop:
 
     def end_epoch(self, epoch: int, epoch_start: float, validation) -> None:
         """The epoch's metrics (validation included) into the history, TensorBoard and the log; then a checkpoint."""
-        import tensorflow as tf
-
-        loss_sum, correct, seen = self.epoch_sums.numpy()
+        loss_sum, correct, seen = self.epoch_sums.tolist()
         logs = {"loss": loss_sum / seen, "accuracy": correct / seen,
                 "learning_rate": float(self.rate_at_step(self.step - 1))}  # the rate of the epoch's last step
         self.recalibrate_batchnorm()
@@ -436,10 +371,11 @@ class TrainingLoop:
             self.keep_if_best(epoch, logs)
         for name, value in logs.items():
             self.history.setdefault(name, []).append(float(value))
-            tf.summary.scalar(f"epoch_{name}", value, step=self.step)
+            self.writer.scalar(f"epoch_{name}", value, self.step)
         log.info("epoch %d/%d (%.1fs) %s", epoch + 1, self.plan.recipe.epochs, time.monotonic() - epoch_start,
                  " ".join(f"{k}={v:.4f}" for k, v in sorted(logs.items())))
-        self.gpu_sampler.end_epoch(epoch, self.step)
+        if self.gpu_sampler is not None:
+            self.gpu_sampler.end_epoch(epoch, self.step)
         if self.epoch_callback is not None and self.plan.role.is_chief:
             self.epoch_callback(epoch, dict(logs), self.predict_logits)
         self.save(f"end of epoch {epoch + 1}")
@@ -475,7 +411,6 @@ class TrainingLoop:
             if self.best.get("file") and self.best["file"] != best["file"]:
                 self.stale_best_file = self.best["file"]  # removed once the checkpoint no longer names it
         self.best = best
-        self.best_var.assign(json.dumps(best))
 
     def restore_best(self) -> int:
         """Puts back the weights of the epoch best on validation; returns the epoch the exported model is from."""
@@ -497,15 +432,15 @@ class TrainingLoop:
 
     def evaluate(self, dataset) -> tuple[float, float]:
         """Mean loss and accuracy of the model on `dataset` (batches of images and labels)."""
-        import tensorflow as tf
+        import keras
 
         total_loss = correct = count = 0.0
         for images, labels in dataset:
             logits = self.predict_logits(images)
-            total_loss += float(tf.reduce_sum(self.loss_fn(labels, logits)))
-            correct += float(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
-                                                   tf.float32)))
-            count += int(tf.size(labels))
+            labels = keras.ops.convert_to_numpy(labels)
+            total_loss += float(keras.ops.convert_to_numpy(self.loss_fn(labels, logits)).sum())
+            correct += float((keras.ops.convert_to_numpy(logits).argmax(-1) == labels).sum())
+            count += int(labels.size)
         return total_loss / max(count, 1), correct / max(count, 1)
 
     # ------------------------------------------------------------------------------------------ export
@@ -519,26 +454,30 @@ class TrainingLoop:
         # Only the chief's model counts; the others save theirs to scratch (the standard multi-worker pattern,
         # as saving reads the distributed variables on every worker) and delete it.
         output_dir = settings.model_dir if plan.role.is_chief else os.path.join(self.scratch, "model")
-        input_mode = next(iter(self.inputs.values())).mode if self.inputs else settings.input_mode
+        input_mode = self.backend.input_mode() or settings.input_mode
         self.recalibrate_batchnorm()
         exported_epoch = self.restore_best()
         result = TrainResult(settings.model_dir, plan.recipe.epochs, self.step, plan.steps_per_epoch,
-                             plan.global_batch, plan.replicas, plan.role.workers, strategy_name(plan.strategy),
+                             plan.global_batch, plan.replicas, plan.role.workers, plan.distribution,
                              plan.peak_learning_rate, plan.precision, plan.use_jit, input_mode, self.resumed_from,
                              self.history, self.train_seconds,
                              steps_run * plan.global_batch / max(self.train_seconds, 1e-9), exported_epoch,
                              {k: v for k, v in self.best.items() if k != "file"} or None,
-                             self.recalibrated_at == self.step)
-        write_model(self.model, plan.image_shape, len(plan.class_names), output_dir, settings.model)
+                             self.recalibrated_at == self.step, framework=self.backend.name)
+        written = self.backend.write_model(self.model, plan.image_shape, len(plan.class_names), output_dir,
+                                           settings.model)
+        result.serving_format = written["serving_format"]
         if plan.role.is_chief:
             data.write_json(data.join(settings.model_dir, TRAINING_INFO), {
-                **result.to_json(), "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
+                **result.to_json(), **written, "recipe": settings.recipe, "recipe_settings": dataclasses.asdict(plan.recipe),
                 "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
-                "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary(),
+                "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary() if self.gpu_sampler is not None
+                else {"recorded": False, "reason": "no training in this attempt"},
             })
             self.writer.flush()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+        self.backend.finish()
         log.info("train: %d steps (%d in this attempt) in %.1fs, %.0f images/s; model in %s", self.step, steps_run,
                  self.train_seconds, result.images_per_second, settings.model_dir)
         return result
@@ -557,5 +496,7 @@ def train(dataset_dir: str, model_dir: str, *, validate: bool = True, tf_config:
     `backup_dir` (durable, one per run and task) makes the training resumable; `checkpoint_seconds` bounds the
     work a SIGKILL can cost. The other arguments and what this raises are `TrainingLoop`'s.
     """
-    return TrainingLoop(TrainSettings(dataset_dir, model_dir, **settings), validate=validate, tf_config=tf_config,
+    settings = TrainSettings(dataset_dir, model_dir, **settings)
+    frameworks.use(settings.framework)
+    return TrainingLoop(settings, validate=validate, tf_config=tf_config,
                         epoch_callback=epoch_callback).run()

@@ -61,18 +61,32 @@ def resolve_jit(requested: str, gpus: list) -> bool:
 SERVE_IMAGE_FILES = "serve_image_files"
 
 
+SAVED_MODEL_PENDING = "saved_model.pending.json"  # model.keras written where TensorFlow is not installed
+
+
 def write_model(model, image_shape, num_classes: int, model_dir: str, model_name: str = "reference-cnn") -> None:
     """Writes model.keras and saved_model/ in float32, whatever precision training used: the same network
     (`model_name`, see components/train/models.py) built again in float32 with the trained weights. The
     SavedModel serves pixels ("serving_default") and, for models of source datasets, image files
     (SERVE_IMAGE_FILES)."""
+    export = write_keras_model(model, image_shape, num_classes, model_dir, model_name)
+    write_saved_model(export, image_shape, model_dir)
+
+
+def write_keras_model(model, image_shape, num_classes: int, model_dir: str, model_name: str):
+    """model.keras in float32 (any Keras backend); returns the float32 model."""
+    export = models.build(model_name, image_shape, num_classes, "float32")
+    export.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
+    data.gfile().makedirs(model_dir)
+    export.save(data.join(model_dir, "model.keras"))
+    return export
+
+
+def write_saved_model(export, image_shape, model_dir: str) -> None:
+    """saved_model/ of a float32 Keras model (Keras on its TensorFlow backend)."""
     import keras
     import tensorflow as tf
 
-    export = models.build(model_name, image_shape, num_classes, "float32")
-    export.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
-    tf.io.gfile.makedirs(model_dir)
-    export.save(data.join(model_dir, "model.keras"))
     inference = keras.Sequential([export, keras.layers.Softmax(name="probabilities")], name="inference")
     archive = keras.export.ExportArchive()  # what inference.export does, plus the image-file endpoint
     archive.track(inference)
@@ -85,3 +99,30 @@ def write_model(model, image_shape, num_classes: int, model_dir: str, model_name
             input_signature=[tf.TensorSpec([None], tf.string)])
     with contextlib.redirect_stdout(sys.stderr):
         archive.write_out(data.join(model_dir, "saved_model"), verbose=False)
+
+
+def complete_saved_model(model_dir: str, image_shape: list[int] | None = None, model_name: str | None = None) -> bool:
+    """Writes saved_model/ from model_dir's model.keras, and removes the pending marker: the SavedModel of a model
+    trained on another framework. The image shape and model name are training.json's unless given. Needs Keras on
+    its TensorFlow backend (a process of its own: python -m components.train.export MODEL_DIR). False when there
+    was nothing to do."""
+    import json
+
+    import keras
+
+    marker = data.join(model_dir, SAVED_MODEL_PENDING)
+    if data.gfile().exists(data.join(model_dir, "saved_model", "saved_model.pb")) and \
+            not data.gfile().exists(marker):
+        return False
+    if image_shape is None or model_name is None:
+        with data.gfile().GFile(data.join(model_dir, "training.json")) as f:
+            info = json.load(f)
+        image_shape, model_name = info["image_shape"], (info.get("model") or {}).get("name", "")
+    builder = model_name
+    if ":" in builder:  # a bring-your-own model: its module registers its custom layers, if it has any
+        models.import_builder(builder)
+    export = keras.models.load_model(data.join(model_dir, "model.keras"), compile=False)
+    write_saved_model(export, list(image_shape), model_dir)
+    if data.gfile().exists(marker):
+        data.gfile().remove(marker)
+    return True

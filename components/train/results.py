@@ -28,6 +28,8 @@ class TrainResult:
     exported_epoch: int = 0  # the epoch whose weights were exported: the best on validation, else the last
     best_on_validation: dict | None = None  # {"epoch", "val_accuracy", "val_loss"} when validation ran
     batchnorm_recalibrated: bool = False  # the statistics were re-estimated for the exported weights
+    framework: str = "tensorflow"  # what trained it (components/train/frameworks)
+    serving_format: str = "keras+saved_model"  # what model_dir holds for serving (frameworks' write_model)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -54,5 +56,7 @@ def log_to_kfp(info: dict, metrics, model) -> None:
             for name in ("utilization_mean", "utilization_p95", "memory_used_gib_max"):
                 metrics.log_metric(f"gpu{gpu['index']}_{name}", gpu["run"][name])
             metrics.log_metric(f"gpu{gpu['index']}_memory_total_gib", gpu["memory_total_gib"])
-    model.metadata.update({"framework": "tensorflow", "strategy": info["strategy"], "replicas": info["replicas"],
+    model.metadata.update({"framework": info.get("framework", "tensorflow"),
+                           "serving_format": info.get("serving_format", "keras+saved_model"),
+                           "strategy": info["strategy"], "replicas": info["replicas"],
                            "workers": info["workers"], "global_batch_size": info["global_batch_size"]})

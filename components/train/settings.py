@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from components.params import FRAMEWORKS
 from components.train.models import BACKBONES, DEFAULT_MODEL
 from components.train.recipes import DEFAULT_RECIPE, PRECISIONS, RECIPES, Recipe, resolve_recipe
 
@@ -37,6 +38,9 @@ class TrainSettings:
     dataset_dir: str = dataclasses.field(metadata=_option("output of preprocess", required=True))
     model_dir: str = dataclasses.field(metadata=_option("where the model and training.json go", required=True))
     augmented_dir: str | None = dataclasses.field(default=None, metadata=_option("output of augment (optional)"))
+    framework: str = dataclasses.field(default=FRAMEWORKS[0], metadata=_option(
+        "what trains the model: tensorflow (tf.distribute, TF_CONFIG), torch (DDP; several processes under "
+        "torchrun) or jax (jax.distributed) (default: %(default)s)", choices=FRAMEWORKS))
     recipe: str = dataclasses.field(default=DEFAULT_RECIPE, metadata=_option(
         "preset (default: %(default)s; reference: the classic 12-epoch recipe)", choices=sorted(RECIPES)))
     epochs: int | None = dataclasses.field(default=None, metadata=_option("default: the recipe's", type=int))

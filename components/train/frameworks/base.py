@@ -1,0 +1,157 @@
+"""What the training loop asks of a framework: `Backend`, implemented once per framework (tensorflow.py, torch.py,
+jax.py). The loop (components/train/loop.py) keeps everything else: the plan, the model and its transfer-learning
+phases, the optimizers (Keras optimizers run on every backend), the learning rate, the epoch's sums and history,
+SIGTERM, validation, the best epoch, BatchNormalization re-estimation, training.json.
+
+Batches cross the seam as whatever the backend's model takes (numpy arrays or the framework's tensors); what
+comes back to the loop is numpy or Python numbers.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator
+
+from components.train.cluster import ClusterRole
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """What `Backend.start` found: how many replicas train together, and what to call the distribution."""
+
+    replicas: int  # model replicas in the job: global batch = per-replica batch x replicas
+    distribution: str  # e.g. MultiWorkerMirroredStrategy, DistributedDataParallel(gloo), DataParallel
+    accelerators: int  # GPUs this process trains on (0: the CPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """What a training input is made of: the loop's plan, as the backends need it."""
+
+    train_dir: str
+    image_shape: list
+    recipe: Any  # recipes.Recipe
+    online_policy: dict | None
+    mode: str  # settings.input_mode
+    replicas: int
+    global_batch: int
+    steps_per_epoch: int
+
+
+class Checkpoint(abc.ABC):
+    """The training state in `backup_dir`: weights, the optimizers' state (their step counters included) and
+    `extras` (the epoch's running sums and the JSON texts of history, setup and best epoch), step-exact."""
+
+    @abc.abstractmethod
+    def restore_latest(self) -> tuple[str, dict] | None:
+        """Loads the newest checkpoint into the model and optimizers; returns (its name, its extras), or None."""
+
+    @abc.abstractmethod
+    def save(self, step: int, extras: dict) -> str:
+        """Writes a checkpoint numbered `step` (every process calls it; only the chief's lands in backup_dir);
+        returns its path."""
+
+
+class SummaryWriter(abc.ABC):
+    """TensorBoard scalars (the chief's; the others get one that writes nothing)."""
+
+    @abc.abstractmethod
+    def scalar(self, name: str, value: float, step: int) -> None: ...
+
+    @abc.abstractmethod
+    def flush(self) -> None: ...
+
+
+class Backend(abc.ABC):
+    """One framework under the training loop. Made once per attempt with the run's settings (TrainSettings)."""
+
+    name: str  # tensorflow, torch, jax: what training.json, the registry and the run page call it
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    # ------------------------------------------------------------------------------- prepare
+
+    @abc.abstractmethod
+    def role(self, tf_config: str | None) -> ClusterRole:
+        """Who this process is in the job (its framework's variables: TF_CONFIG, torchrun's RANK/WORLD_SIZE, ...)."""
+
+    @abc.abstractmethod
+    def start(self, role: ClusterRole) -> Runtime:
+        """Starts the distribution (the collective runtime) and checks the accelerators are visible."""
+
+    @abc.abstractmethod
+    def resolve_precision(self, requested: str) -> str:
+        """The Keras dtype policy for `requested` (auto: bf16/fp16 where the hardware computes it)."""
+
+    @abc.abstractmethod
+    def resolve_jit(self, requested: str) -> bool:
+        """Whether the step is compiled (XLA, or the framework's compiler)."""
+
+    # ------------------------------------------------------------------------------- build
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Where the model and optimizers are made (tf.distribute's strategy scope; nothing elsewhere)."""
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def step_function(self, model, optimizer, variables: list, loss_fn: Callable, global_batch: int,
+                      use_jit: bool) -> Callable[[Iterator, int], Any]:
+        """`run(batches, count)`: `count` optimizer steps of `optimizer` on `variables` (gradients of
+        sum(loss_fn(labels, logits)) / global_batch, summed over the replicas), each on the next item of `batches`;
+        returns a numpy array [count, 3] of each step's (loss sum, correct, count) over all replicas."""
+
+    @abc.abstractmethod
+    def predict_function(self, model) -> Callable:
+        """images -> logits (inference mode), for validation and the epoch callback."""
+
+    @abc.abstractmethod
+    def checkpoint(self, model, optimizers: dict, *, backup_dir: str | None, scratch: str | None,
+                   is_chief: bool, setup: str) -> Checkpoint | None:
+        """The checkpoint of this training (None without a backup_dir). `optimizers` by name: "optimizer" (the
+        fine-tuning, or only, phase's) and "head_optimizer" when there is a frozen phase."""
+
+    @abc.abstractmethod
+    def agree(self, flags: list[float]) -> list[float]:
+        """Each flag summed over the processes of the job (> 0: some process raised it)."""
+
+    # ------------------------------------------------------------------------------- run epochs
+
+    @abc.abstractmethod
+    def batches(self, spec: InputSpec, epoch: int, first_step: int) -> Iterator:
+        """The batches this process trains on in `epoch`, from its step `first_step` to its end, for
+        `step_function`'s run (seekable: a resumed attempt sees the batches the interrupted one would have)."""
+
+    @abc.abstractmethod
+    def input_mode(self) -> str | None:
+        """memory or stream: what the training input chose (None before it was made)."""
+
+    @abc.abstractmethod
+    def eval_batches(self, dataset_dir: str, split: str, batch: int) -> Iterable:
+        """(images float32 0-255, labels int32) batches of a split, in order (validation)."""
+
+    @abc.abstractmethod
+    def recalibration_batches(self, dataset_dir: str) -> Iterable:
+        """The fixed sample of training images BatchNormalization statistics are re-estimated over
+        (components/train/batchnorm.py)."""
+
+    @abc.abstractmethod
+    def summary_writer(self, logdir: str | None) -> SummaryWriter:
+        """TensorBoard scalars into `logdir` (None: a writer that writes nothing)."""
+
+    def is_peer_loss(self, error: Exception) -> bool:
+        """Whether `error` is the framework's for a peer process gone away, in any phase: a retry resumes
+        (faults.py)."""
+        return False
+
+    # ------------------------------------------------------------------------------- export
+
+    @abc.abstractmethod
+    def write_model(self, model, image_shape, num_classes: int, model_dir: str, model_name: str) -> dict:
+        """Writes the float32 model (model.keras, and the SavedModel serving loads: components/train/model.py);
+        returns what training.json records about it ({"framework", "serving_format", ...})."""
+
+    def finish(self) -> None:
+        """Ends the distribution (process groups), after the export."""
