@@ -48,7 +48,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
-from components.storage import DataError, gfile, join  # noqa: F401 (readers use them as data.join, ...)
+from components.storage import DataError, gfile, join, locate  # noqa: F401 (readers use them as data.join, ...)
 from components import records  # tf.train.Example in the wire format (imports nothing of TensorFlow)
 
 FASHION_MNIST_CLASSES = [
@@ -259,14 +259,6 @@ class ShardWriter:
         return {"path": self.split, "pattern": f"{self.split}-*.tfrecord", "num_shards": len(self.paths),
                 "count": self.count, "bytes": self.bytes,
                 "class_counts": {str(k): v for k, v in sorted(self.class_counts.items())}}
-
-
-def locate(dataset_dir: str, path: str) -> str:
-    """A manifest's path: relative ones are inside the dataset directory; absolute paths and URIs point elsewhere
-    (augment's pass-through, data written by reference under a data root: components/datadir.py)."""
-    if "://" in path or os.path.isabs(path):
-        return path
-    return join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), path)
 
 
 def split_files(dataset_dir: str, split: str) -> list[str]:

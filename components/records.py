@@ -29,7 +29,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from components.storage import DataError, join
+from components.storage import DataError, join, locate
 
 _MASK_DELTA = 0xA282EAD8
 _READ_BUFFER = 4 << 20
@@ -501,8 +501,6 @@ def read_manifest(dataset_dir: str) -> dict:
 def split_files(dataset_dir: str, split: str, manifest: dict | None = None) -> list[str]:
     """The shard files of a split, through the manifest as data.split_files finds them (splits written by
     reference elsewhere included)."""
-    from components.data import locate
-
     manifest = manifest or read_manifest(dataset_dir)
     if split not in manifest.get("splits", {}):
         raise DataError(f"{dataset_dir} has no {split} split (it has {', '.join(sorted(manifest.get('splits', {})))})")

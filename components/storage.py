@@ -37,6 +37,15 @@ class DataError(ValueError):
     """Input data that cannot be used, with a message saying what to do about it."""
 
 
+
+def locate(dataset_dir: str, path: str) -> str:
+    """A manifest's path: relative ones are inside the dataset directory; absolute paths and URIs point elsewhere
+    (augment's pass-through, data written by reference under a data root: components/datadir.py)."""
+    if "://" in path or os.path.isabs(path):
+        return path
+    return join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), path)
+
+
 def _tf_gfile_for(path: str):
     """tf.io.gfile for a URI (gs://...), or DataError saying what to do where TensorFlow is not installed."""
     try:
