@@ -40,6 +40,9 @@ DIGEST_SCHEME = b"kfp-image-classification model digest v2\0"
 KERAS_ARCHIVE = "model.keras"
 TRAINING_INFO = "training.json"  # components/train/results.py writes it; the registry must not import train
 REFERENCE_MODEL = "reference-cnn"
+# Beside model.keras when it was trained where TensorFlow is not installed (components/train/model.py writes it):
+# left out of the digest, like saved_model/, so the model is the same version before and after its SavedModel.
+SAVED_MODEL_PENDING = "saved_model.pending.json"
 
 
 class ModelDigestError(ValueError):
