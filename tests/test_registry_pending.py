@@ -138,6 +138,15 @@ def test_upload_refuses_in_one_line_when_no_saved_model_can_be_made(vertex, gcs,
     assert vertex.calls("UploadModel") == []
 
 
+def test_prebuilt_container_is_given_the_staged_saved_model_itself(vertex, gcs, sleeps):
+    """A Vertex AI prebuilt image loads the SavedModel at the artifact URI itself: serving/1, not serving/."""
+    registry = make_registry(vertex, gcs, sleeps)  # the prebuilt tf2-cpu.2-15 container
+    model_dir = pending_model(gcs / "bkt/runs/r4/model")
+    version = register(model_dir, registry, model_name=MODEL).version
+    assert version.uri == f"gs://bkt/runs/r4/model/{SERVING_FOLDER}/1"
+    assert os.path.isfile(os.path.join(model_dir, SERVING_FOLDER, "1", "saved_model.pb"))
+
+
 def test_the_same_version_before_and_after_its_saved_model_is_written(tmp_path):
     """The digest leaves out saved_model/ and the marker: completing the model in place (`python -m
     components.train.export MODEL_DIR`) does not make it another version; the local registry registers the

@@ -12,7 +12,9 @@ output of train (a directory with `model.keras` and `training.json`) it is sha25
 - what the outputs mean: `class_names` and `image_shape` from training.json.
 
 Left out: `metadata.json` (Keras version, save date), the zip's timestamps, training.json's timings and history,
-and `saved_model/` (written from the same weights by the same step; TensorFlow's protobufs are not byte-stable).
+`saved_model/` (written from the same weights by the same step; TensorFlow's protobufs are not byte-stable) and
+the marker left where it could not be written (SAVED_MODEL_PENDING): a model is the same version before and after
+its SavedModel is made.
 Two trainings that produce bit-identical weights therefore have the same digest, and registering the second
 returns the first's version. A directory without model.keras (a bare SavedModel) is hashed file by file: its
 relative paths and bytes in sorted order.
