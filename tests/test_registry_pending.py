@@ -161,3 +161,40 @@ def test_the_same_version_before_and_after_its_saved_model_is_written(tmp_path):
     again = register(model_dir, local, model_name=MODEL)
     assert not again.new_version and again.version.version == first.version.version
     assert json.load(open(os.path.join(model_dir, "training.json")))["framework"] == "torch"
+
+
+@pytest.mark.slow
+def test_trained_on_torch_without_tensorflow_then_registered_and_served_by_tensorflow(small_dataset, tmp_path, vertex,
+                                                                                      gcs, sleeps):
+    """The whole way: the training step on torch where TensorFlow cannot be imported (a package of that name that
+    raises ImportError first on the path, as tests/test_frameworks.py does) leaves the SavedModel pending; the
+    register step makes it, and TensorFlow Serving's copy predicts what the model does."""
+    import subprocess
+    import sys
+
+    import keras
+    import tensorflow as tf
+
+    pytest.importorskip("torch")
+    shadow = tmp_path / "no-tensorflow" / "tensorflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('TensorFlow is not installed here')\n")
+    model_dir = gcs / "bkt/runs/torch/model"
+    done = subprocess.run([sys.executable, "-m", "components.train", "--framework", "torch", "--dataset-dir",
+                           small_dataset, "--model-dir", str(model_dir), "--epochs", "1", "--batch-size", "32",
+                           "--tensorboard-dir", str(tmp_path / "logs")], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), REPO])}, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(os.listdir(model_dir)) == ["model.keras", train_model.SAVED_MODEL_PENDING, "training.json"]
+
+    registry = make_registry(vertex, gcs, sleeps, serving_image=None)
+    first = register(str(model_dir), registry, model_name=MODEL)
+    assert first.version.lineage["framework"] == "torch"
+    staged = os.path.join(model_dir, SERVING_FOLDER, "1")
+    pixels = np.random.default_rng(5).integers(0, 256, (8, 28, 28, 1)).astype("float32")
+    (served,) = tf.saved_model.load(staged).signatures["serving_default"](tf.constant(pixels)).values()
+    expected = keras.ops.convert_to_numpy(keras.activations.softmax(
+        keras.models.load_model(str(model_dir / "model.keras"), compile=False)(pixels)))
+    np.testing.assert_allclose(served.numpy(), expected, atol=1e-5)
+    again = register(str(model_dir), registry, model_name=MODEL)
+    assert not again.new_version and len(vertex.versions(MODEL)) == 1
