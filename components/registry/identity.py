@@ -12,7 +12,9 @@ output of train (a directory with `model.keras` and `training.json`) it is sha25
 - what the outputs mean: `class_names` and `image_shape` from training.json.
 
 Left out: `metadata.json` (Keras version, save date), the zip's timestamps, training.json's timings and history,
-and `saved_model/` (written from the same weights by the same step; TensorFlow's protobufs are not byte-stable).
+`saved_model/` (written from the same weights by the same step; TensorFlow's protobufs are not byte-stable) and
+the marker left where it could not be written (SAVED_MODEL_PENDING): a model is the same version before and after
+its SavedModel is made.
 Two trainings that produce bit-identical weights therefore have the same digest, and registering the second
 returns the first's version. A directory without model.keras (a bare SavedModel) is hashed file by file: its
 relative paths and bytes in sorted order.
@@ -40,6 +42,9 @@ DIGEST_SCHEME = b"kfp-image-classification model digest v2\0"
 KERAS_ARCHIVE = "model.keras"
 TRAINING_INFO = "training.json"  # components/train/results.py writes it; the registry must not import train
 REFERENCE_MODEL = "reference-cnn"
+# Beside model.keras when it was trained where TensorFlow is not installed (components/train/model.py writes it):
+# left out of the digest, like saved_model/, so the model is the same version before and after its SavedModel.
+SAVED_MODEL_PENDING = "saved_model.pending.json"
 
 
 class ModelDigestError(ValueError):

@@ -42,11 +42,15 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any, Callable
 
 from components import gcp
 from components.registry.base import CHAMPION, ChampionChanged, ModelVersion
+from components.registry.identity import SAVED_MODEL_PENDING
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +145,19 @@ def serving_container(image_uri: str) -> ServingContainer:
     if PREBUILT_IMAGE_RE.match(image_uri):
         return ServingContainer(image_uri=image_uri)
     return tf_serving_container(image_uri)
+
+
+# A model trained where TensorFlow is not installed (the PyTorch GPU image) comes with model.keras and
+# SAVED_MODEL_PENDING, not saved_model/. Its SavedModel is made here from model.keras, by the train step's own
+# exporter in a process of its own (a process holds Keras on one backend only; the CLI is a contract, not an
+# import: the registry imports no step), into a scratch directory, and staged as MODEL_DIR/serving/1/ (the train
+# step's output artifact cannot be written by a later step on a cluster; serving/ is already this step's).
+EXPORT_MODULE = "components.train.export"
+EXPORT_NO_TENSORFLOW = 3  # components/train/export.py's NO_TENSORFLOW
+
+
+class SavedModelUnavailable(ValueError):
+    """No SavedModel to serve, and none could be made from model.keras here: the message says why and what to run."""
 
 
 DIGEST_LABEL = "model_digest"
@@ -312,7 +329,7 @@ class VertexRegistry(gcp.VertexService):
                  gcs_fuse_root: str = "/gcs", max_attempts: int = 5, initial_backoff_s: float = 1.0,
                  max_backoff_s: float = 32.0, poll_seconds: float = 2.0, upload_timeout_seconds: float = 1800.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-                 bucket_location: Callable[[str], str | None] | None = None):
+                 bucket_location: Callable[[str], str | None] | None = None, export_python: str | None = None):
         """
         project, location: where the models live (`projects/{project}/locations/{location}`).
         api_endpoint, credentials, transport: where and how calls go (see components/gcp/clients.py); a
@@ -328,6 +345,8 @@ class VertexRegistry(gcp.VertexService):
         bucket_location: optional `bucket name -> location` lookup (e.g. with google-cloud-storage, which needs
             storage.buckets.get); when given, an artifact bucket in another single region is refused before
             uploading.
+        export_python: the Python that writes a pending model's SavedModel from its model.keras (default: this
+            one; it needs TensorFlow and this project).
         """
         if not project:
             raise ValueError("VertexRegistry needs a project")
@@ -341,6 +360,7 @@ class VertexRegistry(gcp.VertexService):
         self.poll_seconds = poll_seconds
         self.upload_timeout_seconds = upload_timeout_seconds
         self._bucket_location = bucket_location
+        self._export_python = export_python or sys.executable
         self._client_instance = None
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -457,7 +477,11 @@ class VertexRegistry(gcp.VertexService):
             # Training writes the SavedModel (what the serving container loads) in a subfolder.
             saved_model_dir = os.path.join(model_dir, "saved_model")
             uri += "/saved_model"
-        if self.serving.versioned_artifact:
+            if self.serving.versioned_artifact:
+                uri = self._stage_versioned(model_dir, saved_model_dir, artifact_uri)
+        elif os.path.isfile(os.path.join(model_dir, SAVED_MODEL_PENDING)):
+            uri = self._stage_pending(model_dir, artifact_uri)
+        elif self.serving.versioned_artifact:
             uri = self._stage_versioned(model_dir, saved_model_dir, artifact_uri)
         self._check_bucket_region(uri)
         version_labels = {sanitize_label_key(k): sanitize_label_value(v) for k, v in (labels or {}).items()}
@@ -530,6 +554,46 @@ class VertexRegistry(gcp.VertexService):
         # Written where the files are seen: under the /gcs mount when the model is there, else to gs:// itself.
         stage_versioned(saved_model_dir, os.path.join(model_dir, SERVING_FOLDER) if not artifact_uri else base)
         return base
+
+    def _stage_pending(self, model_dir: str, artifact_uri: str | None) -> str:
+        """The SavedModel of a model that has none yet (SAVED_MODEL_PENDING), exported from its model.keras into
+        a scratch directory and staged as MODEL_DIR/serving/1/; returns the artifact URI (serving/ for TensorFlow
+        Serving, serving/1 for a prebuilt container). A serving/1/ that already holds a SavedModel is the one an
+        earlier attempt staged (the export is not byte-stable, so it is kept rather than made again and refused
+        as different). Raises SavedModelUnavailable, before anything is uploaded, when it cannot be made."""
+        base = self.artifact_uri_for(artifact_uri or model_dir) + "/" + SERVING_FOLDER
+        serving_dir = os.path.join(model_dir, SERVING_FOLDER) if not artifact_uri else base
+        if "://" in serving_dir:
+            from components.storage import gfile
+
+            staged = gfile().exists(f"{serving_dir}/1/saved_model.pb")
+        else:
+            staged = os.path.isfile(os.path.join(serving_dir, "1", "saved_model.pb"))
+        if not staged:
+            with tempfile.TemporaryDirectory(prefix="serving-export-") as scratch:
+                saved_model_dir = os.path.join(scratch, "saved_model")
+                self._export_pending(model_dir, saved_model_dir)
+                stage_versioned(saved_model_dir, serving_dir)
+        return base if self.serving.versioned_artifact else base + "/1"
+
+    def _export_pending(self, model_dir: str, saved_model_dir: str) -> None:
+        """`python -m components.train.export MODEL_DIR --output-dir DIR` with Keras on TensorFlow."""
+        env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        try:
+            done = subprocess.run([self._export_python, "-m", EXPORT_MODULE, model_dir, "--output-dir",
+                                   saved_model_dir], env=env, capture_output=True, text=True)
+            returncode, stderr = done.returncode, done.stderr
+        except OSError as e:
+            returncode, stderr = -1, str(e)
+        if returncode == 0 and os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
+            return
+        last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "no output")
+        why = (f"no TensorFlow in {self._export_python}" if returncode == EXPORT_NO_TENSORFLOW
+               else f"exporting it failed (exit {returncode}: {last[:300]})")
+        raise SavedModelUnavailable(
+            f"Not uploading {model_dir}: it was trained where TensorFlow is not installed and has no SavedModel "
+            f"({SAVED_MODEL_PENDING}), and none could be made from its model.keras here: {why}. Run `python -m "
+            f"{EXPORT_MODULE} {model_dir}` where TensorFlow is installed (e.g. the CPU image), then register again.")
 
     def _wait(self, operation: Any, what: str, artifact_uri: str) -> Any:
         """Follows the upload's long-running operation (each poll retried for quota) and returns its response.

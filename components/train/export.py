@@ -1,7 +1,8 @@
 """`python -m components.train.export MODEL_DIR`: the SavedModel of a model trained on PyTorch or JAX, written from
 its model.keras by Keras on its TensorFlow backend (model.complete_saved_model), in a process of its own because
 a process holds Keras on one backend only. Run by the training step where TensorFlow is installed; elsewhere (the
-PyTorch GPU image) the step leaves model.SAVED_MODEL_PENDING and a step on the CPU image runs it."""
+PyTorch GPU image) the step leaves model.SAVED_MODEL_PENDING, and the register step runs it with --output-dir
+for the copy it serves (components/registry/vertex.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--image-shape", help="H,W,C (default: training.json's)")
     parser.add_argument("--model", help="the network's name (default: training.json's)")
+    parser.add_argument("--output-dir", help="write the SavedModel here and leave MODEL_DIR as it is (default: "
+                                             "MODEL_DIR/saved_model, removing the pending marker)")
     args = parser.parse_args(argv)
     os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is first imported
     try:
@@ -27,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from components.train.model import complete_saved_model
 
     shape = [int(n) for n in args.image_shape.split(",")] if args.image_shape else None
-    complete_saved_model(args.model_dir, shape, args.model)
+    complete_saved_model(args.model_dir, shape, args.model, args.output_dir)
     return 0
 
 

@@ -82,8 +82,9 @@ def write_keras_model(model, image_shape, num_classes: int, model_dir: str, mode
     return export
 
 
-def write_saved_model(export, image_shape, model_dir: str) -> None:
-    """saved_model/ of a float32 Keras model (Keras on its TensorFlow backend)."""
+def write_saved_model(export, image_shape, model_dir: str, saved_model_dir: str | None = None) -> None:
+    """saved_model/ of a float32 Keras model (Keras on its TensorFlow backend); into `saved_model_dir` instead
+    when given."""
     import keras
     import tensorflow as tf
 
@@ -98,20 +99,22 @@ def write_saved_model(export, image_shape, model_dir: str) -> None:
             fn_output_signature=tf.TensorSpec(image_shape, tf.float32)), training=False),
             input_signature=[tf.TensorSpec([None], tf.string)])
     with contextlib.redirect_stdout(sys.stderr):
-        archive.write_out(data.join(model_dir, "saved_model"), verbose=False)
+        archive.write_out(saved_model_dir or data.join(model_dir, "saved_model"), verbose=False)
 
 
-def complete_saved_model(model_dir: str, image_shape: list[int] | None = None, model_name: str | None = None) -> bool:
+def complete_saved_model(model_dir: str, image_shape: list[int] | None = None, model_name: str | None = None,
+                         output_dir: str | None = None) -> bool:
     """Writes saved_model/ from model_dir's model.keras, and removes the pending marker: the SavedModel of a model
     trained on another framework. The image shape and model name are training.json's unless given. Needs Keras on
     its TensorFlow backend (a process of its own: python -m components.train.export MODEL_DIR). False when there
-    was nothing to do."""
+    was nothing to do. With `output_dir`, the SavedModel is written there and model_dir is left as it is (the
+    register step's copy for serving, where the train step's output cannot be written)."""
     import json
 
     import keras
 
     marker = data.join(model_dir, SAVED_MODEL_PENDING)
-    if data.gfile().exists(data.join(model_dir, "saved_model", "saved_model.pb")) and \
+    if output_dir is None and data.gfile().exists(data.join(model_dir, "saved_model", "saved_model.pb")) and \
             not data.gfile().exists(marker):
         return False
     if image_shape is None or model_name is None:
@@ -122,7 +125,7 @@ def complete_saved_model(model_dir: str, image_shape: list[int] | None = None, m
     if ":" in builder:  # a bring-your-own model: its module registers its custom layers, if it has any
         models.import_builder(builder)
     export = keras.models.load_model(data.join(model_dir, "model.keras"), compile=False)
-    write_saved_model(export, list(image_shape), model_dir)
-    if data.gfile().exists(marker):
+    write_saved_model(export, list(image_shape), model_dir, output_dir)
+    if output_dir is None and data.gfile().exists(marker):
         data.gfile().remove(marker)
     return True
