@@ -1,6 +1,6 @@
 """`make bench`: every benchmark, each side by side with its baseline measured in the same run.
 
-python -m tests.benchmarks [NAME ...]   (names: ingest, augment, train, predict, models, photos; default: all;
+python -m tests.benchmarks [NAME ...]   (names: ingest, augment, train, predict, models, photos, frameworks; default: all;
                                          `accelerator` needs a GPU and runs only when named)
 """
 
@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos")
+BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos", "frameworks")
 ON_REQUEST = ("accelerator",)
 
 
