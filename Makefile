@@ -79,7 +79,7 @@ run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (F
 test: install browser photos $(BIN)/.framework-torch ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: install photos ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
+bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)
 
 # The GPU check runs on a lent machine's own python3 (torch and JAX, no TensorFlow, no network), from the files

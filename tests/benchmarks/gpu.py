@@ -13,7 +13,7 @@ of carried files. So the data is made here, by the preprocess step, and carried:
     frames copied byte for byte, so no TensorFlow and no checksum is needed), so an epoch is long enough to
     measure; the random crop of the training input makes each copy another image;
   - the wheels of Keras and of its dependencies that are not part of torch or JAX (pure Python, and h5py and
-    optree for CPython 3.10 to 3.12), installed with `pip --no-index --target` when `import keras` fails there.
+    optree for CPython 3.10 to 3.12), unpacked onto the children's PYTHONPATH when `import keras` fails there.
 
 `run` trains, each in its own process and with a time budget (a run that reaches its budget is stopped, and what
 its finished epochs measured is kept): the reference recipe on Fashion-MNIST for 12 epochs, and mobilenet-v3-small
@@ -48,6 +48,7 @@ KERAS_REQUIREMENTS = ("absl-py", "namex", "rich", "markdown-it-py", "mdurl", "py
 BINARY_REQUIREMENTS = ("h5py", "optree")
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 BUNDLE_MANIFEST = "bundle.json"
+MODELS = ("reference-cnn", "mobilenet-v3-small", "resnet50")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,24 +127,58 @@ def _tree_bytes(path: str) -> int:
 
 # ------------------------------------------------------------------------------------------ the lent machine
 
+IMPORT_NAMES = {"absl_py": "absl", "markdown_it_py": "markdown_it"}  # a wheel's distribution -> its module
+
+
 def ensure_keras(bundle: str, work: str) -> dict:
-    """The environment a child trains in: PYTHONPATH with the carried wheels installed when Keras is missing."""
+    """The environment a child trains in: PYTHONPATH with the carried wheels of what this Python lacks."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    missing = [name for name in ("keras", "h5py", "optree", "rich", "namex", "absl")
-               if subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True).returncode != 0]
-    if missing:
-        site = os.path.join(work, "site")
-        wheels = os.path.join(bundle, "wheels")
-        wanted = ["keras", *KERAS_REQUIREMENTS, *BINARY_REQUIREMENTS]
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                               "--find-links", wheels, "--target", site, *wanted], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"installing the carried wheels failed (missing here: {missing}):\n{done.stderr[-2000:]}")
-        env["PYTHONPATH"] = os.pathsep.join([site, os.getcwd(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        print(f"installed the carried wheels into {site} (missing here: {', '.join(missing)})", flush=True)
-    else:
-        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [os.getcwd()]
+    wheels = os.path.join(bundle, "wheels")
+    installed = install_wheels(wheels, os.path.join(work, "site"), missing_modules(wheels))
+    if installed:
+        paths.insert(0, os.path.join(work, "site"))
+        print(f"unpacked the carried wheels this Python lacks: {', '.join(installed)}", flush=True)
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
+
+
+def _distribution(wheel: str) -> str:
+    return wheel.split("-")[0].lower()
+
+
+def missing_modules(wheels: str) -> set[str]:
+    """The carried wheels' distributions whose module does not import here."""
+    if not os.path.isdir(wheels):
+        return set()
+    names = {_distribution(n) for n in os.listdir(wheels) if n.endswith(".whl")}
+    check = ("import importlib.util, json, sys; "
+             "print(json.dumps([n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]))")
+    modules = {IMPORT_NAMES.get(name, name): name for name in names}
+    done = subprocess.run([sys.executable, "-c", check, *modules], capture_output=True, text=True, check=True)
+    return {modules[module] for module in json.loads(done.stdout)}
+
+
+def install_wheels(wheels: str, site: str, distributions: set[str]) -> list[str]:
+    """Unpacks the carried wheels of `distributions` this Python can use into `site` (a wheel is a zip of what goes
+    on sys.path; no pip needed): the pure ones, and the binary ones built for this CPython version."""
+    import zipfile
+
+    if not distributions:
+        return []
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    names = [name for name in sorted(os.listdir(wheels)) if name.endswith(".whl")
+             and _distribution(name) in distributions]
+    chosen = [name for name in names if "-py3-none-any" in name or f"-{tag}-{tag}-" in name]
+    lacking = sorted({_distribution(n) for n in names} - {_distribution(n) for n in chosen})
+    if lacking:
+        raise SystemExit(f"the carried wheels of {', '.join(lacking)} have no build for this Python ({tag}): make "
+                         "the bundle with this version in tests/benchmarks/gpu.py's PYTHON_VERSIONS")
+    os.makedirs(site, exist_ok=True)
+    for name in chosen:
+        with zipfile.ZipFile(os.path.join(wheels, name)) as wheel:
+            wheel.extractall(site)
+    return chosen
 
 
 def unpack_datasets(bundle: str, work: str, photo_copies: int) -> dict:
@@ -280,6 +315,8 @@ def run_phase(phase: Phase, dataset_dir: str, env: dict, budget: float, sampler:
     if not reports:
         result["error"] = "".join(stderr)[-3000:] or "no epoch finished"
         return result
+    if child.returncode != 0 and not stopped:
+        result["failed_after_epochs"] = "".join(stderr)[-3000:]
     first_epoch_at = reports[0][0]
     last_at, measured = reports[-1]
     epochs = measured["epochs"]
@@ -326,7 +363,8 @@ def format_results(results: list[dict], device: str | None, source: str) -> str:
         rows.append((r["phase"], f"{r['epochs_done']}/{r['epochs_planned']} x {r['global_batch']}",
                      f"{r['images_per_second']:.0f}", util, pct("mfu"), pct("input_wait_share"),
                      f"{r['val_accuracy']:.4f}" if r.get("val_accuracy") is not None else "-",
-                     f"{r['train_seconds']:.1f}", "stopped at budget" if r["stopped_at_budget"] else ""))
+                     f"{r['train_seconds']:.1f}", "stopped at budget" if r["stopped_at_budget"]
+                     else "failed after these epochs: see above" if r.get("failed_after_epochs") else ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     peak = peak_tflops(device)
@@ -348,6 +386,11 @@ def run(args) -> list[dict]:
     sampler = GpuSampler().start()
     plan = phases(fashion_epochs=args.fashion_epochs, photo_epochs=args.photo_epochs, batch_size=args.batch_size,
                   frameworks=tuple(args.frameworks.split(",")), budget_scale=args.budget_scale)
+    models = set(args.models.split(","))
+    unknown = sorted(models - set(MODELS))
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; the check trains {', '.join(MODELS)}")
+    plan = [phase for phase in plan if phase.model in models]
     print(f"set up in {time.monotonic() - start:.0f}s; device {sampler.device or 'none'}; "
           f"{len(plan)} phases, at most {args.total_budget:.0f}s in all", flush=True)
     results = []
@@ -361,11 +404,13 @@ def run(args) -> list[dict]:
         print(f"{phase.name} ({phase.workload}, budget {budget:.0f}s) ...", flush=True)
         result = run_phase(phase, datasets[phase.workload], env, budget, sampler)
         results.append(result)
+        if "error" in result or "failed_after_epochs" in result:
+            print(f"{phase.name} failed (exit {result['returncode']}):\n"
+                  f"{result.get('error') or result['failed_after_epochs']}", flush=True)
         if "error" in result:
-            print(f"{phase.name} failed (exit {result['returncode']}):\n{result['error']}", flush=True)
-        else:
-            print(f"  {result['images_per_second']:.0f} images/s, {result['epochs_done']} epoch(s) in "
-                  f"{result['train_seconds']:.1f}s", flush=True)
+            continue
+        print(f"  {result['images_per_second']:.0f} images/s, {result['epochs_done']} epoch(s) in "
+              f"{result['train_seconds']:.1f}s", flush=True)
     sampler.stop()
     print()
     print(format_results(results, sampler.device, sampler.source))
@@ -391,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_options(p, *, photo_copies, fashion_epochs, photo_epochs, batch_size, budget):
         p.add_argument("--frameworks", default="torch,jax")
+        p.add_argument("--models", default=",".join(MODELS), help="which of the phases' models to train")
         p.add_argument("--photo-copies", type=int, default=photo_copies)
         p.add_argument("--fashion-epochs", type=int, default=fashion_epochs)
         p.add_argument("--photo-epochs", type=int, default=photo_epochs)
@@ -439,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         bundle_dir = os.path.join(work, "bundle")
         if not os.path.exists(os.path.join(bundle_dir, BUNDLE_MANIFEST)):
             make_bundle(bundle_dir, fashion_source="/usr/share/datasets/fashion-mnist", photos_dir=photos_dir,
-                        image_size=32, fashion_limit=300, photo_limit=4, wheels=False)
+                        image_size=64, fashion_limit=300, photo_limit=4, wheels=False)
         args.bundle = bundle_dir
     run(args)
     return 0
