@@ -16,7 +16,8 @@ imported (KERAS_BACKEND), and peak memory is that process's. The process runs `c
 `framework=` set, as the training step's CLI does, and times it from the outside: each epoch from the loop's
 epoch callback, the test split scored after each epoch with the step's own predict function (scoring time is kept
 out of every clock), and, in a subclass that only adds clocks around the loop's `take_steps`, the time spent in
-optimizer steps and the part of it spent waiting for the input's next batch.
+optimizer steps and, on torch and JAX, the part of it spent waiting for the input's next batch (TensorFlow's step
+reads its input inside the compiled function, out of a Python clock's reach).
 
 Figures per framework: images/s (training images over the epochs' time, validation and the BatchNormalization
 re-estimation included, as training.json's images_per_second), epoch seconds (the first, which includes tracing
@@ -66,15 +67,22 @@ class StepClock:
         return Timed()
 
 
+# Frameworks whose step takes the batches from the iterator in Python, where a clock can wait with it. TensorFlow's
+# step reads its tf.data iterator inside the compiled function (a Python wrapper would make it retrace every call).
+INPUT_CLOCKED = ("torch", "jax")
+
+
 def timed_loop(settings, clock: StepClock, epoch_callback):
     """components.train's TrainingLoop with clocks around `take_steps` (what the loop runs, unchanged)."""
     from components.train.loop import TrainingLoop
+
+    clocked = settings.framework in INPUT_CLOCKED
 
     class TimedLoop(TrainingLoop):
         def take_steps(self, iterator, count, epoch, in_epoch):
             start = time.perf_counter()
             try:
-                super().take_steps(clock.iterate(iterator), count, epoch, in_epoch)
+                super().take_steps(clock.iterate(iterator) if clocked else iterator, count, epoch, in_epoch)
             finally:
                 clock.step_seconds += time.perf_counter() - start
 
@@ -129,7 +137,7 @@ def measure(framework: str, dataset_dir: str, *, model: str, recipe: str, epochs
     clock = StepClock()
     train_count = data.read_manifest(dataset_dir)["splits"]["train"]["count"]
     measured = {"framework": framework, "model": model, "recipe": recipe, "train_count": train_count,
-                "epochs": [], "step_seconds": 0.0, "input_wait_seconds": 0.0}
+                "epochs": [], "step_seconds": 0.0, "input_wait_seconds": None}
     start = time.monotonic()
     scoring = [0.0]
 
@@ -150,8 +158,8 @@ def measure(framework: str, dataset_dir: str, *, model: str, recipe: str, epochs
         if "flops_per_image" not in measured:
             measured.update(flops_per_image=model_flops(loop.model), global_batch=loop.plan.global_batch,
                             precision=loop.plan.precision, jit=loop.plan.use_jit)
-        measured.update(step_seconds=clock.step_seconds, input_wait_seconds=clock.wait_seconds,
-                        batches=clock.batches, peak_memory_mb=_peak_memory_mb())
+        measured.update(step_seconds=clock.step_seconds, batches=clock.batches, peak_memory_mb=_peak_memory_mb(),
+                        input_wait_seconds=clock.wait_seconds if framework in INPUT_CLOCKED else None)
         scoring[0] += time.monotonic() - reached
         if report is not None:
             report(measured)
@@ -179,7 +187,7 @@ def summarize(measured: dict) -> dict:
             "images_per_second": images / epochs[-1]["seconds"] if epochs else None,
             "step_images_per_second": step_images / measured["step_seconds"] if step_images else None,
             "input_wait_share": measured["input_wait_seconds"] / measured["step_seconds"]
-            if measured["step_seconds"] else None,
+            if measured["step_seconds"] and measured["input_wait_seconds"] is not None else None,
             "test_accuracy": epochs[-1].get("test_accuracy") if epochs else None,
             "val_accuracy": epochs[-1].get("val_accuracy") if epochs else None}
 

@@ -49,6 +49,7 @@ BINARY_REQUIREMENTS = ("h5py", "optree")
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 BUNDLE_MANIFEST = "bundle.json"
 MODELS = ("reference-cnn", "mobilenet-v3-small", "resnet50")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,14 +69,14 @@ class Phase:
 
 
 def phases(*, fashion_epochs: int, photo_epochs: int, batch_size: int, frameworks=("torch", "jax"),
-           budget_scale: float = 1.0) -> list[Phase]:
+           budget_scale: float = 1.0, photo_precision: str = "mixed_bfloat16") -> list[Phase]:
     """torch then JAX: the reference recipe on Fashion-MNIST, mobilenet-v3-small and resnet50 in bf16 on photos."""
     out = []
     for framework in frameworks:
         out += [Phase(framework, "fashion", "reference-cnn", "reference", fashion_epochs, 60 * budget_scale),
                 Phase(framework, "photos", "mobilenet-v3-small", "fast", photo_epochs, 55 * budget_scale,
-                      "mixed_bfloat16", batch_size),
-                Phase(framework, "photos", "resnet50", "fast", photo_epochs, 80 * budget_scale, "mixed_bfloat16",
+                      photo_precision, batch_size),
+                Phase(framework, "photos", "resnet50", "fast", photo_epochs, 80 * budget_scale, photo_precision,
                       batch_size)]
     return out
 
@@ -133,7 +134,7 @@ IMPORT_NAMES = {"absl_py": "absl", "markdown_it_py": "markdown_it"}  # a wheel's
 def ensure_keras(bundle: str, work: str) -> dict:
     """The environment a child trains in: PYTHONPATH with the carried wheels of what this Python lacks."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    paths = [os.getcwd()]
+    paths = [REPO_ROOT]
     wheels = os.path.join(bundle, "wheels")
     installed = install_wheels(wheels, os.path.join(work, "site"), missing_modules(wheels))
     if installed:
@@ -288,7 +289,8 @@ def run_phase(phase: Phase, dataset_dir: str, env: dict, budget: float, sampler:
     if phase.batch_size:
         command += ["--batch-size", str(phase.batch_size)]
     started = time.time()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             cwd=REPO_ROOT)
     reports: list[tuple[float, dict]] = []
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(child.stderr), daemon=True).start()
@@ -329,7 +331,7 @@ def run_phase(phase: Phase, dataset_dir: str, env: dict, budget: float, sampler:
         result["images_per_second"] = measured["train_count"] * (len(epochs) - 1) / steady
     else:
         result["images_per_second"] = measured["train_count"] / epochs[0]["seconds"]
-    if measured.get("step_seconds"):
+    if measured.get("step_seconds") and measured.get("input_wait_seconds") is not None:
         result["input_wait_share"] = measured["input_wait_seconds"] / measured["step_seconds"]
     result["gpu_utilization"] = sampler.mean(first_epoch_at if len(reports) > 1 else started, last_at)
     peak = peak_tflops(sampler.device)
@@ -385,7 +387,8 @@ def run(args) -> list[dict]:
     datasets = unpack_datasets(bundle, work, args.photo_copies)
     sampler = GpuSampler().start()
     plan = phases(fashion_epochs=args.fashion_epochs, photo_epochs=args.photo_epochs, batch_size=args.batch_size,
-                  frameworks=tuple(args.frameworks.split(",")), budget_scale=args.budget_scale)
+                  frameworks=tuple(args.frameworks.split(",")), budget_scale=args.budget_scale,
+                  photo_precision=args.photo_precision)
     models = set(args.models.split(","))
     unknown = sorted(models - set(MODELS))
     if unknown:
@@ -434,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     bundle.add_argument("--photos", help="class folders of photos (default: `make photos`' food photos)")
     bundle.add_argument("--image-size", type=int, default=224)
 
-    def run_options(p, *, photo_copies, fashion_epochs, photo_epochs, batch_size, budget):
+    def run_options(p, *, photo_copies, fashion_epochs, photo_epochs, batch_size, budget, photo_precision,
+                    budget_scale):
         p.add_argument("--frameworks", default="torch,jax")
         p.add_argument("--models", default=",".join(MODELS), help="which of the phases' models to train")
         p.add_argument("--photo-copies", type=int, default=photo_copies)
@@ -442,18 +446,23 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--photo-epochs", type=int, default=photo_epochs)
         p.add_argument("--batch-size", type=int, default=batch_size, help="the photos' batch (per GPU)")
         p.add_argument("--total-budget", type=float, default=budget, help="seconds for everything")
-        p.add_argument("--budget-scale", type=float, default=1.0, help="x each phase's budget")
-        p.add_argument("--json", default="runs/bench-gpu.json", help="the results, also as JSON")
+        p.add_argument("--budget-scale", type=float, default=budget_scale, help="x each phase's budget")
+        p.add_argument("--photo-precision", default=photo_precision, help="the photo models' Keras dtype policy")
+        p.add_argument("--json", default=os.path.join(os.environ.get("OUT") or "runs", "bench-gpu.json"),
+                       help="the results, also as JSON (default: $OUT/bench-gpu.json where the device tool sets OUT, "
+                       "else runs/)")
 
     run_parser = commands.add_parser("run", help="on the lent machine")
     run_parser.add_argument("--bundle", default="runs/gpu-bundle")
     run_options(run_parser, photo_copies=16, fashion_epochs=12, photo_epochs=8, batch_size=256,
-                budget=TOTAL_BUDGET_SECONDS)
+                budget=TOTAL_BUDGET_SECONDS, photo_precision="mixed_bfloat16", budget_scale=1.0)
 
     dry = commands.add_parser("dry-run", help="bundle and run here on the CPU with tiny sizes")
     dry.add_argument("--workdir", help="keep the tiny bundle here (default: a temporary folder)")
     dry.add_argument("--photos", help="class folders of photos (default: `make photos`' food photos)")
-    run_options(dry, photo_copies=2, fashion_epochs=2, photo_epochs=2, batch_size=8, budget=TOTAL_BUDGET_SECONDS)
+    # On a CPU bf16 is emulated (several times slower) and compiling is slow: float32, and twice the phases' budgets.
+    run_options(dry, photo_copies=2, fashion_epochs=2, photo_epochs=2, batch_size=8, budget=2 * TOTAL_BUDGET_SECONDS,
+                photo_precision="float32", budget_scale=2.0)
 
     measure = commands.add_parser("measure", help=argparse.SUPPRESS)  # one phase, in its own process
     for name in ("framework", "dataset-dir", "model", "recipe", "precision"):
