@@ -216,7 +216,7 @@ def table(title: str, runs: list[dict]) -> str:
     row("test accuracy", "{:.4f}", "test_accuracy")
     row("input wait / step time", "{:.0%}", "input_wait_share")
     row("peak memory MB", "{:.0f}", "peak_memory_mb")
-    rows.append(("precision, compiled", *(f"{r['precision']}, {'XLA' if r['jit'] else 'eager'}" for r in runs)))
+    rows.append(("precision, XLA", *(f"{r['precision']}, {'on' if r['jit'] else 'off'}" for r in runs)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
