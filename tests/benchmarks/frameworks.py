@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--photo-epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="the photos' batch")
     parser.add_argument("--precision", default="float32", help="every run's (auto: bf16 where the CPU has it, "
-                        "which on this 2-core machine was several times slower than float32 on every framework)")
+                        "which on this 2-core machine made torch's and JAX's first epoch 4-6x slower than float32)")
     parser.add_argument("--workdir", help="keep the preprocessed shards here (reused when present)")
     parser.add_argument("--measure", choices=FRAMEWORKS, help=argparse.SUPPRESS)  # one framework, own process
     parser.add_argument("--dataset-dir", help=argparse.SUPPRESS)
