@@ -11,7 +11,7 @@ BENCH ?=
 FRAMEWORK ?= tensorflow
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser gpu-wheels run test audit compile bench clean framework
+.PHONY: help install data photos browser gpu-wheels run test audit compile bench bench-gpu bench-gpu-bundle clean framework
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -89,6 +89,17 @@ audit: $(BIN)/pipectl ## pip-audit over every image's resolved requirements (ask
 
 bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)
+
+# The GPU check runs on a lent machine's own python3 (torch and JAX, no TensorFlow, no network), from the files
+# bench-gpu-bundle makes here: docs/benchmarks.md. DRY_RUN=1 runs the whole check here on the CPU with tiny sizes.
+bench-gpu-bundle: install photos ## the carried files of bench-gpu (shards, Keras wheels) into runs/gpu-bundle
+	$(BIN)/python -m tests.benchmarks.gpu bundle --out runs/gpu-bundle
+
+ifeq ($(DRY_RUN),1)
+bench-gpu: install photos $(BIN)/.framework-torch $(BIN)/.framework-jax
+endif
+bench-gpu: ## the GPU check (torch, JAX) on a lent GPU machine, 8 min; DRY_RUN=1: here on the CPU, tiny sizes
+	$(if $(filter 1,$(DRY_RUN)),$(BIN)/python -m tests.benchmarks.gpu dry-run,python3 -m tests.benchmarks.gpu run)
 
 compile: $(BIN)/pipectl ## compile the pipeline to pipeline.yaml
 	$(BIN)/pipectl compile --output pipeline.yaml
