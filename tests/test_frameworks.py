@@ -91,7 +91,7 @@ def test_two_torch_processes_interrupted_resume_to_the_exact_step_count(small_da
     rank 1 (rank 0 loses its peer in the all-reduce: EXIT_RETRY, resumed from the last periodic checkpoint), then
     both run to the end: exactly epochs x steps_per_epoch steps, a mid-epoch resume, and a working model."""
     pytest.importorskip("torch")
-    epochs, batch = 3, 16
+    epochs, batch = 6, 16  # six: on an idle machine three epochs ended before the second signal arrived
     args = ["--framework", "torch", "--dataset-dir", small_dataset, "--epochs", str(epochs), "--batch-size",
             str(batch), "--input-mode", "memory", "--model-dir", str(tmp_path / "model"), "--backup-dir",
             str(tmp_path / "backup"), "--checkpoint-seconds", "0.5"]
@@ -148,7 +148,7 @@ def test_two_jax_processes_preempted_resume_to_the_exact_step_count(small_datase
     """Two JAX processes (jax.distributed, gloo): SIGTERM on process 1, both save at the same step and exit
     EXIT_RETRY; started again, they resume there and take exactly epochs x steps_per_epoch steps."""
     pytest.importorskip("jax")
-    epochs, batch = 2, 16
+    epochs, batch = 4, 16  # room for the signal after the first checkpoint on an idle machine
     args = ["--framework", "jax", "--dataset-dir", small_dataset, "--epochs", str(epochs), "--batch-size",
             str(batch), "--input-mode", "memory", "--model-dir", str(tmp_path / "model"), "--backup-dir",
             str(tmp_path / "backup"), "--checkpoint-seconds", "0.5"]
