@@ -46,7 +46,6 @@ RUNTIME_NAME = "tensorflow-multiworker"  # the plain ClusterTrainingRuntime in m
 # runtimes with Trainer's own torch and JAX policies (upstream's torch-distributed and jax-distributed runtimes,
 # manifests/base/runtimes/ at v2.3.0, with the failure rules of jobset.py added).
 RUNTIMES = {"tensorflow": RUNTIME_NAME, "torch": "torch-multinode", "jax": "jax-multinode"}
-RUNTIME_FILE = f"manifests/trainer/{RUNTIME_NAME}.yaml"
 FRAMEWORK_LABEL = "kfp-image-classification/framework"  # on the TrainJob: which runtime policy it needs
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job Trainer's trainer step is
 # Who owns our runtime patch: Trainer's webhook wants a domain-prefixed path; the project's name stands in for it.
