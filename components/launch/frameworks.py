@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-FRAMEWORKS = ("tensorflow", "torch", "jax")
+from components.params import FRAMEWORKS  # noqa: F401 (the one list of frameworks; launchers read it from here)
+
 TRAIN_MODULE = "components.train"
 NODE_MODULE = "components.launch.node"
 # Trainer v2's port for the nodes' own traffic (torch's c10d store, JAX's coordinator): kubeflow/trainer v2.3.0
