@@ -277,8 +277,9 @@ ALLREDUCE = """
     dist.init_process_group("gloo")
     total = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(total)
-    print("rank", dist.get_rank(), "of", dist.get_world_size(), "local", os.environ["LOCAL_RANK"], "sum",
-          int(total.item()), flush=True)
+    # one write of the whole line: the node's processes share its stdout, and print's separate writes interleaved
+    os.write(1, f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} "
+                f"sum {int(total.item())}\\n".encode())
     dist.destroy_process_group()
 """
 
