@@ -50,6 +50,19 @@ def test_a_process_trains_on_one_framework():
         frameworks.check("mxnet")
 
 
+@pytest.mark.parametrize("framework", ["tensorflow", "torch", "jax"])
+def test_auto_precision_is_float32_on_a_cpu_and_an_asked_policy_is_honoured(framework):
+    """One rule on every framework (model.precision_for): bf16/fp16 only on GPUs that compute it fast; on this CPU,
+    bf16 instructions or not, float32."""
+    pytest.importorskip(framework)
+    out = run_python(f"from components.train import frameworks\nframeworks.use({framework!r})\n"
+                     f"backend = frameworks.backend_class({framework!r})(None)\nbackend.start(backend.role(None))\n"
+                     f"print(backend.gpu_capability(), backend.resolve_precision('auto'), "
+                     f"backend.resolve_precision('mixed_bfloat16'), backend.resolve_precision('mixed_float16'))\n",
+                     env={"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu", "OMP_NUM_THREADS": "1"})
+    assert out.split()[-4:] == ["None", "float32", "mixed_bfloat16", "mixed_float16"]
+
+
 def torch_env(rank: int, world: int, port: int) -> dict:
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Iterator
 
 from components.train.cluster import ClusterRole
+from components.train.model import precision_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +83,14 @@ class Backend(abc.ABC):
     def start(self, role: ClusterRole) -> Runtime:
         """Starts the distribution (the collective runtime) and checks the accelerators are visible."""
 
-    @abc.abstractmethod
     def resolve_precision(self, requested: str) -> str:
-        """The Keras dtype policy for `requested` (auto: bf16/fp16 where the hardware computes it)."""
+        """The Keras dtype policy for `requested` (auto: bf16/fp16 on GPUs that compute it fast, float32 on CPUs;
+        model.precision_for, one rule for every framework)."""
+        return precision_for(requested, self.gpu_capability() if requested == "auto" else None)
+
+    @abc.abstractmethod
+    def gpu_capability(self) -> tuple[int, int] | None:
+        """The CUDA compute capability of the GPU this process trains on (the first, if several); None on a CPU."""
 
     @abc.abstractmethod
     def resolve_jit(self, requested: str) -> bool:

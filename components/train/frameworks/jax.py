@@ -19,7 +19,7 @@ import numpy as np
 
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
-from components.train.model import check_gpus_visible, cpu_has_bf16, write_keras_model
+from components.train.model import check_gpus_visible, write_keras_model
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +66,10 @@ class Backend(base.Backend):
         return base.Runtime(len(devices), f"DataParallel({len(devices)} devices, {self.processes} processes)",
                             len(jax.local_devices()) if gpus else 0)
 
-    def resolve_precision(self, requested):
-        if requested != "auto":
-            return requested
-        if self.gpus:
-            capability = tuple(int(n) for n in str(getattr(self.gpus[0], "compute_capability", "0.0")).split("."))
-            return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16" if capability >= (7, 0) \
-                else "float32"
-        return "mixed_bfloat16" if cpu_has_bf16() else "float32"
+    def gpu_capability(self):
+        if not self.gpus:
+            return None
+        return tuple(int(n) for n in str(getattr(self.gpus[0], "compute_capability", "0.0")).split(".")[:2])
 
     def resolve_jit(self, requested):
         return True  # a JAX step is always compiled by XLA

@@ -24,7 +24,7 @@ import numpy as np
 
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
-from components.train.model import check_gpus_visible, cpu_has_bf16, write_keras_model
+from components.train.model import check_gpus_visible, write_keras_model
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +72,10 @@ class Backend(base.Backend):
         distribution = f"torch.distributed({kind}, {self.world} processes)" if self.world > 1 else "one process"
         return base.Runtime(self.world, distribution, 1 if gpus else 0)
 
-    def resolve_precision(self, requested):
-        if requested != "auto":
-            return requested
+    def gpu_capability(self):
         import torch
 
-        if self.device.type == "cuda":
-            capability = torch.cuda.get_device_capability(self.device)
-            return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16" if capability >= (7, 0) \
-                else "float32"
-        return "mixed_bfloat16" if cpu_has_bf16() else "float32"
+        return tuple(torch.cuda.get_device_capability(self.device)) if self.device.type == "cuda" else None
 
     def resolve_jit(self, requested):
         if requested == "on":
