@@ -64,8 +64,63 @@ def test_auto_precision_is_float32_on_a_cpu_and_an_asked_policy_is_honoured(fram
 
 
 def torch_env(rank: int, world: int, port: int) -> dict:
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+
+
+# One process of a job on this machine: its backend started as the step starts it, its training input made, the
+# input's line and threads printed.
+INPUT_SHARE = """
+import logging, sys
+from components.train import frameworks
+from components.train.frameworks import base
+from components.train.recipes import RECIPES
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+framework, train_dir = sys.argv[1], sys.argv[2]
+frameworks.use(framework)
+backend = frameworks.backend_class(framework)(None)
+role = backend.role(None)
+backend.start(role)
+next(backend.batches(base.InputSpec(train_dir, [28, 28, 1], RECIPES["reference"], None, "memory", 2, 32, 4), 0, 0))
+print(role.task, "threads", backend.input.train.workers, backend.input.train._pool._max_workers, flush=True)
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_processes_on_one_machine_share_its_cpus_for_their_input(framework, small_dataset, tmp_path):
+    """Two processes of a job on this machine (real torchrun; two jax.distributed processes) each decode on its
+    share of the CPUs, not on all of them (which oversubscribed the machine twice), and say so once."""
+    pytest.importorskip(framework)
+    from components.images import available_cpus
+
+    (tmp_path / "input_share.py").write_text(INPUT_SHARE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
+           "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO_ROOT}
+    script = [str(tmp_path / "input_share.py"), framework, small_dataset]
+    if framework == "torch":  # torchrun sets LOCAL_WORLD_SIZE=2 in each process
+        commands = [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script]]
+        envs = [env]
+    else:
+        address = f"127.0.0.1:{free_ports(1)[0]}"
+        commands = [[sys.executable, *script]] * 2
+        envs = [{**env, "JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)}
+                for i in range(2)]
+    processes = [subprocess.Popen(command, cwd=REPO_ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for command, e in zip(commands, envs)]
+    try:
+        out = "".join(process.communicate(timeout=300)[0] for process in processes)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert all(process.returncode == 0 for process in processes), out[-3000:]
+    share = max(1, available_cpus() // 2)
+    lines = [line for line in out.splitlines() if " threads " in line]
+    assert sorted(lines) == [f"{task}/{i} threads {share} {share}" for i in range(2)
+                             for task in ["rank" if framework == "torch" else "process"]], out[-3000:]
+    said = [line for line in out.splitlines() if line.startswith("train: input on")]
+    assert said == [f"train: input on {share} thread(s) ({available_cpus()} CPU(s) shared by 2 process(es) on "
+                    "this machine)"] * 2, out[-3000:]
 
 
 @pytest.mark.slow

@@ -387,6 +387,28 @@ def test_a_resumed_attempt_gets_the_batches_of_the_uninterrupted_one(small_datas
     assert not np.array_equal(other_epoch, whole[0][0])
 
 
+def test_input_threads_are_the_processes_share_of_the_cpus_unless_asked(small_dataset, caplog):
+    """N training processes on one machine (torchrun's LOCAL_WORLD_SIZE) each take 1/N of its CPUs, at least one;
+    an explicit `workers` is taken as it is. (Real torchrun and jax.distributed processes: test_frameworks.py.)"""
+    from components.images import available_cpus
+    from components.train.frameworks.base import InputSpec
+    from components.train.frameworks.portable import train_input
+    from components.train.portable_input import input_workers
+
+    cpus = available_cpus()
+    assert input_workers() == input_workers(None, 1) == cpus
+    assert input_workers(None, 2) == max(1, cpus // 2) and input_workers(None, 4 * cpus) == 1
+    assert input_workers(3) == input_workers(3, 8) == 3
+    spec = InputSpec(small_dataset, [28, 28, 1], RECIPES["reference"], None, "memory", 1, 64, 4)
+    with caplog.at_level("INFO"):
+        shared = train_input(spec, pipeline_id=0, num_pipelines=1, local_processes=4 * cpus)
+        asked = train_input(spec, pipeline_id=0, num_pipelines=1, workers=3, local_processes=4 * cpus)
+    assert (shared.workers, shared.train.workers, asked.workers, asked.train.workers) == (1, 1, 3, 3)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train: input on")]
+    assert said == [f"train: input on 1 thread(s) ({cpus} CPU(s) shared by {4 * cpus} process(es) on this machine)",
+                    "train: input on 3 thread(s) (as asked)"]
+
+
 def test_two_workers_share_the_split_by_file_and_by_record(small_dataset, tmp_path):
     """Two workers' shares are disjoint and cover the split; with fewer files than workers, every other record."""
     manifest = records.read_manifest(small_dataset)

@@ -14,8 +14,9 @@ Records are read in TensorFlow's interleave order, so an example's index (the au
 the TensorFlow path. The random streams are numpy's, not TensorFlow's: the same semantics, other permutations.
 
 Work: a planner thread reads records (stream mode) and hands each batch, in slices, to a thread pool sized by
-images.available_cpus() (Pillow decodes and numpy's array operations release the GIL); each slice writes into
-the batch's preallocated array; at most `prefetch` batches are in flight, so memory stays flat.
+input_workers() (the process's share of images.available_cpus(); Pillow decodes and numpy's array operations
+release the GIL); each slice writes into the batch's preallocated array; at most `prefetch` batches are in flight,
+so memory stays flat.
 """
 
 from __future__ import annotations
@@ -113,10 +114,15 @@ class _Pipeline:
                     pass
 
 
-def _workers(workers: int | None) -> int:
+def input_workers(workers: int | None = None, local_processes: int = 1) -> int:
+    """Threads of one process's input: `workers` when given; else its share of the CPUs it may use
+    (images.available_cpus()) among the `local_processes` training processes on the machine (torchrun's
+    LOCAL_WORLD_SIZE, one per GPU), at least 1, so that N processes do not each start a pool of every CPU."""
     from components.images import available_cpus
 
-    return max(1, workers or available_cpus())
+    if workers:
+        return max(1, workers)
+    return max(1, available_cpus() // max(1, local_processes))
 
 
 class PortableTrainInput:
@@ -154,7 +160,7 @@ class PortableTrainInput:
         if mode not in ("memory", "stream"):
             raise ValueError(f"input mode must be auto, memory or stream, got {mode!r}")
         self.mode = mode
-        self.workers = _workers(workers)
+        self.workers = input_workers(workers)
         self.prefetch = max(1, prefetch)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="portable-input")
         self.images = self.contents = self.labels = None  # memory mode: pixels (or the files' bytes) and labels
@@ -306,7 +312,7 @@ def eval_batches(dataset_dir: str, split: str, batch: int, *, workers: int | Non
     files = records.split_files(dataset_dir, split, manifest)
     shape = list(manifest["image_shape"])
     encoding = manifest.get("image_encoding", pixels.RAW)
-    count = _workers(workers)
+    count = input_workers(workers)
 
     def plan():
         chunk = []

@@ -29,6 +29,8 @@ from components.train.model import check_gpus_visible, write_keras_model
 log = logging.getLogger(__name__)
 
 RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV = "RANK", "WORLD_SIZE", "LOCAL_RANK"  # torchrun's (torch.distributed.run)
+# torchrun's processes on this node (torch v2.13.0, torch/distributed/elastic/agent/server/local_elastic_agent.py:420)
+LOCAL_WORLD_ENV = "LOCAL_WORLD_SIZE"
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # a peer silent this long is lost
 
 
@@ -39,6 +41,7 @@ class Backend(base.Backend):
         super().__init__(settings)
         self.world = 1
         self.rank = 0
+        self.local_processes = 1  # on this node: they share its CPUs
         self.device = None
         self.input = None
         self.process_group = False
@@ -48,6 +51,7 @@ class Backend(base.Backend):
     def role(self, tf_config):
         self.world = int(os.environ.get(WORLD_ENV, "1"))
         self.rank = int(os.environ.get(RANK_ENV, "0"))
+        self.local_processes = int(os.environ.get(LOCAL_WORLD_ENV, "1"))
         if not 0 <= self.rank < self.world:
             raise ValueError(f"{RANK_ENV}={self.rank} is outside {WORLD_ENV}={self.world}")
         task = f"rank/{self.rank}" if self.world > 1 else "local"
@@ -186,7 +190,8 @@ class Backend(base.Backend):
 
     def batches(self, spec, epoch, first_step):
         if self.input is None:
-            self.input = portable.train_input(spec, pipeline_id=self.rank, num_pipelines=self.world)
+            self.input = portable.train_input(spec, pipeline_id=self.rank, num_pipelines=self.world,
+                                              local_processes=self.local_processes)
         return iter(self.input.batches(epoch, first_step, spec.steps_per_epoch - first_step, spec.recipe.batch_size))
 
     def input_mode(self):
