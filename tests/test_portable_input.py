@@ -409,6 +409,25 @@ def test_input_threads_are_the_processes_share_of_the_cpus_unless_asked(small_da
                     "train: input on 3 thread(s) (as asked)"]
 
 
+def test_both_inputs_share_one_rule_for_a_workers_files_and_mode(caplog):
+    """inputs.worker_share, what TrainInput and PortableTrainInput both take their share and mode from."""
+    from components.train.inputs import MEMORY_INPUT_LIMIT_BYTES, worker_share
+
+    files = [f"train-{i}.tfrecord" for i in range(5)]
+    assert worker_share(files, 1, 2, "auto", 1000, [28, 28, 1]) == (files[1::2], None, "memory")
+    with caplog.at_level("WARNING"):
+        assert worker_share(files[:1], 1, 2, "stream", 1000, [28, 28, 1]) == (files[:1], (1, 2), "stream")
+    assert "1 training shard(s) for 2 workers: each worker reads all and keeps every 2-th record" in caplog.text
+    limit_count = MEMORY_INPUT_LIMIT_BYTES // (224 * 224 * 3)  # a worker's share at the limit: memory
+    assert worker_share(files, 0, 2, "auto", 2 * limit_count, [224, 224, 3])[2] == "memory"
+    assert worker_share(files, 0, 2, "auto", 2 * limit_count + 2, [224, 224, 3])[2] == "stream"
+    # Source files held as their bytes: their size decides, not the pixels'.
+    assert worker_share(files, 0, 2, "auto", 10, [224, 224, 3], 2 * MEMORY_INPUT_LIMIT_BYTES + 2)[2] == "stream"
+    assert worker_share(files, 0, 2, "auto", 10 ** 9, [224, 224, 3], 1000)[2] == "memory"
+    with pytest.raises(ValueError, match="input mode must be auto, memory or stream, got 'disk'"):
+        worker_share(files, 0, 2, "disk", 10, [28, 28, 1])
+
+
 def test_two_workers_share_the_split_by_file_and_by_record(small_dataset, tmp_path):
     """Two workers' shares are disjoint and cover the split; with fewer files than workers, every other record."""
     manifest = records.read_manifest(small_dataset)

@@ -32,7 +32,7 @@ import numpy as np
 
 from components import augment_numpy, pixels, records
 from components.storage import DataError
-from components.train.inputs import MEMORY_INPUT_LIMIT_BYTES  # its TensorFlow is inside functions
+from components.train.inputs import worker_share  # its TensorFlow is inside functions
 
 log = logging.getLogger(__name__)
 
@@ -145,26 +145,14 @@ class PortableTrainInput:
         # Source records with online augmentation are held and read as their bytes: each step decodes what it
         # needs (the crop's DCT scale for the random resized crop).
         self.source_bytes = self.encoding == pixels.SOURCE and self.policy is not None
-        if len(files) >= num_pipelines:
-            self.files, self.record_shard = files[pipeline_id::num_pipelines], None
-        else:
-            log.warning("train: %d training shard(s) for %d workers: each worker reads all and keeps every %d-th "
-                        "record (preprocess with min_shards >= %d to shard by file)", len(files), num_pipelines,
-                        num_pipelines, num_pipelines)
-            self.files, self.record_shard = files, (pipeline_id, num_pipelines)
-        share_bytes = self.total_count / num_pipelines * math.prod(self.image_shape)
-        if self.source_bytes:
-            share_bytes = manifest["splits"]["train"].get("bytes", share_bytes * num_pipelines) / num_pipelines
-        if mode == "auto":
-            mode = "memory" if share_bytes <= MEMORY_INPUT_LIMIT_BYTES else "stream"
-        if mode not in ("memory", "stream"):
-            raise ValueError(f"input mode must be auto, memory or stream, got {mode!r}")
-        self.mode = mode
+        self.files, self.record_shard, self.mode = worker_share(
+            files, pipeline_id, num_pipelines, mode, self.total_count, self.image_shape,
+            manifest["splits"]["train"].get("bytes") if self.source_bytes else None)
         self.workers = input_workers(workers)
         self.prefetch = max(1, prefetch)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="portable-input")
         self.images = self.contents = self.labels = None  # memory mode: pixels (or the files' bytes) and labels
-        if mode == "memory":
+        if self.mode == "memory":
             self._load()
 
     def close(self) -> None:
