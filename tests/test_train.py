@@ -178,7 +178,9 @@ def test_one_worker_tf_config_uses_the_default_strategy():
 
 def test_precision_and_xla_choices():
     assert precision_for("float32", (9, 0)) == "float32"
-    assert precision_for("auto", None) == "float32"  # a CPU, with bf16 instructions or not
+    assert precision_for("auto", None) == "float32"  # a CPU, or a framework slower in bf16 on it
+    assert precision_for("auto", None, cpu_bf16=True) == "mixed_bfloat16"  # TensorFlow on a native-bf16 CPU
+    assert precision_for("auto", (7, 5), cpu_bf16=True) == "mixed_float16"  # a GPU: its capability decides
     assert precision_for("mixed_bfloat16", None) == "mixed_bfloat16"  # asked for: honoured on a CPU too
     assert [precision_for("auto", c) for c in ((6, 1), (7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0))] == \
         ["float32"] + ["mixed_float16"] * 2 + ["mixed_bfloat16"] * 4

@@ -24,15 +24,26 @@ def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
                            "with: python3 -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"")
 
 
-def precision_for(requested: str, capability: tuple[int, int] | None) -> str:
-    """The Keras dtype policy for `requested` on a device of CUDA compute `capability` (None: the CPU), the same on
-    every framework. auto: bf16 on GPUs of capability >= 8.0 (A100, L4, H100, H200), fp16 on 7.x (T4, V100), float32
-    on older GPUs and on CPUs, even those with bf16 instructions (there torch's and JAX's steps trained several times
-    slower in bf16, TensorFlow's 5-50% faster, noisily). An explicit policy is taken as it is, on a CPU too."""
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes in bfloat16 natively (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def precision_for(requested: str, capability: tuple[int, int] | None, cpu_bf16: bool = False) -> str:
+    """The Keras dtype policy for `requested` on a device of CUDA compute `capability` (None: the CPU), the same rule
+    on every framework. auto: bf16 on GPUs of capability >= 8.0 (A100, L4, H100, H200), fp16 on 7.x (T4, V100),
+    float32 on older GPUs; on a CPU, bf16 only where `cpu_bf16` (the CPU computes it natively and the framework's
+    kernels are faster in it: TensorFlow's oneDNN ones, 5-50% on this machine; torch's and JAX's trained several
+    times slower, so their backends pass False). An explicit policy is taken as it is, on a CPU too."""
     if requested != "auto":
         return requested
     if capability is None:
-        return "float32"
+        return "mixed_bfloat16" if cpu_bf16 else "float32"
     if tuple(capability) >= (8, 0):
         return "mixed_bfloat16"
     if tuple(capability) >= (7, 0):

@@ -62,6 +62,7 @@ class _TfCheckpoint(base.Checkpoint):
 
 class Backend(base.Backend):
     name = "tensorflow"
+    CPU_BF16_FASTER = True  # oneDNN's bf16 kernels: the reference CNN 5-50% faster than float32 on this machine
 
     def __init__(self, settings):
         super().__init__(settings)
