@@ -144,6 +144,41 @@ def test_mixed_folder_predicts_every_image_and_reports_every_failure(mixed_folde
     assert summary["source_kind"] == "folder"
 
 
+def test_rows_are_written_as_json_dumps_and_csv_writer_write_them(tmp_path):
+    """The writer joins each row from pieces formatted once per class; the bytes are the standard modules'."""
+    from components.predict.output import ChunkWriter, csv_header
+
+    names = ["plain", 'a "quoted", name', "naïve\nline", "x,y", ""]
+    uris = ["gs://b/a.png", "/d/with,comma.jpg", '/d/"quoted".png', "/d/new\nline.png", "/d/ret\r.png",
+            "/d/naïve €.png", "", "/d/tab\t.png"]
+    probabilities = np.array([[1.0, 0.0, 0.0, 0.0, 0.0], [1e-6, 5e-5, 0.25, 0.5, 0.249949],
+                              [0.2, 0.2, 0.2, 0.2, 0.2], [0.1234565, 0.3, 0.0001, 0.00009999, 0.5765435],
+                              [0.333333333, 0.333333333, 0.333333334, 0, 0], [0.9999996, 4e-7, 0, 0, 0],
+                              [0.6, 0.1, 0.1, 0.1, 0.1], [0, 0, 0, 0.5, 0.5]], np.float32)
+    os.makedirs(tmp_path / "shards")
+    for top_k in (1, 3, 5):
+        writer = ChunkWriter(str(tmp_path), top_k, names, top_k)
+        logged = writer.write(uris, probabilities)
+        writer.commit({})
+        lines, buffer = [], io.StringIO()
+        table = csv.writer(buffer, lineterminator="\n")
+        table.writerow(csv_header(top_k))
+        for uri, p in zip(uris, probabilities):
+            order = np.argsort(-p, kind="stable")[:top_k].tolist()
+            conf = np.round(p[order].astype(np.float64), 6).tolist()
+            lines.append(json.dumps({"uri": uri, "class_index": order[0], "class_name": names[order[0]],
+                                     "confidence": conf[0], "top_k": [
+                                         {"class_index": t, "class_name": names[t], "confidence": c}
+                                         for t, c in zip(order, conf)]}) + "\n")
+            table.writerow([uri, order[0], names[order[0]], conf[0]]
+                           + [x for t, c in zip(order[1:], conf[1:]) for x in (t, names[t], c)])
+            assert logged[len(lines) - 1] == (uri, order[0], conf[0])
+        with open(writer.paths["jsonl"], encoding="utf-8") as f:
+            assert f.read() == "".join(lines)
+        with open(writer.paths["csv"], newline="", encoding="utf-8") as f:
+            assert f.read() == buffer.getvalue()
+
+
 def test_fast_path_gives_the_pixels_of_trainings_decoder(fashion_arrays):
     """The batch decoders must be used for the common files and agree with data.decode_image to the pixel."""
     images, _ = fashion_arrays

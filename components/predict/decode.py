@@ -98,7 +98,7 @@ def read_input(uri: str) -> bytes | str:
         except data.ImageError as e:
             return str(e)
     try:
-        with open(uri, "rb") as f:
+        with open(uri, "rb", buffering=0) as f:  # whole, unbuffered: one read into the bytes returned
             return f.read()
     except OSError as e:
         return f"unreadable: {type(e).__name__}: {e.strerror or e}"
@@ -179,7 +179,13 @@ class Decoder:
 
     def decode(self, items: list[tuple[str, bytes | str]]) -> tuple[list[str], np.ndarray, list[tuple[str, str]]]:
         """(keys of the decoded images, their pixels uint8 NxHxWxC in input order, (key, reason) of failures)."""
-        images = np.empty([len(items), *self.shape], np.uint8)
+        batch = [None]  # the pixels: allocated when the batch needs more than one decode's output
+
+        def images() -> np.ndarray:
+            if batch[0] is None:
+                batch[0] = np.empty([len(items), *self.shape], np.uint8)
+            return batch[0]
+
         decoded = np.zeros(len(items), bool)
         routes: dict[str, list[int]] = {"png": [], "jpeg": [], "source": [], "raw": [], "slow": []}
         reasons: dict[int, str] = {}
@@ -188,29 +194,34 @@ class Decoder:
                 reasons[position] = contents
             else:
                 routes[self.route(contents)].append(position)
-        if self.gpu_jpeg is not None:
-            self._decode_on_gpu(items, routes, images, decoded)
+        if self.gpu_jpeg is not None and (routes["jpeg"] or routes["source"]):
+            self._decode_on_gpu(items, routes, images(), decoded)
         for kind, fast in (("png", self._png), ("jpeg", self._jpeg), ("source", self._source)):
             positions = routes[kind]
             if not positions:
                 continue
             try:
-                images[positions] = fast([items[p][1] for p in positions]).numpy()
-                decoded[positions] = True
+                pixels = fast([items[p][1] for p in positions]).numpy()
             except self._errors:  # a corrupt file in the batch: the slow path finds which, and why
                 routes["slow"].extend(positions)
+                continue
+            if len(positions) == len(items):  # the whole batch, in order: its pixels as TensorFlow made them
+                batch[0] = pixels
+            else:
+                images()[positions] = pixels
+            decoded[positions] = True
         for position in routes["raw"]:
-            images[position] = np.frombuffer(items[position][1], np.uint8).reshape(self.shape)
+            images()[position] = np.frombuffer(items[position][1], np.uint8).reshape(self.shape)
             decoded[position] = True
         slow = sorted(routes["slow"])
         for position, result in zip(slow, self.pool.map(self.slow, [items[p][1] for p in slow])):
             if isinstance(result, str):
                 reasons[position] = result
             else:
-                images[position] = result
+                images()[position] = result
                 decoded[position] = True
         keep = np.flatnonzero(decoded)
-        return ([items[p][0] for p in keep], images[keep] if len(keep) < len(items) else images,
+        return ([items[p][0] for p in keep], images()[keep] if len(keep) < len(items) else images(),
                 [(items[p][0], reasons[p]) for p in sorted(reasons)])
 
     def _decode_on_gpu(self, items: list, routes: dict[str, list[int]], images: np.ndarray,
