@@ -192,11 +192,6 @@ def duplicate_rejection(label: int, kept_label: int, kept_split: str, class_name
     return DUPLICATE, f"identical bytes to an image kept in the {kept_split} split"
 
 
-def record(ex: Example) -> bytes:
-    """The serialized tf.train.Example of a kept input."""
-    return data.encode_example(ex.image if ex.stored is None else ex.stored, ex.label, ex.uri)
-
-
 def rejected_row(uri: str, reason: str, detail: str) -> dict:
     """One line of rejected.jsonl."""
     return {"uri": uri, "reason": reason, "detail": detail}
