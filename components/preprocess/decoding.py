@@ -27,11 +27,17 @@ def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
     """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding, source) rows and one array
     of the good images: a single array crosses a process boundary far cheaper than one per image."""
-    examples = [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
-                if item.problem else
-                per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
-                for item in items]
-    return _batched(examples, height, width, channels)
+    return _batched(decode_files(items, height, width, channels, check_extension), height, width, channels)
+
+
+def decode_files(items: list[Item], height: int, width: int, channels: int,
+                 check_extension: bool) -> list[Example]:
+    """The examples of a batch, decoded in this process (threads take them as they are, with no round trip
+    through decode_batch's rows and array)."""
+    return [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
+            if item.problem else
+            per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
+            for item in items]
 
 
 def _batched(examples: list[Example], height: int, width: int, channels: int) -> tuple[list[tuple], np.ndarray]:
@@ -99,7 +105,7 @@ class TensorFlowDecoder:
                 examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
                 continue
             if "://" in item.uri:  # remote files: decode_plan never picks this plan for them
-                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
+                return decode_files(items, height, width, channels, check_extension)
             try:
                 raw = data.read_bytes(item.uri)
             except data.ImageError as e:
@@ -119,13 +125,15 @@ class TensorFlowDecoder:
                 for position, raw in files:
                     examples[position] = per_image.decode_contents(items[position], raw, height, width, channels)
                 continue
+            encoding = data.record_encoding(width, kind)
+            source_size = (height, width) if encoding == data.SOURCE else None
+            key = per_image.content_key
             for (position, raw), image in zip(files, images):
                 item = items[position]
-                stored, encoding = per_image.stored_form(image, width, kind, raw)
-                examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
-                                             stored=stored, encoding=encoding,
-                                             source_size=(height, width) if encoding == data.SOURCE else None,
-                                             source_bytes=len(raw))
+                # an exact file is its own stored form (per_image.stored_form); raw records store the pixels
+                examples[position] = Example(item.uri, item.label, item.split, key(raw), image,
+                                             stored=None if encoding == data.RAW else raw, encoding=encoding,
+                                             source_size=source_size, source_bytes=len(raw))
         return examples
 
 
@@ -168,7 +176,7 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
         return
     if workers <= 1:
         for batch in data.batched(items(), 64):
-            yield from _unbatch(decode_batch(batch, *args))
+            yield from decode_files(batch, *args)
         return
     if use_processes:
         # forkserver: children start clean instead of inheriting TensorFlow's threads through fork.
@@ -179,13 +187,15 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
     try:
         with executor:
             pending: collections.deque = collections.deque()
+            # processes return rows and one array (decode_batch), threads their examples as they are
+            decode, unbatch = (decode_batch, _unbatch) if use_processes else (decode_files, iter)
             for batch in data.batched(items(), 64 if use_processes else 8):
-                pending.append(executor.submit(decode_batch, batch, *args))
+                pending.append(executor.submit(decode, batch, *args))
                 if len(pending) >= 4 * workers:
-                    yield from _unbatch(pending.popleft().result())
+                    yield from unbatch(pending.popleft().result())
                     yielded = True
             while pending:
-                yield from _unbatch(pending.popleft().result())
+                yield from unbatch(pending.popleft().result())
                 yielded = True
     except concurrent.futures.process.BrokenProcessPool as e:
         if yielded:
