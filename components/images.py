@@ -268,10 +268,10 @@ _ABSENT = -1  # _exif_orientation: IFD0 has no orientation tag
 def _exif_orientation(exif: bytes) -> int | None:
     """The orientation in IFD0 of a JPEG's EXIF block (its APP1 bytes, PIL's info["exif"]) as `Image.getexif()` reads
     it, _ABSENT where it has none, or None where the block is anything but plain (PIL then reads it). getexif()
-    parses every entry of IFD0 and formats a debug message for each (60 us a photo, a fifth of a 307x173 photo's
-    check); this reads what decides the one tag: entries PIL stores (a known type; a value beyond 4 bytes only if
+    parses every entry of IFD0 and formats a debug message for each (12 us a photo of npm's food photos, against
+    3 here); this reads what decides the one tag: entries PIL stores (a known type; a value beyond 4 bytes only if
     it lies within the block, else PIL stops there), a SHORT orientation of count 1, no duplicate.
-    tests/test_preprocess.py compares it with getexif() on real and malformed blocks."""
+    tests/test_data.py compares it with getexif() on plain, big-endian, XMP and damaged blocks."""
     import struct
 
     from PIL.TiffImagePlugin import ImageFileDirectory_v2
