@@ -179,11 +179,14 @@ def _nearest_counts(size: int, target: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _nearest_weights(width: int, height: int, target_width: int, target_height: int) -> np.ndarray:
-    """How many times the nearest resize to target_width x target_height takes each pixel (row-major), as float64
-    (np.bincount's weights; every count and sum stays an exact integer)."""
-    return np.outer(_nearest_counts(height, target_height), _nearest_counts(width, target_width)).ravel().astype(
-        np.float64)
+def _nearest_weights(width: int, height: int, target_width: int, target_height: int,
+                     channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bin offsets, weights) of each interleaved byte of a width x height image of `channels` bands: the band's
+    first bin (256 x band) and how many times the nearest resize to target_width x target_height takes its pixel,
+    as float64 (np.bincount's weights; every count and sum stays an exact integer)."""
+    weights = np.outer(_nearest_counts(height, target_height), _nearest_counts(width, target_width)).ravel()
+    offsets = np.tile(np.arange(0, 256 * channels, 256, dtype=np.int16), weights.size)
+    return offsets, np.repeat(weights.astype(np.float64), channels)
 
 
 def sampled_histogram(img, height: int, width: int, channels: int) -> np.ndarray:
@@ -197,10 +200,10 @@ def sampled_histogram(img, height: int, width: int, channels: int) -> np.ndarray
     if img.width * img.height >= width * height:  # shrinking: making the sample is the cheaper way (C, 0.1 ms)
         sample = img if img.size == (width, height) else img.resize((width, height), Image.Resampling.NEAREST)
         return np.asarray(sample.histogram(), np.int64)
-    values = np.frombuffer(img.tobytes(), np.uint8)
-    weights = _nearest_weights(img.width, img.height, width, height)
-    return np.concatenate([np.bincount(values[band::channels], weights, minlength=256)
-                           for band in range(channels)]).astype(np.int64)
+    offsets, weights = _nearest_weights(img.width, img.height, width, height, channels)
+    # one bincount over every band, each band's bytes offset into its own 256 bins
+    return np.bincount(np.frombuffer(img.tobytes(), np.uint8) + offsets, weights, minlength=256 * channels).astype(
+        np.int64)
 
 
 def _open(data: bytes, max_pixels: int):
@@ -248,10 +251,60 @@ def _load(img, channels: int, at_least: tuple[int, int]):
 
 
 def _orientation(img) -> int:
+    exif = img.info.get("exif")
+    if img.format in ("JPEG", "MPO") and isinstance(exif, bytes):
+        found = _exif_orientation(exif)
+        if found is not None and (found != _ABSENT or not ("xmp" in img.info or "XML:com.adobe.xmp" in img.info)):
+            return 1 if found == _ABSENT else found
     try:
         return img.getexif().get(0x0112, 1)
     except Exception:  # a malformed EXIF block does not make the pixels unusable
         return 1
+
+
+_ABSENT = -1  # _exif_orientation: IFD0 has no orientation tag
+
+
+def _exif_orientation(exif: bytes) -> int | None:
+    """The orientation in IFD0 of a JPEG's EXIF block (its APP1 bytes, PIL's info["exif"]) as `Image.getexif()` reads
+    it, _ABSENT where it has none, or None where the block is anything but plain (PIL then reads it). getexif()
+    parses every entry of IFD0 and formats a debug message for each (12 us a photo of npm's food photos, against
+    3 here); this reads what decides the one tag: entries PIL stores (a known type; a value beyond 4 bytes only if
+    it lies within the block, else PIL stops there), a SHORT orientation of count 1, no duplicate.
+    tests/test_data.py compares it with getexif() on plain, big-endian, XMP and damaged blocks."""
+    import struct
+
+    from PIL.TiffImagePlugin import ImageFileDirectory_v2
+
+    if not exif.startswith(b"Exif\0\0") or exif.startswith(b"Exif\0\0Exif\0\0") or len(exif) < 14:
+        return None
+    endian = {b"II*\0": "<", b"MM\0*": ">"}.get(exif[6:10])
+    if endian is None:
+        return None
+    end = len(exif)
+    position = 6 + struct.unpack_from(endian + "L", exif, 10)[0]
+    if position + 2 > end:
+        return None
+    (count,) = struct.unpack_from(endian + "H", exif, position)
+    position += 2
+    dispatch = ImageFileDirectory_v2._load_dispatch
+    found = _ABSENT
+    entry = struct.Struct(endian + "HHLL")
+    for _ in range(count):
+        if position + 12 > end:
+            return None
+        tag, kind, number, offset = entry.unpack_from(exif, position)
+        position += 12
+        if kind not in dispatch:
+            continue  # PIL skips entries of unknown types
+        size = number * dispatch[kind][0]
+        if size > 4 and 6 + offset + size > end:
+            return None  # PIL stops reading IFD0 here
+        if tag == 0x0112 and size:
+            if found != _ABSENT or kind != 3 or number != 1:
+                return None
+            found = struct.unpack_from(endian + "H", exif, position - 4)[0]
+    return found
 
 
 def _conform_mode(img, channels: int):

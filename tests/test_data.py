@@ -235,3 +235,62 @@ def test_shard_writer_round_robin_and_no_empty_shards(tmp_path):
     full.close()
     sizes = [sum(1 for _ in tf.data.TFRecordDataset(p)) for p in full.paths]
     assert sizes == [3, 2, 2] and full.summary()["class_counts"] == {"0": 4, "1": 3}
+
+
+def test_the_exif_orientation_is_read_as_pillow_reads_it():
+    """images._orientation reads IFD0's orientation tag itself where the EXIF block is plain, and leaves the rest
+    to Image.getexif(): the same answer on every block, real-looking, big-endian, with XMP, and damaged (bytes
+    changed at random, truncated)."""
+    import random
+    import struct
+    import warnings
+
+    from components import images
+
+    def jpeg_with(exif_block: bytes | None, xmp: bytes | None = None) -> bytes:
+        buffer = io.BytesIO()
+        Image.new("RGB", (16, 8), (90, 120, 30)).save(buffer, "JPEG", **({"xmp": xmp} if xmp else {}))
+        raw = buffer.getvalue()
+        if exif_block is None:
+            return raw
+        return raw[:2] + b"\xff\xe1" + struct.pack(">H", len(exif_block) + 2) + exif_block + raw[2:]
+
+    def big_endian(orientation: int) -> bytes:
+        entries = [(0x010F, 2, 6, 38), (0x0112, 3, 1, orientation << 16), (0x011A, 5, 1, 44)]
+        ifd = struct.pack(">H", len(entries)) + b"".join(struct.pack(">HHLL", *e) for e in entries) + b"\0" * 4
+        return b"Exif\0\0MM\0*" + struct.pack(">L", 8) + ifd + b"Canon\0" + struct.pack(">LL", 72, 1)
+
+    blocks = []
+    for orientation in (1, 3, 6, 8, 0, 9):
+        exif = Image.Exif()
+        exif[0x010F], exif[0x0110], exif[0x0112], exif[0x0131] = "Maker", "Model X", orientation, "an editor"
+        blocks.append(b"Exif\0\0" + exif.tobytes())
+        blocks.append(big_endian(orientation))
+    without = Image.Exif()
+    without[0x010F] = "no orientation"
+    blocks.append(b"Exif\0\0" + without.tobytes())
+    rng = random.Random(0)
+    damaged = []
+    for block in blocks:
+        for _ in range(40):
+            changed = bytearray(block)
+            for _ in range(rng.randint(1, 3)):
+                changed[rng.randrange(6, len(changed))] = rng.randrange(256)
+            damaged.append(bytes(changed))
+        damaged += [block[:n] for n in range(6, len(block), 5)]
+    files = [jpeg_with(b) for b in blocks + damaged]
+    files += [jpeg_with(blocks[-1], xmp=b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'),
+              jpeg_with(blocks[0], xmp=b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>')]
+    read_here = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PIL warns about the damaged blocks
+        for raw in files:
+            img = Image.open(io.BytesIO(raw))
+            try:
+                expected = Image.open(io.BytesIO(raw)).getexif().get(0x0112, 1)
+            except Exception:
+                expected = 1
+            assert images._orientation(img) == expected, raw[:80]
+            read_here += "exif" in img.info and images._exif_orientation(img.info["exif"]) is not None
+    assert read_here >= len(blocks)  # the plain blocks (and some damaged ones) are read without getexif()
+    assert images._orientation(Image.open(io.BytesIO(files[-2]))) == 6  # XMP's orientation, where IFD0 has none

@@ -541,6 +541,23 @@ def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch)
         assert re.search(label + r" [\d,]+/s", line), line
 
 
+
+@pytest.mark.parametrize("sample", [50, 200])
+def test_the_measured_plans_decodes_are_the_runs_own(image_folder, monkeypatch, sample):
+    """Each candidate plan is measured on the next inputs, which are yielded (nothing decoded twice): the planned
+    stream is every input once, in order, as one worker decodes it; with too few inputs for a sample per plan, the
+    later plans are measured on the first inputs again and what they decode is dropped."""
+    root = image_folder(per_class=120)
+    src = sources.folder_source(root, 28, 1, None, 2, None)
+    monkeypatch.setattr(decoding, "MEASURE_MIN_INPUTS", 100)
+    monkeypatch.setattr(decoding, "MEASURE_SAMPLE", sample)
+    shape = dict(height=28, width=28, channels=1, check_extension=True)
+    planned = list(decoding.planned_decode(src.items, source=root, cpus=2, expected=1_000_000, **shape))
+    alone = list(decoding.parallel_decode(src.items, **shape, workers=1, use_processes=False))
+    assert len(planned) == len(alone) == 360
+    assert [(e.uri, e.key, e.image.tobytes()) for e in planned] == [(e.uri, e.key, e.image.tobytes()) for e in alone]
+
+
 # ---------------------------------------------------------------------------------------------- remote paths
 
 

@@ -27,11 +27,17 @@ def decode_batch(items: list[Item], height: int, width: int, channels: int,
                  check_extension: bool) -> tuple[list[tuple], np.ndarray]:
     """Decodes a batch into (uri, label, split, key, reason, detail, stored, encoding, source) rows and one array
     of the good images: a single array crosses a process boundary far cheaper than one per image."""
-    examples = [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
-                if item.problem else
-                per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
-                for item in items]
-    return _batched(examples, height, width, channels)
+    return _batched(decode_files(items, height, width, channels, check_extension), height, width, channels)
+
+
+def decode_files(items: list[Item], height: int, width: int, channels: int,
+                 check_extension: bool) -> list[Example]:
+    """The examples of a batch, decoded in this process (threads take them as they are, with no round trip
+    through decode_batch's rows and array)."""
+    return [Example(item.uri, item.label, item.split, reason=item.problem[0], detail=item.problem[1])
+            if item.problem else
+            per_image.decode_file(item.uri, item.label, item.split, height, width, channels, check_extension)
+            for item in items]
 
 
 def _batched(examples: list[Example], height: int, width: int, channels: int) -> tuple[list[tuple], np.ndarray]:
@@ -99,7 +105,7 @@ class TensorFlowDecoder:
                 examples[position] = Example(item.uri, item.label, item.split, reason=problem[0], detail=problem[1])
                 continue
             if "://" in item.uri:  # remote files: decode_plan never picks this plan for them
-                return list(_unbatch(decode_batch(items, height, width, channels, check_extension)))
+                return decode_files(items, height, width, channels, check_extension)
             try:
                 raw = data.read_bytes(item.uri)
             except data.ImageError as e:
@@ -119,13 +125,15 @@ class TensorFlowDecoder:
                 for position, raw in files:
                     examples[position] = per_image.decode_contents(items[position], raw, height, width, channels)
                 continue
+            encoding = data.record_encoding(width, kind)
+            source_size = (height, width) if encoding == data.SOURCE else None
+            key = per_image.content_key
             for (position, raw), image in zip(files, images):
                 item = items[position]
-                stored, encoding = per_image.stored_form(image, width, kind, raw)
-                examples[position] = Example(item.uri, item.label, item.split, per_image.content_key(raw), image,
-                                             stored=stored, encoding=encoding,
-                                             source_size=(height, width) if encoding == data.SOURCE else None,
-                                             source_bytes=len(raw))
+                # an exact file is its own stored form (per_image.stored_form); raw records store the pixels
+                examples[position] = Example(item.uri, item.label, item.split, key(raw), image,
+                                             stored=None if encoding == data.RAW else raw, encoding=encoding,
+                                             source_size=source_size, source_bytes=len(raw))
         return examples
 
 
@@ -168,7 +176,7 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
         return
     if workers <= 1:
         for batch in data.batched(items(), 64):
-            yield from _unbatch(decode_batch(batch, *args))
+            yield from decode_files(batch, *args)
         return
     if use_processes:
         # forkserver: children start clean instead of inheriting TensorFlow's threads through fork.
@@ -179,13 +187,15 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
     try:
         with executor:
             pending: collections.deque = collections.deque()
+            # processes return rows and one array (decode_batch), threads their examples as they are
+            decode, unbatch = (decode_batch, _unbatch) if use_processes else (decode_files, iter)
             for batch in data.batched(items(), 64 if use_processes else 8):
-                pending.append(executor.submit(decode_batch, batch, *args))
+                pending.append(executor.submit(decode, batch, *args))
                 if len(pending) >= 4 * workers:
-                    yield from _unbatch(pending.popleft().result())
+                    yield from unbatch(pending.popleft().result())
                     yielded = True
             while pending:
-                yield from _unbatch(pending.popleft().result())
+                yield from unbatch(pending.popleft().result())
                 yielded = True
     except concurrent.futures.process.BrokenProcessPool as e:
         if yielded:
@@ -238,12 +248,15 @@ def decode_plan(source: str, cpus: int, items: Callable[[], Iterable[Item]] | No
                 height: int = 28, width: int = 28, channels: int = 1, check_extension: bool = True,
                 clock: Callable[[], float] = time.monotonic) -> dict:
     """How to decode the files of `source` with `cpus` CPUs: measured on this machine and these files (see
-    `planned_decode`, which also reuses what the measurement decoded)."""
+    `planned_decode`, which yields what the measurement decoded instead of dropping it)."""
     plans = candidate_plans(source, cpus)
     if len(plans) == 1 or items is None or expected < MEASURE_MIN_INPUTS:
         return plans[0]
-    prefix = list(itertools.islice(items(), _sample_size(expected)))
-    return _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock)[0]
+    chosen: dict = {}
+    for _ in _measure_plans(items, _sample_size(expected), plans, expected, (height, width, channels, check_extension),
+                            clock, chosen=chosen):
+        pass
+    return chosen["plan"]
 
 
 def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: int, expected: int, height: int,
@@ -254,10 +267,11 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
     Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
     decoded 14.8k/s, 2 threads 6.9k/s (GIL contention: most of a small decode is Python inside PIL), 2
     processes 18.2k/s and TensorFlow batches from 2 threads 30.1k/s; for 480x480 JPEGs, which need resizing (PIL's
-    job), 2 threads win (PIL releases the GIL while decoding). So with at least MEASURE_MIN_INPUTS inputs expected, each candidate (`candidate_plans`)
-    decodes the same first few hundred inputs and the shortest projected time for `expected` inputs (worker
-    start-up included) wins; the one-worker measurement's examples are the first ones yielded, so only the other
-    candidates' work is spent on measuring. The choice and the measured rates are logged.
+    job), 2 threads win (PIL releases the GIL while decoding). So with at least MEASURE_MIN_INPUTS inputs expected,
+    each candidate (`candidate_plans`) decodes the next few hundred inputs, which are yielded as they come (the
+    step's own work on them is part of the measured time), and the shortest projected time for `expected` inputs
+    (worker start-up included) wins: the measurement's decodes are the run's own, nothing is decoded twice. The
+    choice and the measured rates are logged.
     """
     plans = candidate_plans(source, cpus)
     shape = dict(height=height, width=width, channels=channels, check_extension=check_extension)
@@ -265,11 +279,10 @@ def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: in
         few = plans[0] if len(plans) == 1 or not _photos(items) else {"workers": cpus, "use_processes": False}
         yield from parallel_decode(items, **shape, **few)
         return
-    prefix = list(itertools.islice(items(), _sample_size(expected)))
-    best, decoded = _measure_plans(prefix, plans, expected, (height, width, channels, check_extension), clock,
-                                   photos=_photos(items))
-    yield from decoded
-    yield from parallel_decode(lambda: itertools.islice(items(), len(prefix), None), **shape, **best)
+    chosen: dict = {}
+    yield from _measure_plans(items, _sample_size(expected), plans, expected,
+                              (height, width, channels, check_extension), clock, photos=_photos(items), chosen=chosen)
+    yield from parallel_decode(lambda: itertools.islice(items(), chosen["consumed"], None), **shape, **chosen["plan"])
 
 
 def _photos(items: Callable[[], Iterable[Item]], sample: int = 16) -> bool:
@@ -288,67 +301,87 @@ def _sample_size(expected: int) -> int:
     return max(50, min(MEASURE_SAMPLE, expected // 20))
 
 
-def _consume(examples: Iterable[Example]) -> list[Example]:
-    """What the step does with each decoded example, in the consuming thread, so that a plan's measured rate
-    includes the main process's share (building records) and how well the plan overlaps it."""
-    kept = []
-    for ex in examples:
-        if ex.kept:
-            per_image.record(ex)
-        kept.append(ex)
-    return kept
-
-
-def _measure_plans(prefix: list[Item], plans: list[dict], expected: int, args: tuple,
-                   clock: Callable[[], float], photos: bool = False) -> tuple[dict, list[Example]]:
-    """(the best plan, the prefix's examples as one worker decoded them). With `photos`, one worker is measured
-    (it decodes the prefix) but another plan is chosen: on photos it decodes in the thread that builds and
-    writes the records, which nothing overlaps, and a sample of a hundred files on a busy machine measured it
-    ahead of 2 threads in one run of three that the whole runs then lost by 2-3x."""
-    files = sum(1 for item in prefix if not item.problem) or len(prefix)
-    start = clock()
-    decoded = _consume(ex for batch in data.batched(prefix, 64) for ex in _unbatch(decode_batch(batch, *args)))
-    one_rate = files / max(clock() - start, 1e-9)
-    measured = [(expected / one_rate, one_rate, plans[0])]
-    for plan in plans[1:]:
-        if plan["use_processes"] and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
+def _measure_plans(items: Callable[[], Iterable[Item]], sample: int, plans: list[dict], expected: int, args: tuple,
+                   clock: Callable[[], float], photos: bool = False, *, chosen: dict) -> Iterator[Example]:
+    """Yields, in input order, the examples of the inputs the candidate plans decode while they are measured,
+    each plan on the next `sample` inputs (a run with too few inputs for that measures the later plans on the first
+    inputs again and drops what they decode). Then sets chosen["plan"] (the best plan) and chosen["consumed"] (how
+    many inputs were yielded). With `photos`, one worker is measured but another plan is chosen: on photos it
+    decodes in the thread that builds and writes the records, which nothing overlaps, and a sample of a hundred
+    files on a busy machine measured it ahead of 2 threads in one run of three that the whole runs then lost by
+    2-3x."""
+    remaining = iter(items())
+    consumed = 0
+    first: list[Item] = []
+    measured: list[tuple[float, float, dict]] = []
+    for plan in plans:
+        if plan["use_processes"] and measured and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
             continue
-        if plan.get("use_tensorflow") and _share_for_tensorflow(prefix, *args[:3]) < 0.5:
-            continue  # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
-        rate, startup = _measure(prefix, files, plan, args, clock)
+        batch = list(itertools.islice(remaining, sample))
+        fresh = bool(batch)
+        batch = batch or first
+        if not first:
+            first = batch
+        if plan.get("use_tensorflow") and _share_for_tensorflow(batch, *args[:3]) < 0.5:
+            # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
+            if fresh:  # these inputs go to the next plan measured, or to the chosen one
+                remaining = itertools.chain(batch, remaining)
+            continue
+        files = sum(1 for item in batch if not item.problem) or len(batch)
+        timing: list[tuple[float, float]] = []
+        decoded = _measured(batch, files, plan, args, clock, timing)
+        if fresh:
+            yield from decoded
+            consumed += len(batch)
+        else:
+            for _ in decoded:
+                pass
+        rate, startup = timing[0]
         measured.append((startup + expected / rate, rate, plan))
     best = min(measured[1:] if photos and len(measured) > 1 else measured, key=lambda m: m[0])[2]
-    log.info("preprocess: decoding with %s (measured on %d files, records built: %s)", _label(best), files,
+    log.info("preprocess: decoding with %s (measured on %d files each, records built: %s)", _label(best), sample,
              ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
-    return best, decoded
+    chosen.update(plan=best, consumed=consumed)
 
 
 def _noop() -> None:
     return None
 
 
-def _measure(sample: list[Item], count: int, plan: dict, args: tuple,
-             clock: Callable[[], float]) -> tuple[float, float]:
-    """(files per second once started, start-up seconds) of one plan on the sample, records built as they come."""
+def _measured(batch: list[Item], count: int, plan: dict, args: tuple, clock: Callable[[], float],
+              timing: list[tuple[float, float]]) -> Iterator[Example]:
+    """Yields the examples of `batch` decoded with `plan`, then appends to `timing` its (files per second once
+    started, start-up seconds): the time between the yields, the consumer's work on each example, counts."""
     shape = dict(zip(("height", "width", "channels", "check_extension"), args))
     start = clock()
     if plan.get("use_tensorflow"):
-        tensorflow_decoder(*args[:3]).decode_examples(sample[:8], args[3])  # traces: start-up, not rate
+        tensorflow_decoder(*args[:3]).decode_examples(batch[:8], args[3])  # traces: start-up, not rate
         started = clock()
-        _consume(parallel_decode(lambda: sample, **shape, **plan))
-        return count / max(clock() - started, 1e-9), started - start
+        yield from parallel_decode(lambda: batch, **shape, **plan)
+        timing.append((count / max(clock() - started, 1e-9), started - start))
+        return
     if not plan["use_processes"]:
-        _consume(parallel_decode(lambda: sample, **shape, **plan))
-        return count / max(clock() - start, 1e-9), 0.0
+        yield from parallel_decode(lambda: batch, **shape, **plan)
+        timing.append((count / max(clock() - start, 1e-9), 0.0))
+        return
     executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
                                                       mp_context=multiprocessing.get_context("forkserver"))
+    yielded = False
     try:
         with executor:
             for future in [executor.submit(_noop) for _ in range(plan["workers"])]:
                 future.result()
             started = clock()
-            futures = [executor.submit(decode_batch, batch, *args) for batch in data.batched(sample, 64)]
-            _consume(ex for future in futures for ex in _unbatch(future.result()))
-            return count / max(clock() - started, 1e-9), started - start
+            futures = [executor.submit(decode_batch, part, *args) for part in data.batched(batch, 64)]
+            for future in futures:
+                examples = list(_unbatch(future.result()))
+                yielded = True
+                yield from examples
+            timing.append((count / max(clock() - started, 1e-9), started - start))
+            return
     except concurrent.futures.process.BrokenProcessPool:
-        return 1e-9, 0.0  # processes cannot start here (parallel_decode would fall back to threads)
+        if yielded:
+            raise
+        # processes cannot start here (parallel_decode would fall back to threads): one worker decodes the batch
+    yield from parallel_decode(lambda: batch, **shape, workers=1, use_processes=False)
+    timing.append((1e-9, 0.0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import collections
+import functools
 import hashlib
 import math
 import os
@@ -45,17 +46,27 @@ def exact_format(raw: bytes, height: int, width: int, channels: int) -> str | No
     that many components), with no EXIF orientation to apply, else None. Such files decode to the same pixels in
     TensorFlow as in PIL (the exact integer DCT for JPEG), so TensorFlow may decode them, and an encoded record may
     hold them unchanged."""
+    head = raw[:65536]
+    if b"eXIf" in head or b"Exif" in head:
+        return None
+    if raw.startswith(_png_header(height, width, channels)):
+        return "PNG"
+    if raw.startswith(b"\xff\xd8\xff"):
+        from components.predict.decode import jpeg_shape
+
+        if jpeg_shape(raw) == (height, width, channels):
+            return "JPEG"
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _png_header(height: int, width: int, channels: int) -> bytes:
+    """The first bytes of an 8-bit PNG of that size and colour type (signature and IHDR up to the colour type)."""
     import struct
 
-    from components.predict.decode import PNG_MAGIC, jpeg_shape
+    from components.predict.decode import PNG_MAGIC
 
-    if b"eXIf" in raw[:65536] or b"Exif" in raw[:65536]:
-        return None
-    if raw.startswith(PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)):
-        return "PNG"
-    if raw.startswith(b"\xff\xd8\xff") and jpeg_shape(raw) == (height, width, channels):
-        return "JPEG"
-    return None
+    return PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", width, height, 8, 0 if channels == 1 else 2)
 
 
 def stored_form(image: np.ndarray, image_size: int, source_format: str | None,
@@ -190,11 +201,6 @@ def duplicate_rejection(label: int, kept_label: int, kept_split: str, class_name
         return CONFLICTING_LABEL, (f"identical bytes to an image kept as {class_names[kept_label]!r} in the "
                                    f"{kept_split} split")
     return DUPLICATE, f"identical bytes to an image kept in the {kept_split} split"
-
-
-def record(ex: Example) -> bytes:
-    """The serialized tf.train.Example of a kept input."""
-    return data.encode_example(ex.image if ex.stored is None else ex.stored, ex.label, ex.uri)
 
 
 def rejected_row(uri: str, reason: str, detail: str) -> dict:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from components import data, params
+from components import data, params, records
 from components.preprocess.bookkeeping import SAMPLES_PER_CLASS, ContentIndex, Progress, Tally, image_histogram
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
@@ -178,6 +178,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
     seen_content = ContentIndex()  # content key -> index of the kept image
     kept_keys, kept_labels, kept_sources = array.array("Q"), array.array("i"), array.array("b")
     source_splits = (None, "train", "test")
+    source_codes = {split: code for code, split in enumerate(source_splits)}
     rejections: list[tuple] = []  # (uri, label, reason, detail), or (uri, label, None, index of the kept image)
     progress = Progress(total, "preprocess")
     seen = 0
@@ -203,7 +204,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
                 seen_content.add(ex.key, len(kept_keys))
                 kept_keys.append(ex.key)
                 kept_labels.append(ex.label)
-                kept_sources.append(source_splits.index(ex.split))
+                kept_sources.append(source_codes[ex.split])
                 if ex.source_size:
                     tally.source_files.add(ex.source_size, ex.source_bytes, ex.reencoded)
                 # Raw pixels are counted from the spool in batches; an encoded image's histogram travels with it
@@ -226,31 +227,30 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
         kept_splits = [per_image.assign_split(key, source_splits[code], cuts.get(label, per_image.NO_CUTS))
                        for key, label, code in zip(kept_keys, kept_labels, kept_sources)]
         writers = {s: data.ShardWriter(output_dir, s, shards[s]) for s in data.SPLITS}
-        train_images: list[np.ndarray] = []  # raw pixels are counted a batch at a time (one bincount)
+        train_pixels: list[bytes] = []  # raw pixels are counted 512 images at a time (one histogram)
         # The card's samples of encoded records are decoded beside the writing (up to 8 per class, a few ms each)
         samples = concurrent.futures.ThreadPoolExecutor(available_cpus(), thread_name_prefix="preprocess-samples")
         with samples:
             spooled: Iterator[tuple] = itertools.chain.from_iterable(spool)
             for split in kept_splits:
                 uri, label, encoding, stored, raw, histogram = next(spooled)
-                writers[split].write_record(data.encode_example(stored, label, uri), label, encoding)
+                writers[split].write_record(records.encode_example(stored, label, uri), label, encoding)
                 if split != "train":
                     continue
-                image = np.frombuffer(stored, np.uint8).reshape(image_shape) if raw else None
                 if raw:
-                    train_images.append(image)
-                    if len(train_images) >= 512:
-                        tally.pixel_stats.add(np.stack(train_images))
-                        train_images = []
+                    train_pixels.append(stored)
+                    if len(train_pixels) >= 512:
+                        tally.pixel_stats.add(_pixels(train_pixels, image_shape))
+                        train_pixels = []
                 else:
                     tally.pixel_stats.histogram += histogram
                 if tally.wants_sample(label):
-                    tally.samples[label].append(image if raw else samples.submit(per_image.stored_pixels, stored,
-                                                                                 encoding, image_shape))
+                    tally.samples[label].append(np.frombuffer(stored, np.uint8).reshape(image_shape) if raw else
+                                                samples.submit(per_image.stored_pixels, stored, encoding, image_shape))
         tally.samples = [[cell if isinstance(cell, np.ndarray) else cell.result() for cell in row]
                          for row in tally.samples]
-        if train_images:
-            tally.pixel_stats.add(np.stack(train_images))
+        if train_pixels:
+            tally.pixel_stats.add(_pixels(train_pixels, image_shape))
     finally:
         shutil.rmtree(spool_dir, ignore_errors=True)
     with data.gfile().GFile(data.join(output_dir, data.REJECTED), "w") as rejected_file:
@@ -266,6 +266,11 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
     encoding = data.dataset_encoding(set().union(*(w.encodings for w in writers.values())))
     splits = {s: {**w.summary(), "encoding": encoding} for s, w in writers.items()}
     return splits, tally, seen, progress.start
+
+
+def _pixels(stored: list[bytes], image_shape: list[int]) -> np.ndarray:
+    """Raw records' images as one N x H x W x C array (one copy)."""
+    return np.frombuffer(b"".join(stored), np.uint8).reshape(-1, *image_shape)
 
 
 def finish(source: str, src, output_dir: str, image_shape: list[int], splits: dict[str, dict], tally: Tally) -> dict:
