@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterable, Iterator
 
+from components.train import models
 from components.train.cluster import ClusterRole
 
 
@@ -91,6 +92,20 @@ class Backend(abc.ABC):
         """Whether the step is compiled (XLA, or the framework's compiler)."""
 
     # ------------------------------------------------------------------------------- build
+
+    @staticmethod
+    def native_model(name: str, built, image_shape: tuple, num_classes: int):
+        """The Keras model training uses for `built`, what a bring-your-own builder returned when it is not a
+        keras.Model: a model of this framework's own (a torch.nn.Module on torch) wrapped in Keras, checked on a
+        batch of two images; ModelError otherwise, saying what the builder must return. Called under the run's
+        Keras dtype policy (models.build)."""
+        return models.check_output(name, built, image_shape, num_classes)
+
+    @staticmethod
+    def check_native(name: str, built, image_shape: tuple, num_classes: int) -> None:
+        """What pipectl checks of the same, where Keras may run on another backend: ModelError when `built`
+        is not a model this framework trains, or its output is not (batch, num_classes)."""
+        models.check_output(name, built, image_shape, num_classes)
 
     def scope(self) -> contextlib.AbstractContextManager:
         """Where the model and optimizers are made (tf.distribute's strategy scope; nothing elsewhere)."""
