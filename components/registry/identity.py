@@ -21,7 +21,8 @@ relative paths and bytes in sorted order.
 
 A TorchScript model (a torch.nn.Module trained on PyTorch: training.json's `serving_format` is `torchscript`,
 `model.torchscript.pt` beside it) is digested from its archive, a zip read without torch: the code TorchScript
-generated (`code/**.py`, with the per-process counters of traced classes, `___torch_mangle_N`, made canonical)
+generated (`code/**.py`, with what varies between processes made canonical: the counters of traced classes,
+`___torch_mangle_N`, and the order of a class's constants)
 and every tensor's bytes (`data/N`, in index order), then the same outputs; the archive's random
 `serialization_id`, its debug tables and the pickles that name the mangled classes are left out.
 
@@ -166,6 +167,25 @@ def _training_info(model_dir: str) -> dict:
     return info
 
 
+_TORCHSCRIPT_ATTRIBUTE = re.compile(rb"^  [A-Za-z_]\w* : ")
+
+
+def _canonical_torchscript_code(code: bytes) -> bytes:
+    """TorchScript's generated code with what varies between processes made canonical: the counters of traced
+    classes (`___torch_mangle_N`), and the order of a class's attribute declarations (its constants come from a
+    set, in the order of Python's per-process string hashing), sorted within each run of them."""
+    lines = re.sub(rb"___torch_mangle_\d+", b"___torch_mangle", code).split(b"\n")
+    out, run = [], []
+    for line in lines + [b""]:
+        if _TORCHSCRIPT_ATTRIBUTE.match(line):
+            run.append(line)
+            continue
+        out.extend(sorted(run))
+        run = []
+        out.append(line)
+    return b"\n".join(out[:-1])
+
+
 def _torchscript_digest(model_dir: str, info: dict) -> str:
     archive = os.path.join(model_dir, info.get("serving_file") or TORCHSCRIPT_FILE)
     sha = hashlib.sha256(DIGEST_SCHEME)
@@ -181,7 +201,7 @@ def _torchscript_digest(model_dir: str, info: dict) -> str:
                                        "writes it with torch.jit.save")
             for rel in code:
                 _field(sha, re.sub(r"___torch_mangle_\d+", "___torch_mangle", rel).encode())
-                _field(sha, re.sub(rb"___torch_mangle_\d+", b"___torch_mangle", torch_zip.read(entries[rel])))
+                _field(sha, _canonical_torchscript_code(torch_zip.read(entries[rel])))
             _field(sha, b"tensors")
             for rel in tensors:
                 _field(sha, rel.encode())

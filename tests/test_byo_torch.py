@@ -1,0 +1,280 @@
+"""PyTorch-native models: `--model module:function` returning a torch.nn.Module under `--framework torch`
+(components/train/frameworks/torch.py). The builders are tests/byo_torch.py's.
+
+- pipectl and the training step refuse, in one line, a torch.nn.Module off torch, one whose output is not
+  (batch, classes), and a builder that returns neither a keras.Model nor a torch.nn.Module;
+- it trains in the step (TensorBoard, checkpoints, a SIGTERM then a step-exact resume that ends with the same
+  weights as a run never stopped), and the step writes TorchScript, not model.keras;
+- load_classifier (evaluation, the champion gate, batch prediction) serves the TorchScript with the module's own
+  probabilities, without the builder's code;
+- the registries record framework and serving format; Vertex AI refuses it before anything is uploaded (real
+  aiplatform client against tests/standins/vertex_api.py).
+
+The training step runs in processes of its own (Keras on its torch backend); this process keeps its own Keras.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from components import data, train
+from components.register import describe_lineage, register
+from components.registry import LocalRegistry, identity, model_digest, model_lineage
+from components.registry.vertex import FRAMEWORK_LABEL, SERVING_FORMAT_LABEL, ServingFormatUnsupported
+from tests.test_fault_tolerance import Attempt
+from tests.test_registry_vertex import MODEL, gcs, make_registry, sleeps, vertex  # noqa: F401
+
+torch = pytest.importorskip("torch")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGE_SHAPE = [28, 28, 1]
+CLASSES = ["zero", "one", "two"]
+BUILDER = "tests.byo_torch:build"
+THREADS = {"OMP_NUM_THREADS": "1"}
+
+
+def torchscript_model(model_dir, builder=None, seed: int = 0) -> tuple[str, torch.nn.Module]:
+    """A model directory as the train step leaves it for a torch.nn.Module: the TorchScript and training.json."""
+    from components.train.frameworks.torch import write_torchscript
+    from tests import byo_torch
+
+    torch.manual_seed(seed)
+    module = (builder or byo_torch.build)(IMAGE_SHAPE, len(CLASSES))
+    write_torchscript(module, IMAGE_SHAPE, str(model_dir))
+    data.write_json(os.path.join(model_dir, "training.json"), {
+        "class_names": CLASSES, "image_shape": IMAGE_SHAPE, "framework": "torch", "serving_format": "torchscript",
+        "serving_file": data.TORCHSCRIPT_FILE, "saved_model": "none",
+        "model": {"name": BUILDER, "pretrained": {"source": "none", "sha256": None}}})
+    return str(model_dir), module
+
+
+def pixels(count: int = 5) -> np.ndarray:
+    return np.random.default_rng(3).integers(0, 256, (count, *IMAGE_SHAPE)).astype("uint8")
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+def parameter_problem(**given) -> str:
+    from pipelines import parameters
+
+    with pytest.raises(ValueError) as refused:
+        parameters.validate_parameters(given)
+    return str(refused.value)
+
+
+def test_pipectl_checks_a_torch_module_with_torch_and_refuses_it_off_torch():
+    from pipelines import parameters
+
+    parameters.validate_parameters({"model": BUILDER, "framework": "torch"})  # built once here, and fine
+    assert parameter_problem(model=BUILDER) == (
+        f"model {BUILDER} returned a torch.nn.Module (SmallNet), which trains with --framework torch only (Keras' "
+        "torch backend wraps it): run with --framework torch, or return a keras.Model")
+    assert "returns (2, 11) for a batch of shape (2, 1, 28, 28) (N x C x H x W); it must return a tensor of " \
+           "(batch, num_classes) = (2, 10) logits" in parameter_problem(model="tests.byo_torch:build_wrong_output",
+                                                                       framework="torch")
+    assert "fails on a float32 batch of shape (2, 1, 28, 28) (N x C x H x W): Given groups=1" in parameter_problem(
+        model="tests.byo_torch:build_channels_last", framework="torch")
+    assert "returned dict, not a keras.Model" in parameter_problem(model="tests.byo_torch:build_not_a_model",
+                                                                  framework="torch")
+    assert "Vertex AI registry's serving containers load TensorFlow SavedModels only: use registry local" in \
+           parameter_problem(model=BUILDER, framework="torch", registry="vertex")
+
+
+def run_step(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "components.train", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **THREADS,
+                                                       **(env or {})})
+
+
+@pytest.mark.parametrize("builder, framework, expected", [
+    ("tests.byo_torch:build", "tensorflow", "returned a torch.nn.Module (SmallNet), which trains with --framework "
+                                            "torch only"),
+    ("tests.byo_torch:build_wrong_output", "torch", "returns (2, 11) for a batch of shape (2, 1, 28, 28)"),
+    ("tests.byo_torch:build_not_a_model", "torch", "returned dict, not a keras.Model"),
+])
+def test_the_training_step_refuses_before_training(builder, framework, expected, small_dataset, tmp_path):
+    done = run_step(["--framework", framework, "--model", builder, "--dataset-dir", small_dataset, "--model-dir",
+                     str(tmp_path / "model"), "--epochs", "1"])
+    assert done.returncode == train.EXIT_PERMANENT, done.stderr[-2000:]
+    assert expected in done.stderr
+    assert "starting at step" not in done.stderr and not (tmp_path / "model" / "training.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- serving format
+
+
+def test_load_classifier_serves_the_torchscript_with_the_modules_probabilities(tmp_path):
+    """Evaluation, the champion gate and batch prediction load models through load_classifier: the TorchScript
+    takes N x H x W x C pixels (uint8 or float) and gives the module's softmax, without tests/byo_torch."""
+    model_dir, module = torchscript_model(tmp_path / "model")
+    classifier = data.load_classifier(model_dir)
+    assert classifier.image_shape == IMAGE_SHAPE and classifier.class_names == CLASSES
+    assert classifier.source.endswith(data.TORCHSCRIPT_FILE)
+    batch = pixels()
+    module.eval()
+    with torch.no_grad():
+        expected = torch.softmax(module(torch.from_numpy(batch.astype("float32")).permute(0, 3, 1, 2)), -1).numpy()
+    np.testing.assert_allclose(classifier.predict_proba(batch), expected, atol=1e-6)
+    np.testing.assert_allclose(classifier.predict_proba(batch.astype("float32")).sum(1), 1, atol=1e-6)
+    # Another process, where the builder's module cannot be imported: the file alone serves.
+    out = subprocess.run([sys.executable, "-c", f"""
+import sys, numpy as np
+sys.modules['tests.byo_torch'] = None  # importing it fails
+from components import data
+print(data.load_classifier({model_dir!r}).predict_proba(np.zeros((2, 28, 28, 1), 'uint8')).shape)
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **THREADS})
+    assert out.returncode == 0 and out.stdout.strip() == "(2, 3)", out.stderr[-2000:]
+
+
+def test_an_unscriptable_module_is_traced_and_checked_on_another_batch_size(tmp_path):
+    from components.train.frameworks.torch import serving_module, write_torchscript
+    from tests import byo_torch
+
+    module = byo_torch.build_traced(IMAGE_SHAPE, len(CLASSES))
+    with pytest.raises(Exception):
+        torch.jit.script(serving_module(module))
+    assert write_torchscript(module, IMAGE_SHAPE, str(tmp_path)) == "trace"
+    scripted = torch.jit.load(str(tmp_path / data.TORCHSCRIPT_FILE))
+    assert tuple(scripted(torch.zeros(7, *IMAGE_SHAPE)).shape) == (7, len(CLASSES))
+
+    class FixedBatch(torch.nn.Module):  # a trace records the 2 of the example batch: refused
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(28 * 28, len(CLASSES))
+
+        def forward(self, images):
+            try:
+                flat = images.reshape(2, -1)
+            except RuntimeError:
+                raise
+            return self.linear(flat)
+
+    with pytest.raises(RuntimeError, match="does not reproduce the module's outputs on a batch of 3|shape"):
+        write_torchscript(FixedBatch(), IMAGE_SHAPE, str(tmp_path / "fixed"))
+    assert not (tmp_path / "fixed" / data.TORCHSCRIPT_FILE).exists()
+
+
+def test_digest_follows_code_and_weights_not_the_archives_random_id(tmp_path):
+    """Saved twice in two processes (the traced classes' counters and the archive's serialization id differ),
+    the same weights give the same digest; other weights another."""
+    code = f"""
+import sys
+from tests.test_byo_torch import torchscript_model
+from tests import byo_torch
+torchscript_model(sys.argv[1], byo_torch.build_traced if sys.argv[2] == 'traced' else None, int(sys.argv[3]))
+"""
+    for name, kind, seed in (("a", "traced", 0), ("b", "traced", 0), ("c", "traced", 1), ("d", "scripted", 0),
+                             ("e", "scripted", 0)):
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / name), kind, str(seed)], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=300, env={**os.environ, **THREADS})
+        assert done.returncode == 0, done.stderr[-2000:]
+    digests = {name: model_digest(str(tmp_path / name)) for name in "abcde"}
+    assert digests["a"] == digests["b"] != digests["c"] and digests["d"] == digests["e"] != digests["a"]
+    with open(tmp_path / "a" / data.TORCHSCRIPT_FILE, "rb") as f:
+        a, b = f.read(), open(tmp_path / "b" / data.TORCHSCRIPT_FILE, "rb").read()
+    assert a != b  # the files themselves differ
+    assert identity.TORCHSCRIPT == data.TORCHSCRIPT and identity.TORCHSCRIPT_FILE == data.TORCHSCRIPT_FILE
+
+
+# ---------------------------------------------------------------------------------------------- registries
+
+
+def test_local_registry_records_pytorch_and_torchscript(tmp_path):
+    model_dir, _ = torchscript_model(tmp_path / "model")
+    registry = LocalRegistry(str(tmp_path / "registry"))
+    first = register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.5})
+    assert first.version.lineage["framework"] == "torch"
+    assert first.version.lineage["serving_format"] == "torchscript"
+    (entry,) = json.loads((tmp_path / "registry" / MODEL / "index.json").read_text())["versions"]
+    assert entry["lineage"]["framework"] == "torch" and entry["lineage"]["serving_format"] == "torchscript"
+    assert "trained on PyTorch, serving format torchscript" in describe_lineage(
+        entry["lineage"])
+    stored = first.version.uri
+    assert os.path.exists(os.path.join(stored, data.TORCHSCRIPT_FILE))
+    assert data.load_classifier(stored).predict_proba(pixels()).shape == (5, len(CLASSES))
+    again = register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.5})
+    assert not again.new_version and again.version.version == first.version.version
+
+
+def test_vertex_refuses_a_torchscript_model_before_uploading(vertex, gcs, sleeps):
+    """Both serving containers load SavedModels: refused in one line, nothing uploaded or staged; the lineage
+    labels that a servable model gets name its framework and serving format."""
+    model_dir, _ = torchscript_model(gcs / "bkt/runs/r1/model")
+    before = sorted(os.listdir(model_dir))
+    for serving_image in (None, "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"):
+        registry = make_registry(vertex, gcs, sleeps, serving_image=serving_image)
+        with pytest.raises(ServingFormatUnsupported) as refused:
+            register(model_dir, registry, model_name=MODEL, metrics={"accuracy": 0.5})
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith(f"Not uploading {model_dir} to Vertex AI: it is a "
+                                                          "TorchScript model")
+        assert "loads TensorFlow SavedModels only; register it in the local registry" in message
+    assert vertex.calls("UploadModel") == [] and vertex.versions(MODEL) == []
+    assert sorted(os.listdir(model_dir)) == before
+
+    from components.registry.vertex import lineage_labels
+
+    labels = lineage_labels(model_lineage(model_dir))
+    assert labels[FRAMEWORK_LABEL] == "torch" and labels[SERVING_FORMAT_LABEL] == "torchscript"
+    assert lineage_labels({"name": "reference-cnn", "framework": "jax", "serving_format": "keras+saved_model"})[
+        SERVING_FORMAT_LABEL] == "keras-saved_model"
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def train_args(dataset: str, model_dir, *extra: str) -> list[str]:
+    return ["--framework", "torch", "--model", BUILDER, "--dataset-dir", dataset, "--model-dir", str(model_dir),
+            "--batch-size", "16", *extra]
+
+
+@pytest.mark.slow
+def test_trains_resumes_step_exact_and_writes_torchscript(small_dataset, tmp_path):
+    """One run never stopped; one stopped by SIGTERM mid-training (exit 143, checkpoint saved) and run again: it
+    resumes at the saved step and ends with the same weights (the module's BatchNorm statistics and torch's random
+    state are in the checkpoints), so the two TorchScripts predict the same."""
+    epochs = ["--epochs", "3", "--input-mode", "memory"]
+    straight = tmp_path / "straight"
+    done = run_step(train_args(small_dataset, straight, *epochs, "--tensorboard-dir", str(tmp_path / "logs")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(os.listdir(straight)) == [data.TORCHSCRIPT_FILE, "training.json"]  # no model.keras
+    info = json.loads((straight / "training.json").read_text())
+    assert (info["framework"], info["serving_format"], info["serving_file"], info["saved_model"]) == (
+        "torch", "torchscript", data.TORCHSCRIPT_FILE, "none")
+    assert info["model"]["name"] == BUILDER and info["steps"] == 3 * info["steps_per_epoch"]
+    assert len(info["history"]["val_accuracy"]) == 3 and info["history"]["loss"][-1] < info["history"]["loss"][0]
+    assert "framework torch" in done.stderr and "TorchScript (script)" in done.stderr
+    assert os.listdir(tmp_path / "logs")[0].startswith("events.out.tfevents.")
+
+    resumed = tmp_path / "resumed"
+    args = train_args(small_dataset, resumed, *epochs, "--backup-dir", str(tmp_path / "backup"),
+                      "--checkpoint-seconds", "0.3")
+    first = Attempt(args, env=THREADS)
+    try:
+        assert first.wait_for_checkpoints(2, timeout=300), "\n".join(first.lines[-20:])
+        first.process.send_signal(signal.SIGTERM)
+        assert first.finish() == train.EXIT_RETRY, "\n".join(first.lines[-20:])
+    finally:
+        if first.process.poll() is None:
+            first.process.kill()
+    saved = first.saved_steps()[-1]
+    assert 0 < saved < info["steps"]
+    second = Attempt(args, env=THREADS)
+    assert second.finish() == 0, "\n".join(second.lines[-20:])
+    assert second.resumed_from() == saved
+    again = json.loads((resumed / "training.json").read_text())
+    assert again["steps"] == info["steps"] and again["resumed_from_step"] == saved
+
+    images, labels = data.load_split_arrays(small_dataset, "test", limit=200)
+    expected = data.load_classifier(str(straight)).predict_proba(images)
+    np.testing.assert_allclose(data.load_classifier(str(resumed)).predict_proba(images), expected, atol=1e-5)
+    assert model_digest(str(resumed)) == model_digest(str(straight))
+    assert (expected.argmax(1) == labels).mean() > 0.3
