@@ -94,15 +94,20 @@ def run_step(args: list[str], env: dict | None = None) -> subprocess.CompletedPr
                                                        **(env or {})})
 
 
-@pytest.mark.parametrize("builder, framework, expected", [
-    ("tests.byo_torch:build", "tensorflow", "returned a torch.nn.Module (SmallNet), which trains with --framework "
-                                            "torch only"),
-    ("tests.byo_torch:build_wrong_output", "torch", "returns (2, 11) for a batch of shape (2, 1, 28, 28)"),
-    ("tests.byo_torch:build_not_a_model", "torch", "returned dict, not a keras.Model"),
+@pytest.mark.parametrize("builder, framework, extra, expected", [
+    ("tests.byo_torch:build", "tensorflow", [], "returned a torch.nn.Module (SmallNet), which trains with "
+                                                "--framework torch only"),
+    ("tests.byo_torch:build_wrong_output", "torch", [], "returns (2, 11) for a batch of shape (2, 1, 28, 28)"),
+    ("tests.byo_torch:build_not_a_model", "torch", [], "returned dict, not a keras.Model"),
+    ("tests.byo_torch:build", "torch", ["--pretrained", "TMP/net.weights.h5"],
+     "net.weights.h5: model tests.byo_torch:build is a torch.nn.Module, whose starting weights are its builder's "
+     "to load (e.g. module.load_state_dict(...)): pass pretrained none"),
 ])
-def test_the_training_step_refuses_before_training(builder, framework, expected, small_dataset, tmp_path):
+def test_the_training_step_refuses_before_training(builder, framework, extra, expected, small_dataset, tmp_path):
+    (tmp_path / "net.weights.h5").write_bytes(b"weights")
+    extra = [arg.replace("TMP", str(tmp_path)) for arg in extra]
     done = run_step(["--framework", framework, "--model", builder, "--dataset-dir", small_dataset, "--model-dir",
-                     str(tmp_path / "model"), "--epochs", "1"])
+                     str(tmp_path / "model"), "--epochs", "1", *extra])
     assert done.returncode == train.EXIT_PERMANENT, done.stderr[-2000:]
     assert expected in done.stderr
     assert "starting at step" not in done.stderr and not (tmp_path / "model" / "training.json").exists()
@@ -181,6 +186,14 @@ torchscript_model(sys.argv[1], byo_torch.build_traced if sys.argv[2] == 'traced'
     assert digests["a"] == digests["b"] != digests["c"] and digests["d"] == digests["e"] != digests["a"]
     assert (tmp_path / "d" / data.TORCHSCRIPT_FILE).read_bytes() != (tmp_path / "e" / data.TORCHSCRIPT_FILE).read_bytes()
     assert identity.TORCHSCRIPT == data.TORCHSCRIPT and identity.TORCHSCRIPT_FILE == data.TORCHSCRIPT_FILE
+
+
+def test_vertex_batch_prediction_refuses_a_torchscript_model_in_one_line(tmp_path):
+    from components.predict.vertex import serving_input_name
+
+    model_dir, _ = torchscript_model(tmp_path / "model")
+    with pytest.raises(data.DataError, match="is a TorchScript model .* load SavedModels only: predict locally"):
+        serving_input_name(model_dir)
 
 
 # ---------------------------------------------------------------------------------------------- registries

@@ -142,6 +142,14 @@ def call_builder(name: str, builder, image_shape: tuple, num_classes: int, nativ
     return check_output(name, model, image_shape, num_classes)
 
 
+NATIVE_KIND = "native_kind"  # the attribute of a Keras model around a framework's own model: what that model is
+
+
+def native_kind(model) -> str | None:
+    """What framework-native model a Keras model wraps (e.g. "torch.nn.Module"), or None for Keras layers."""
+    return getattr(model, NATIVE_KIND, None)
+
+
 def is_keras_model(model) -> bool:
     import keras
 

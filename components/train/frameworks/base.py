@@ -165,8 +165,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def write_model(self, model, image_shape, num_classes: int, model_dir: str, model_name: str) -> dict:
-        """Writes the float32 model (model.keras, and the SavedModel serving loads: components/train/model.py);
-        returns what training.json records about it ({"framework", "serving_format", ...})."""
+        """Writes the float32 model (model.keras, and the SavedModel serving loads: components/train/model.py;
+        TorchScript for a torch.nn.Module on torch); returns what training.json records about it ({"framework",
+        "serving_format", ...})."""
 
     def finish(self) -> None:
         """Ends the distribution (process groups), after the export."""

@@ -362,7 +362,9 @@ def module_classifier(module, image_shape, num_classes: int, precision: str = "f
     inputs = keras.Input(shape=tuple(int(n) for n in image_shape), name="image")
     outputs = _module_layer_class()(module, autocast, name=TORCH_MODULE_LAYER, output_shape=(None, num_classes))(
         inputs)
-    return keras.Model(inputs, outputs, name="torch_module_classifier")
+    model = keras.Model(inputs, outputs, name="torch_module_classifier")
+    setattr(model, models.NATIVE_KIND, "torch.nn.Module")
+    return model
 
 
 def torch_module_of(model):
