@@ -333,7 +333,10 @@ def _module_layer_class():
         def _track_module_parameters(self):
             for param in self.module.parameters():
                 self._track_variable(keras.Variable(initializer=param, trainable=param.requires_grad))
-            for buffer in self.module.buffers():
+            persistent = self.module.state_dict(keep_vars=True)  # a non-persistent buffer is no state
+            for name, buffer in self.module.named_buffers():
+                if name not in persistent:
+                    continue
                 shared = torch.nn.Parameter(buffer, requires_grad=False)  # the same storage as the buffer
                 self._track_variable(keras.Variable(initializer=shared, trainable=False,
                                                     dtype=str(buffer.dtype).removeprefix("torch.")))
