@@ -139,6 +139,25 @@ print(data.load_classifier({model_dir!r}).predict_proba(np.zeros((2, 28, 28, 1),
     assert out.returncode == 0 and out.stdout.strip() == "(2, 3)", out.stderr[-2000:]
 
 
+def test_without_torch_load_classifier_says_what_to_install(tmp_path):
+    model_dir, _ = torchscript_model(tmp_path / "model")
+    shadow = tmp_path / "no-torch" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    out = subprocess.run([sys.executable, "-c", f"""
+from components import data
+try:
+    data.load_classifier({model_dir!r})
+except data.DataError as e:
+    print(e)
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), REPO_ROOT])})
+    assert out.stdout.strip() == (
+        f"{model_dir} holds a TorchScript model (training.json: serving_format torchscript), and PyTorch is not "
+        "installed here (No module named torch): run this step where torch is (pip install "
+        "'kfp-image-classification[torch]', or the PyTorch image)"), out.stderr[-2000:]
+
+
 def test_an_unscriptable_module_is_traced_and_checked_on_another_batch_size(tmp_path):
     from components.train.frameworks.torch import serving_module, write_torchscript
     from tests import byo_torch
