@@ -249,7 +249,7 @@ def test_vertex_refuses_a_torchscript_model_before_uploading(vertex, gcs, sleeps
         assert "\n" not in message and message.startswith(f"Not uploading {model_dir} to Vertex AI: it is a "
                                                           "TorchScript model")
         assert "loads TensorFlow SavedModels only; register it in the local registry" in message
-    assert vertex.calls("UploadModel") == [] and vertex.versions(MODEL) == []
+    assert vertex.calls("UploadModel") == [] and vertex.model_ids() == []
     assert sorted(os.listdir(model_dir)) == before
 
     from components.registry.vertex import lineage_labels
