@@ -7,6 +7,8 @@ The processes get the variables torchrun gives each worker (RANK, WORLD_SIZE, LO
 MASTER_PORT), set here so that the test can stop one of them on its own.
 """
 
+import ast
+import glob
 import json
 import os
 import signal
@@ -18,6 +20,7 @@ import pytest
 
 from components import data, train
 from components.train import frameworks
+from components.train.model import cpu_has_bf16, precision_for
 from tests.conftest import accuracy_of
 from tests.test_distributed import free_ports
 from tests.test_fault_tolerance import Attempt
@@ -50,9 +53,84 @@ def test_a_process_trains_on_one_framework():
         frameworks.check("mxnet")
 
 
+@pytest.mark.parametrize("framework", ["tensorflow", "torch", "jax"])
+def test_auto_precision_on_a_cpu_and_an_asked_policy_is_honoured(framework):
+    """One rule on every framework (model.precision_for): bf16/fp16 on GPUs that compute it fast; on a CPU float32,
+    except TensorFlow's bf16 where the CPU has native bf16 (its oneDNN kernels are faster in it; torch's and JAX's
+    are slower)."""
+    pytest.importorskip(framework)
+    out = run_python(f"from components.train import frameworks\nframeworks.use({framework!r})\n"
+                     f"backend = frameworks.backend_class({framework!r})(None)\nbackend.start(backend.role(None))\n"
+                     f"print(repr(backend.gpu_capability()), '|', backend.resolve_precision('auto'), "
+                     f"backend.resolve_precision('mixed_bfloat16'), backend.resolve_precision('mixed_float16'))\n",
+                     env={"OMP_NUM_THREADS": "1"})
+    capability, policies = out.strip().splitlines()[-1].split(" | ")
+    capability = ast.literal_eval(capability)  # None here; on a GPU machine, its GPU's (the rule: test_train.py)
+    cpu_bf16 = framework == "tensorflow" and cpu_has_bf16()
+    expected = ("mixed_bfloat16" if cpu_bf16 else "float32") if capability is None else precision_for("auto", capability)
+    assert policies.split() == [expected, "mixed_bfloat16", "mixed_float16"]
+
+
 def torch_env(rank: int, world: int, port: int) -> dict:
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+
+
+# One process of a job on this machine: its backend started as the step starts it, its training input made, the
+# input's line and threads printed.
+INPUT_SHARE = """
+import logging, sys
+from components.train import frameworks
+from components.train.frameworks import base
+from components.train.recipes import RECIPES
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+framework, train_dir = sys.argv[1], sys.argv[2]
+frameworks.use(framework)
+backend = frameworks.backend_class(framework)(None)
+role = backend.role(None)
+backend.start(role)
+next(backend.batches(base.InputSpec(train_dir, [28, 28, 1], RECIPES["reference"], None, "memory", 2, 32, 4), 0, 0))
+print(role.task, "threads", backend.input.train.workers, backend.input.train._pool._max_workers, flush=True)
+"""
+
+
+@pytest.mark.skipif(bool(glob.glob("/dev/nvidia[0-9]*")), reason="two processes on the CPU: a GPU machine's train "
+                                                                   "on its GPUs (check_gpus_visible)")
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_processes_on_one_machine_share_its_cpus_for_their_input(framework, small_dataset, tmp_path):
+    """Two processes of a job on this machine (real torchrun; two jax.distributed processes) each decode on its
+    share of the CPUs, not on all of them (which oversubscribed the machine twice), and say so once."""
+    pytest.importorskip(framework)
+    from components.images import available_cpus
+
+    (tmp_path / "input_share.py").write_text(INPUT_SHARE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": REPO_ROOT}
+    script = [str(tmp_path / "input_share.py"), framework, small_dataset]
+    if framework == "torch":  # torchrun sets LOCAL_WORLD_SIZE=2 in each process
+        commands = [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script]]
+        envs = [env]
+    else:
+        address = f"127.0.0.1:{free_ports(1)[0]}"
+        commands = [[sys.executable, *script]] * 2
+        envs = [{**env, "JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)}
+                for i in range(2)]
+    processes = [subprocess.Popen(command, cwd=REPO_ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for command, e in zip(commands, envs)]
+    try:
+        out = "".join(process.communicate(timeout=300)[0] for process in processes)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert all(process.returncode == 0 for process in processes), out[-3000:]
+    share = max(1, available_cpus() // 2)
+    lines = [line for line in out.splitlines() if " threads " in line]
+    assert sorted(lines) == [f"{task}/{i} threads {share} {share}" for i in range(2)
+                             for task in ["rank" if framework == "torch" else "process"]], out[-3000:]
+    said = [line for line in out.splitlines() if line.startswith("train: input on")]
+    assert said == [f"train: input on {share} thread(s) ({available_cpus()} CPU(s) shared by 2 process(es) on "
+                    "this machine)"] * 2, out[-3000:]
 
 
 @pytest.mark.slow

@@ -387,6 +387,47 @@ def test_a_resumed_attempt_gets_the_batches_of_the_uninterrupted_one(small_datas
     assert not np.array_equal(other_epoch, whole[0][0])
 
 
+def test_input_threads_are_the_processes_share_of_the_cpus_unless_asked(small_dataset, caplog):
+    """N training processes on one machine (torchrun's LOCAL_WORLD_SIZE) each take 1/N of its CPUs, at least one;
+    an explicit `workers` is taken as it is. (Real torchrun and jax.distributed processes: test_frameworks.py.)"""
+    from components.images import available_cpus
+    from components.train.frameworks.base import InputSpec
+    from components.train.frameworks.portable import train_input
+    from components.train.portable_input import input_workers
+
+    cpus = available_cpus()
+    assert input_workers() == input_workers(None, 1) == cpus
+    assert input_workers(None, 2) == max(1, cpus // 2) and input_workers(None, 4 * cpus) == 1
+    assert input_workers(3) == input_workers(3, 8) == 3
+    spec = InputSpec(small_dataset, [28, 28, 1], RECIPES["reference"], None, "memory", 1, 64, 4)
+    with caplog.at_level("INFO"):
+        shared = train_input(spec, pipeline_id=0, num_pipelines=1, local_processes=4 * cpus)
+        asked = train_input(spec, pipeline_id=0, num_pipelines=1, workers=3, local_processes=4 * cpus)
+    assert (shared.workers, shared.train.workers, asked.workers, asked.train.workers) == (1, 1, 3, 3)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train: input on")]
+    assert said == [f"train: input on 1 thread(s) ({cpus} CPU(s) shared by {4 * cpus} process(es) on this machine)",
+                    "train: input on 3 thread(s) (as asked)"]
+
+
+def test_both_inputs_share_one_rule_for_a_workers_files_and_mode(caplog):
+    """inputs.worker_share, what TrainInput and PortableTrainInput both take their share and mode from."""
+    from components.train.inputs import MEMORY_INPUT_LIMIT_BYTES, worker_share
+
+    files = [f"train-{i}.tfrecord" for i in range(5)]
+    assert worker_share(files, 1, 2, "auto", 1000, [28, 28, 1]) == (files[1::2], None, "memory")
+    with caplog.at_level("WARNING"):
+        assert worker_share(files[:1], 1, 2, "stream", 1000, [28, 28, 1]) == (files[:1], (1, 2), "stream")
+    assert "1 training shard(s) for 2 workers: each worker reads all and keeps every 2-th record" in caplog.text
+    limit_count = MEMORY_INPUT_LIMIT_BYTES // (224 * 224 * 3)  # a worker's share at the limit: memory
+    assert worker_share(files, 0, 2, "auto", 2 * limit_count, [224, 224, 3])[2] == "memory"
+    assert worker_share(files, 0, 2, "auto", 2 * limit_count + 2, [224, 224, 3])[2] == "stream"
+    # Source files held as their bytes: their size decides, not the pixels'.
+    assert worker_share(files, 0, 2, "auto", 10, [224, 224, 3], 2 * MEMORY_INPUT_LIMIT_BYTES + 2)[2] == "stream"
+    assert worker_share(files, 0, 2, "auto", 10 ** 9, [224, 224, 3], 1000)[2] == "memory"
+    with pytest.raises(ValueError, match="input mode must be auto, memory or stream, got 'disk'"):
+        worker_share(files, 0, 2, "disk", 10, [28, 28, 1])
+
+
 def test_two_workers_share_the_split_by_file_and_by_record(small_dataset, tmp_path):
     """Two workers' shares are disjoint and cover the split; with fewer files than workers, every other record."""
     manifest = records.read_manifest(small_dataset)

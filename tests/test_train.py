@@ -14,7 +14,7 @@ from components import data, train
 from components.train.cluster import ClusterRole, choose_strategy, cluster_role
 from components.train.inputs import TrainInput
 from components.train.learning_rate import keras_schedule, learning_rate_for
-from components.train.model import check_gpus_visible, cpu_has_bf16, resolve_jit, resolve_precision
+from components.train.model import check_gpus_visible, precision_for, resolve_jit
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,8 +177,13 @@ def test_one_worker_tf_config_uses_the_default_strategy():
 
 
 def test_precision_and_xla_choices():
-    assert resolve_precision("float32", []) == "float32"
-    assert resolve_precision("auto", []) == ("mixed_bfloat16" if cpu_has_bf16() else "float32")
+    assert precision_for("float32", (9, 0)) == "float32"
+    assert precision_for("auto", None) == "float32"  # a CPU, or a framework slower in bf16 on it
+    assert precision_for("auto", None, cpu_bf16=True) == "mixed_bfloat16"  # TensorFlow on a native-bf16 CPU
+    assert precision_for("auto", (7, 5), cpu_bf16=True) == "mixed_float16"  # a GPU: its capability decides
+    assert precision_for("mixed_bfloat16", None) == "mixed_bfloat16"  # asked for: honoured on a CPU too
+    assert [precision_for("auto", c) for c in ((6, 1), (7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0))] == \
+        ["float32"] + ["mixed_float16"] * 2 + ["mixed_bfloat16"] * 4
     assert resolve_jit("auto", []) is False and resolve_jit("auto", ["gpu"]) is True
     assert resolve_jit("off", ["gpu"]) is False
 

@@ -19,16 +19,13 @@ Followed at the operator's last release, kubeflow/trainer v1.9.4 (the repository
 
 from __future__ import annotations
 
-import json
-
 from components import gcp
 from components.launch.job import TrainingJob
-from components.launch.k8s import CustomResourceLauncher
-from components.launch.placement import KUEUE_QUEUE_LABEL
-from components.launch.tfjob import tfjob_status
+from components.launch.tfjob import (OPERATOR_GROUP, OPERATOR_VERSION, OperatorJobLauncher, operator_job_manifest,
+                                    tfjob_status)
 
 OPERATOR_RELEASE = "v1.9.4"
-PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL = OPERATOR_GROUP, OPERATOR_VERSION, "pytorchjobs"
 CONTAINER_NAME = "pytorch"  # the container the operator looks for (pytorch_types.go:27)
 PORT_NAME, PORT = "pytorchjob-port", 23456  # the master's port the operator reads (pytorch_types.go:25-29)
 
@@ -40,26 +37,9 @@ def pytorchjob_manifest(job: TrainingJob, namespace: str) -> dict:
                          f"(trainjob, jobset, vertex-job{', tfjob' if job.framework == 'tensorflow' else ''})")
     container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
                  "ports": [{"name": PORT_NAME, "containerPort": PORT}], "resources": job.container_resources()}
-    labels = job.pod_labels()
-    pod_spec = {"containers": [container], **job.pod_placement()}
-
-    def replicas(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "ExitCode",
-                "template": {"metadata": {"labels": dict(labels)}, "spec": json.loads(json.dumps(pod_spec))}}
-
-    specs = {"Master": replicas(1)}
-    if job.workers:
-        specs["Worker"] = replicas(job.workers)
-    metadata = {"name": job.name, "namespace": namespace, "labels": dict(labels)}
-    if job.kueue_queue:
-        metadata["labels"][KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue admits (un-suspends) the job
-    return {
-        "apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}",
-        "kind": "PyTorchJob",
-        "metadata": metadata,
-        "spec": {"runPolicy": {"backoffLimit": job.backoff_limit, "cleanPodPolicy": "Running"},
-                 "nprocPerNode": str(job.processes_per_node), "pytorchReplicaSpecs": specs},
-    }
+    return operator_job_manifest(job, namespace, kind="PyTorchJob", container=container, primary="Master",
+                                 replica_specs="pytorchReplicaSpecs",
+                                 spec={"nprocPerNode": str(job.processes_per_node)})
 
 
 def pytorchjob_status(pytorchjob: dict) -> gcp.JobStatus:
@@ -68,20 +48,11 @@ def pytorchjob_status(pytorchjob: dict) -> gcp.JobStatus:
     return tfjob_status(pytorchjob)
 
 
-class PyTorchJobLauncher(CustomResourceLauncher):
+class PyTorchJobLauncher(OperatorJobLauncher):
     """Creates a PyTorchJob through the Kubernetes API, follows it and the master's log to the end, deletes it when
     stopped (see CustomResourceLauncher)."""
 
     kind = "PyTorchJob"
     group, version, plural = PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL
     container = CONTAINER_NAME
-
-    def log_pod(self, name: str) -> str:
-        return f"{name}-master-0"
-
-    def resource_status(self, resource: dict) -> gcp.JobStatus:
-        return pytorchjob_status(resource)
-
-    def restarts(self, pytorchjob: dict | None) -> int:
-        return sum(1 for c in (pytorchjob or {}).get("status", {}).get("conditions", [])
-                   if c["type"] == "Restarting")
+    primary = "master"

@@ -19,7 +19,8 @@ from components.launch.job import TrainingJob
 from components.launch.k8s import CustomResourceLauncher
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
-TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
+OPERATOR_GROUP, OPERATOR_VERSION = "kubeflow.org", "v1"  # Training Operator v1's jobs (TFJob, PyTorchJob)
+TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = OPERATOR_GROUP, OPERATOR_VERSION, "tfjobs"
 CONTAINER_NAME = "tensorflow"  # the container the training operator looks for
 TFJOB_PHASES = {"Succeeded": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}  # other conditions: still going
 
@@ -31,6 +32,15 @@ def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
                          f"jobset, vertex-job{', pytorchjob' if job.framework == 'torch' else ''})")
     container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
                  "resources": job.container_resources()}
+    return operator_job_manifest(job, namespace, kind="TFJob", container=container, primary="Chief",
+                                 replica_specs="tfReplicaSpecs")
+
+
+def operator_job_manifest(job: TrainingJob, namespace: str, *, kind: str, container: dict, primary: str,
+                          replica_specs: str, spec: dict | None = None) -> dict:
+    """A Training Operator v1 job, the shape TFJob and PyTorchJob share: one `primary` replica (Chief, Master) and
+    `job.workers` Worker replicas of one pod running `container`, `restartPolicy: ExitCode`, the job's labels (and
+    its Kueue queue), the run policy; `spec`'s fields (the kind's own) go before the replica specs."""
     labels = job.pod_labels()
     pod_spec = {"containers": [container], **job.pod_placement()}
 
@@ -38,18 +48,18 @@ def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
         return {"replicas": count, "restartPolicy": "ExitCode",
                 "template": {"metadata": {"labels": dict(labels)}, "spec": json.loads(json.dumps(pod_spec))}}
 
-    specs = {"Chief": replicas(1)}
+    specs = {primary: replicas(1)}
     if job.workers:
         specs["Worker"] = replicas(job.workers)
     metadata = {"name": job.name, "namespace": namespace, "labels": dict(labels)}
     if job.kueue_queue:
         metadata["labels"][KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue admits (un-suspends) the job
     return {
-        "apiVersion": f"{TFJOB_GROUP}/{TFJOB_VERSION}",
-        "kind": "TFJob",
+        "apiVersion": f"{OPERATOR_GROUP}/{OPERATOR_VERSION}",
+        "kind": kind,
         "metadata": metadata,
-        "spec": {"runPolicy": {"backoffLimit": job.backoff_limit, "cleanPodPolicy": "Running"},
-                 "tfReplicaSpecs": specs},
+        "spec": {"runPolicy": {"backoffLimit": job.backoff_limit, "cleanPodPolicy": "Running"}, **(spec or {}),
+                 replica_specs: specs},
     }
 
 
@@ -62,19 +72,27 @@ def tfjob_status(tfjob: dict) -> gcp.JobStatus:
     return gcp.JobStatus(state, TFJOB_PHASES.get(state, gcp.Phase.RUNNING), conditions[-1].get("message", ""))
 
 
-class TFJobLauncher(CustomResourceLauncher):
+class OperatorJobLauncher(CustomResourceLauncher):
+    """A Training Operator v1 job's launcher: follows the primary replica's log (pod `{job}-{primary}-0`) and the
+    job's conditions (tfjob_status, the same on every kind of the operator); a subclass names the kind."""
+
+    primary = ""  # the primary replica type, lowercase as in its pods' names
+
+    def log_pod(self, name: str) -> str:
+        return f"{name}-{self.primary}-0"
+
+    def resource_status(self, resource: dict) -> gcp.JobStatus:
+        return tfjob_status(resource)
+
+    def restarts(self, job: dict | None) -> int:
+        return sum(1 for c in (job or {}).get("status", {}).get("conditions", []) if c["type"] == "Restarting")
+
+
+class TFJobLauncher(OperatorJobLauncher):
     """Creates a TFJob through the Kubernetes API, follows it and the chief's log to the end, deletes it when
     stopped (see CustomResourceLauncher)."""
 
     kind = "TFJob"
     group, version, plural = TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL
     container = CONTAINER_NAME
-
-    def log_pod(self, name: str) -> str:
-        return f"{name}-chief-0"
-
-    def resource_status(self, resource: dict) -> gcp.JobStatus:
-        return tfjob_status(resource)
-
-    def restarts(self, tfjob: dict | None) -> int:
-        return sum(1 for c in (tfjob or {}).get("status", {}).get("conditions", []) if c["type"] == "Restarting")
+    primary = "chief"

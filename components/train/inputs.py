@@ -17,6 +17,30 @@ log = logging.getLogger(__name__)
 MEMORY_INPUT_LIMIT_BYTES = 2 << 30
 
 
+def worker_share(files: list[str], pipeline_id: int, num_pipelines: int, mode: str, count: int, image_shape,
+                 held_bytes: int | None = None) -> tuple[list[str], tuple[int, int] | None, str]:
+    """Worker i (`pipeline_id`) of n's part of the training shards `files` and its input mode, the rule of both inputs
+    (TrainInput, portable_input.PortableTrainInput): (files i, i+n, ..., None) with at least n files (shard by file, as
+    tf.data's FILE auto-shard policy does); else (every file, (i, n)): the worker keeps every n-th record. Mode auto:
+    memory when the worker's share of the `count` records' pixels (of `held_bytes` when the source files' bytes are
+    held instead) is at most MEMORY_INPUT_LIMIT_BYTES, else stream."""
+    if len(files) >= num_pipelines:
+        mine, record_shard = files[pipeline_id::num_pipelines], None
+    else:
+        log.warning("train: %d training shard(s) for %d workers: each worker reads all and keeps every %d-th "
+                    "record (preprocess with min_shards >= %d to shard by file)", len(files), num_pipelines,
+                    num_pipelines, num_pipelines)
+        mine, record_shard = files, (pipeline_id, num_pipelines)
+    share_bytes = count / num_pipelines * math.prod(image_shape)
+    if held_bytes is not None:
+        share_bytes = held_bytes / num_pipelines
+    if mode == "auto":
+        mode = "memory" if share_bytes <= MEMORY_INPUT_LIMIT_BYTES else "stream"
+    if mode not in ("memory", "stream"):
+        raise ValueError(f"input mode must be auto, memory or stream, got {mode!r}")
+    return mine, record_shard, mode
+
+
 def _parse_fn(image_shape, encoding: str = "raw"):
     """record -> (image uint8, label int32), decoding PNG/JPEG records in the tf.data map (data.record_parser)."""
     return data.record_parser({"image_shape": list(image_shape), "image_encoding": encoding})
@@ -69,23 +93,11 @@ class TrainInput:
         # Source records (camera-sized files) with online augmentation are held and read as their bytes: each
         # step decodes what it needs (only the crop's blocks for the random resized crop), from all the pixels.
         self.source_bytes = self.encoding == data.SOURCE and self.policy is not None
-        if len(files) >= num_pipelines:
-            self.files, self.record_shard = files[pipeline_id::num_pipelines], None
-        else:
-            log.warning("train: %d training shard(s) for %d workers: each worker reads all and keeps every %d-th "
-                        "record (preprocess with min_shards >= %d to shard by file)", len(files), num_pipelines,
-                        num_pipelines, num_pipelines)
-            self.files, self.record_shard = files, (pipeline_id, num_pipelines)
-        share_bytes = self.total_count / num_pipelines * math.prod(self.image_shape)
-        if self.source_bytes:
-            share_bytes = manifest["splits"]["train"].get("bytes", share_bytes * num_pipelines) / num_pipelines
-        if mode == "auto":
-            mode = "memory" if share_bytes <= MEMORY_INPUT_LIMIT_BYTES else "stream"
-        if mode not in ("memory", "stream"):
-            raise ValueError(f"input mode must be auto, memory or stream, got {mode!r}")
-        self.mode = mode
+        self.files, self.record_shard, self.mode = worker_share(
+            files, pipeline_id, num_pipelines, mode, self.total_count, self.image_shape,
+            manifest["splits"]["train"].get("bytes") if self.source_bytes else None)
         self.images = self.labels = None  # tensors in host memory (memory mode)
-        if mode == "memory":
+        if self.mode == "memory":
             self._load()
 
     def _records(self, seed: int | None = None):

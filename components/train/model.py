@@ -25,7 +25,7 @@ def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether the CPU computes in bfloat16 natively (AVX512-BF16 or AMX): then bf16 training is faster on it."""
+    """Whether the CPU computes in bfloat16 natively (AVX512-BF16 or AMX)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
@@ -34,21 +34,30 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_precision(requested: str, gpus: list) -> str:
-    """bf16 on GPUs with compute capability >= 8 (A100, L4, H100, H200), fp16 on 7.x (T4, V100); on CPUs, bf16
-    where they compute it natively (measured ~20% faster for this model), else float32."""
+def precision_for(requested: str, capability: tuple[int, int] | None, cpu_bf16: bool = False) -> str:
+    """The Keras dtype policy for `requested` on a device of CUDA compute `capability` (None: the CPU), the same rule
+    on every framework. auto: bf16 on GPUs of capability >= 8.0 (A100, L4, H100, H200), fp16 on 7.x (T4, V100),
+    float32 on older GPUs; on a CPU, bf16 only where `cpu_bf16` (the CPU computes it natively and the framework's
+    kernels are faster in it: TensorFlow's oneDNN ones, 5-50% on this machine; torch's and JAX's trained several
+    times slower, so their backends pass False). An explicit policy is taken as it is, on a CPU too."""
     if requested != "auto":
         return requested
-    if not gpus:
-        return "mixed_bfloat16" if cpu_has_bf16() else "float32"
-    import tensorflow as tf
-
-    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
-    if capability >= (8, 0):
+    if capability is None:
+        return "mixed_bfloat16" if cpu_bf16 else "float32"
+    if tuple(capability) >= (8, 0):
         return "mixed_bfloat16"
-    if capability >= (7, 0):
+    if tuple(capability) >= (7, 0):
         return "mixed_float16"
     return "float32"
+
+
+def tf_gpu_capability(gpus: list) -> tuple[int, int] | None:
+    """The compute capability of the first of TensorFlow's `gpus` (PhysicalDevices); None without one."""
+    if not gpus:
+        return None
+    import tensorflow as tf
+
+    return tuple(tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0)))
 
 
 def resolve_jit(requested: str, gpus: list) -> bool:

@@ -14,8 +14,9 @@ Records are read in TensorFlow's interleave order, so an example's index (the au
 the TensorFlow path. The random streams are numpy's, not TensorFlow's: the same semantics, other permutations.
 
 Work: a planner thread reads records (stream mode) and hands each batch, in slices, to a thread pool sized by
-images.available_cpus() (Pillow decodes and numpy's array operations release the GIL); each slice writes into
-the batch's preallocated array; at most `prefetch` batches are in flight, so memory stays flat.
+input_workers() (the process's share of images.available_cpus(); Pillow decodes and numpy's array operations
+release the GIL); each slice writes into the batch's preallocated array; at most `prefetch` batches are in flight,
+so memory stays flat.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 
 from components import augment_numpy, pixels, records
 from components.storage import DataError
-from components.train.inputs import MEMORY_INPUT_LIMIT_BYTES  # its TensorFlow is inside functions
+from components.train.inputs import worker_share  # its TensorFlow is inside functions
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,15 @@ class _Pipeline:
                     pass
 
 
-def _workers(workers: int | None) -> int:
+def input_workers(workers: int | None = None, local_processes: int = 1) -> int:
+    """Threads of one process's input: `workers` when given; else its share of the CPUs it may use
+    (images.available_cpus()) among the `local_processes` training processes on the machine (torchrun's
+    LOCAL_WORLD_SIZE, one per GPU), at least 1, so that N processes do not each start a pool of every CPU."""
     from components.images import available_cpus
 
-    return max(1, workers or available_cpus())
+    if workers:
+        return max(1, workers)
+    return max(1, available_cpus() // max(1, local_processes))
 
 
 class PortableTrainInput:
@@ -139,26 +145,14 @@ class PortableTrainInput:
         # Source records with online augmentation are held and read as their bytes: each step decodes what it
         # needs (the crop's DCT scale for the random resized crop).
         self.source_bytes = self.encoding == pixels.SOURCE and self.policy is not None
-        if len(files) >= num_pipelines:
-            self.files, self.record_shard = files[pipeline_id::num_pipelines], None
-        else:
-            log.warning("train: %d training shard(s) for %d workers: each worker reads all and keeps every %d-th "
-                        "record (preprocess with min_shards >= %d to shard by file)", len(files), num_pipelines,
-                        num_pipelines, num_pipelines)
-            self.files, self.record_shard = files, (pipeline_id, num_pipelines)
-        share_bytes = self.total_count / num_pipelines * math.prod(self.image_shape)
-        if self.source_bytes:
-            share_bytes = manifest["splits"]["train"].get("bytes", share_bytes * num_pipelines) / num_pipelines
-        if mode == "auto":
-            mode = "memory" if share_bytes <= MEMORY_INPUT_LIMIT_BYTES else "stream"
-        if mode not in ("memory", "stream"):
-            raise ValueError(f"input mode must be auto, memory or stream, got {mode!r}")
-        self.mode = mode
-        self.workers = _workers(workers)
+        self.files, self.record_shard, self.mode = worker_share(
+            files, pipeline_id, num_pipelines, mode, self.total_count, self.image_shape,
+            manifest["splits"]["train"].get("bytes") if self.source_bytes else None)
+        self.workers = input_workers(workers)
         self.prefetch = max(1, prefetch)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="portable-input")
         self.images = self.contents = self.labels = None  # memory mode: pixels (or the files' bytes) and labels
-        if mode == "memory":
+        if self.mode == "memory":
             self._load()
 
     def close(self) -> None:
@@ -306,7 +300,7 @@ def eval_batches(dataset_dir: str, split: str, batch: int, *, workers: int | Non
     files = records.split_files(dataset_dir, split, manifest)
     shape = list(manifest["image_shape"])
     encoding = manifest.get("image_encoding", pixels.RAW)
-    count = _workers(workers)
+    count = input_workers(workers)
 
     def plan():
         chunk = []

@@ -67,7 +67,7 @@ RECIPES = {
     # The classic recipe, as written: batch 64, Adam 1e-3 -> 1e-4 from epoch 3 -> 1e-5 from epoch 7, 12 epochs.
     "reference": Recipe(),
     # Same model, at least the same accuracy, a fraction of the time (see `make bench`): twice the batch at twice
-    # the rate with cosine decay, 8 epochs, 16 steps per call into the runtime, bf16 where the hardware has it.
+    # the rate with cosine decay, 8 epochs, 16 steps per call into the runtime, bf16 on GPUs that compute it fast.
     "fast": Recipe(epochs=8, batch_size=128, learning_rate=2e-3, lr_schedule="cosine", steps_per_execution=16),
 }
 DEFAULT_RECIPE = params.default("recipe")  # the pipeline parameter's default

@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--photo-epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="the photos' batch")
-    parser.add_argument("--precision", default="float32", help="every run's (auto: bf16 where the CPU has it, "
-                        "which on this 2-core machine made torch's and JAX's first epoch 4-6x slower than float32)")
+    parser.add_argument("--precision", default="float32", help="every run's (auto is float32 for torch and JAX on a CPU; "
+                        "mixed_bfloat16 on this 2-core machine made torch's and JAX's first epoch 4-6x slower)")
     parser.add_argument("--workdir", help="keep the preprocessed shards here (reused when present)")
     parser.add_argument("--measure", choices=FRAMEWORKS, help=argparse.SUPPRESS)  # one framework, own process
     parser.add_argument("--dataset-dir", help=argparse.SUPPRESS)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from components.train import models
 from components.train.cluster import ClusterRole
+from components.train.model import cpu_has_bf16, precision_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Backend(abc.ABC):
     """One framework under the training loop. Made once per attempt with the run's settings (TrainSettings)."""
 
     name: str  # tensorflow, torch, jax: what training.json, the registry and the run page call it
+    # auto precision on a CPU with native bf16: whether this framework's CPU kernels train faster in it
+    CPU_BF16_FASTER = False
 
     def __init__(self, settings):
         self.settings = settings
@@ -83,9 +86,16 @@ class Backend(abc.ABC):
     def start(self, role: ClusterRole) -> Runtime:
         """Starts the distribution (the collective runtime) and checks the accelerators are visible."""
 
-    @abc.abstractmethod
     def resolve_precision(self, requested: str) -> str:
-        """The Keras dtype policy for `requested` (auto: bf16/fp16 where the hardware computes it)."""
+        """The Keras dtype policy for `requested` (auto: bf16/fp16 on GPUs that compute it fast; on CPUs float32,
+        or bf16 where the framework's CPU kernels gain from it; model.precision_for, one rule for every framework)."""
+        if requested != "auto":
+            return requested
+        return precision_for(requested, self.gpu_capability(), self.CPU_BF16_FASTER and cpu_has_bf16())
+
+    @abc.abstractmethod
+    def gpu_capability(self) -> tuple[int, int] | None:
+        """The CUDA compute capability of the GPU this process trains on (the first, if several); None on a CPU."""
 
     @abc.abstractmethod
     def resolve_jit(self, requested: str) -> bool:

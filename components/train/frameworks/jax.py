@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import zlib
 
 import numpy as np
 
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
-from components.train.model import check_gpus_visible, cpu_has_bf16, write_keras_model
+from components.train.model import check_gpus_visible, write_keras_model
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ class Backend(base.Backend):
     def __init__(self, settings):
         super().__init__(settings)
         self.processes, self.process_id = 1, 0
+        self.local_processes = 1  # of the job's processes, those on this host: they share its CPUs
         self.input = None
         self.data_sharding = None
 
@@ -53,6 +56,7 @@ class Backend(base.Backend):
         if self.processes > 1:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
             jax.distributed.initialize(os.environ[COORDINATOR_ENV], self.processes, self.process_id)
+            self.local_processes = self._processes_on_this_host()
         import keras
 
         devices = jax.devices()
@@ -66,14 +70,20 @@ class Backend(base.Backend):
         return base.Runtime(len(devices), f"DataParallel({len(devices)} devices, {self.processes} processes)",
                             len(jax.local_devices()) if gpus else 0)
 
-    def resolve_precision(self, requested):
-        if requested != "auto":
-            return requested
-        if self.gpus:
-            capability = tuple(int(n) for n in str(getattr(self.gpus[0], "compute_capability", "0.0")).split("."))
-            return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16" if capability >= (7, 0) \
-                else "float32"
-        return "mixed_bfloat16" if cpu_has_bf16() else "float32"
+    def gpu_capability(self):
+        if not self.gpus:
+            return None
+        return tuple(int(n) for n in str(getattr(self.gpus[0], "compute_capability", "0.0")).split(".")[:2])
+
+    def _processes_on_this_host(self) -> int:
+        """How many of the job's processes share this host. jax.distributed has no local count (its rule is one
+        process per host, but several can share one, as in the two-process tests): the processes exchange a key of
+        their host name (one small all-gather at the start)."""
+        from jax.experimental import multihost_utils
+
+        key = np.int32(zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF)
+        keys = np.asarray(multihost_utils.process_allgather(key)).reshape(-1)
+        return int((keys == key).sum())
 
     def resolve_jit(self, requested):
         return True  # a JAX step is always compiled by XLA
@@ -164,7 +174,8 @@ class Backend(base.Backend):
 
     def batches(self, spec, epoch, first_step):
         if self.input is None:
-            self.input = portable.train_input(spec, pipeline_id=self.process_id, num_pipelines=self.processes)
+            self.input = portable.train_input(spec, pipeline_id=self.process_id, num_pipelines=self.processes,
+                                              local_processes=self.local_processes)
         per_process = spec.global_batch // self.processes
         return iter(self.input.batches(epoch, first_step, spec.steps_per_epoch - first_step, per_process))
 

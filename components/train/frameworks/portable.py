@@ -48,15 +48,20 @@ class Deferred:
 class NumpyInput:
     """This process's training batches and the evaluation splits as (float32 NHWC 0-255, int32 labels) numpy
     batches, without TensorFlow (components/train/portable_input.py: the tf.data input's twin, same order and
-    sharding). `workers` shares the CPUs between the processes of one machine (one per GPU under torchrun)."""
+    sharding). Its decoding threads: `workers` when given, else this process's share of the machine's CPUs among
+    the `local_processes` training processes on it (one per GPU under torchrun), logged once."""
 
-    def __init__(self, spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None):
-        from components.train.portable_input import PortableTrainInput
+    def __init__(self, spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None,
+                 local_processes: int = 1):
+        from components.images import available_cpus
+        from components.train.portable_input import PortableTrainInput, input_workers
 
-        self.workers = workers
+        self.workers = input_workers(workers, local_processes)
+        log.info("train: input on %d thread(s) (%s)", self.workers, "as asked" if workers else
+                 f"{available_cpus()} CPU(s) shared by {max(1, local_processes)} process(es) on this machine")
         self.train = PortableTrainInput(spec.train_dir, spec.image_shape, pipeline_id=pipeline_id,
                                         num_pipelines=num_pipelines, recipe=spec.recipe,
-                                        online_policy=spec.online_policy, mode=spec.mode, workers=workers)
+                                        online_policy=spec.online_policy, mode=spec.mode, workers=self.workers)
         self.mode = self.train.mode
 
     def batches(self, epoch: int, first_batch: int, num_batches: int, batch: int):
@@ -76,9 +81,11 @@ class NumpyInput:
         return eval_batches(dataset_dir, split, batch, workers=self.workers)
 
 
-def train_input(spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None):
+def train_input(spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None,
+                local_processes: int = 1):
     """This process's share of the training split, seekable (see components/train/portable_input.py)."""
-    return NumpyInput(spec, pipeline_id=pipeline_id, num_pipelines=num_pipelines, workers=workers)
+    return NumpyInput(spec, pipeline_id=pipeline_id, num_pipelines=num_pipelines, workers=workers,
+                      local_processes=local_processes)
 
 
 def recalibration_sample(batches, *, limit: int = batchnorm.RECALIBRATION_IMAGES,

@@ -8,7 +8,7 @@ from components.train import batchnorm
 from components.train.cluster import ClusterRole, choose_strategy, cluster_role, strategy_name
 from components.train.frameworks import base
 from components.train.inputs import TrainInput, make_eval_dataset
-from components.train.model import check_gpus_visible, resolve_jit, resolve_precision, write_model
+from components.train.model import check_gpus_visible, resolve_jit, tf_gpu_capability, write_model
 
 
 class _TfSummaryWriter(base.SummaryWriter):
@@ -62,6 +62,7 @@ class _TfCheckpoint(base.Checkpoint):
 
 class Backend(base.Backend):
     name = "tensorflow"
+    CPU_BF16_FASTER = True  # oneDNN's bf16 kernels: the reference CNN 5-50% faster than float32 on this machine
 
     def __init__(self, settings):
         super().__init__(settings)
@@ -83,8 +84,8 @@ class Backend(base.Backend):
         check_gpus_visible(self.gpus)
         return base.Runtime(self.strategy.num_replicas_in_sync, strategy_name(self.strategy), len(self.gpus))
 
-    def resolve_precision(self, requested: str) -> str:
-        return resolve_precision(requested, self.gpus)
+    def gpu_capability(self):
+        return tf_gpu_capability(self.gpus)
 
     def resolve_jit(self, requested: str) -> bool:
         return resolve_jit(requested, self.gpus)

@@ -40,11 +40,13 @@ from components import data
 from components.train import models
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
-from components.train.model import check_gpus_visible, cpu_has_bf16, write_keras_model
+from components.train.model import check_gpus_visible, write_keras_model
 
 log = logging.getLogger(__name__)
 
 RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV = "RANK", "WORLD_SIZE", "LOCAL_RANK"  # torchrun's (torch.distributed.run)
+# torchrun's processes on this node (torch v2.13.0, torch/distributed/elastic/agent/server/local_elastic_agent.py:420)
+LOCAL_WORLD_ENV = "LOCAL_WORLD_SIZE"
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # a peer silent this long is lost
 
 
@@ -55,6 +57,7 @@ class Backend(base.Backend):
         super().__init__(settings)
         self.world = 1
         self.rank = 0
+        self.local_processes = 1  # on this node: they share its CPUs
         self.device = None
         self.input = None
         self.process_group = False
@@ -64,6 +67,7 @@ class Backend(base.Backend):
     def role(self, tf_config):
         self.world = int(os.environ.get(WORLD_ENV, "1"))
         self.rank = int(os.environ.get(RANK_ENV, "0"))
+        self.local_processes = int(os.environ.get(LOCAL_WORLD_ENV, "1"))
         if not 0 <= self.rank < self.world:
             raise ValueError(f"{RANK_ENV}={self.rank} is outside {WORLD_ENV}={self.world}")
         task = f"rank/{self.rank}" if self.world > 1 else "local"
@@ -88,16 +92,10 @@ class Backend(base.Backend):
         distribution = f"torch.distributed({kind}, {self.world} processes)" if self.world > 1 else "one process"
         return base.Runtime(self.world, distribution, 1 if gpus else 0)
 
-    def resolve_precision(self, requested):
-        if requested != "auto":
-            return requested
+    def gpu_capability(self):
         import torch
 
-        if self.device.type == "cuda":
-            capability = torch.cuda.get_device_capability(self.device)
-            return "mixed_bfloat16" if capability >= (8, 0) else "mixed_float16" if capability >= (7, 0) \
-                else "float32"
-        return "mixed_bfloat16" if cpu_has_bf16() else "float32"
+        return tuple(torch.cuda.get_device_capability(self.device)) if self.device.type == "cuda" else None
 
     def resolve_jit(self, requested):
         if requested == "on":
@@ -226,7 +224,8 @@ class Backend(base.Backend):
 
     def batches(self, spec, epoch, first_step):
         if self.input is None:
-            self.input = portable.train_input(spec, pipeline_id=self.rank, num_pipelines=self.world)
+            self.input = portable.train_input(spec, pipeline_id=self.rank, num_pipelines=self.world,
+                                              local_processes=self.local_processes)
         return iter(self.input.batches(epoch, first_step, spec.steps_per_epoch - first_step, spec.recipe.batch_size))
 
     def input_mode(self):
