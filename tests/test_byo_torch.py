@@ -113,6 +113,31 @@ def test_the_training_step_refuses_before_training(builder, framework, extra, ex
     assert "starting at step" not in done.stderr and not (tmp_path / "model" / "training.json").exists()
 
 
+def test_in_a_mixed_precision_the_module_runs_under_autocast_with_float32_parameters_and_logits():
+    """Keras on torch (a process of its own): the module's convolutions compute in the policy's dtype, its
+    parameters stay float32, the logits the loss sees are float32; BatchNorm statistics are Keras variables."""
+    out = subprocess.run([sys.executable, "-c", """
+from components.train import frameworks
+frameworks.use("torch")
+import numpy as np
+from components.train import models
+from components.train.frameworks.torch import Backend, torch_module_of
+for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
+    model = models.build("tests.byo_torch:build", (28, 28, 1), 3, policy, native=Backend.native_model)
+    module, seen = torch_module_of(model), []
+    module.features[0].register_forward_hook(lambda m, i, o: seen.append(str(o.dtype)))
+    logits = model(np.ones((4, 28, 28, 1), "float32"), training=True)
+    print(policy, seen[-1], str(logits.dtype), {str(p.dtype) for p in module.parameters()},
+          len(model.trainable_variables), len(model.non_trainable_variables))
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **THREADS})
+    assert out.returncode == 0, out.stderr[-2000:]
+    # 8 trainable (2 convolutions, BatchNorm's scale and shift, the head); BatchNorm's mean, variance and count
+    assert out.stdout.splitlines() == [
+        "float32 torch.float32 torch.float32 {'torch.float32'} 8 3",
+        "mixed_bfloat16 torch.bfloat16 torch.float32 {'torch.float32'} 8 3",
+        "mixed_float16 torch.float16 torch.float32 {'torch.float32'} 8 3"]
+
+
 # ---------------------------------------------------------------------------------------------- serving format
 
 
