@@ -4,7 +4,8 @@
 - pipectl and the training step refuse, in one line, a torch.nn.Module off torch, one whose output is not
   (batch, classes), and a builder that returns neither a keras.Model nor a torch.nn.Module;
 - it trains in the step (TensorBoard, checkpoints, a SIGTERM then a step-exact resume that ends with the same
-  weights as a run never stopped), and the step writes TorchScript, not model.keras;
+  weights as a run never stopped; two processes on gloo; autocast in a mixed precision), and the step writes
+  TorchScript, not model.keras;
 - load_classifier (evaluation, the champion gate, batch prediction) serves the TorchScript with the module's own
   probabilities, without the builder's code;
 - the registries record framework and serving format; Vertex AI refuses it before anything is uploaded (real
@@ -335,3 +336,27 @@ def test_trains_resumes_step_exact_and_writes_torchscript(small_dataset, tmp_pat
     np.testing.assert_allclose(data.load_classifier(str(resumed)).predict_proba(images), expected, atol=1e-5)
     assert model_digest(str(resumed)) == model_digest(str(straight))
     assert (expected.argmax(1) == labels).mean() > 0.3
+
+
+@pytest.mark.slow
+def test_two_torch_processes_train_a_module_together(small_dataset, tmp_path):
+    """torchrun's variables, gloo: rank 0's module (parameters and BatchNorm buffers) is broadcast, the gradients
+    all-reduced each step; rank 0 writes the TorchScript."""
+    from tests.test_distributed import free_ports
+    from tests.test_frameworks import torch_env
+
+    port = free_ports(1)[0]
+    args = train_args(small_dataset, tmp_path / "model", "--epochs", "2", "--backup-dir", str(tmp_path / "backup"))
+    workers = [Attempt(args, env=torch_env(rank, 2, port)) for rank in range(2)]
+    try:
+        codes = [worker.finish(timeout=300) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+    assert codes == [0, 0], "\n".join(workers[0].lines[-20:] + workers[1].lines[-20:])
+    info = json.loads((tmp_path / "model" / "training.json").read_text())
+    assert info["workers"] == info["replicas"] == 2 and info["strategy"] == "torch.distributed(gloo, 2 processes)"
+    assert info["serving_format"] == "torchscript" and info["steps"] == 2 * info["steps_per_epoch"]
+    images, labels = data.load_split_arrays(small_dataset, "test", limit=200)
+    assert (data.load_classifier(str(tmp_path / "model")).predict_proba(images).argmax(1) == labels).mean() > 0.2
