@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
+import io
 import json
 import math
 import os
@@ -507,6 +508,13 @@ from components.images import (  # noqa: E402,F401
 # ---------------------------------------------------------------------------------------------- models
 
 
+# What a model directory holds for serving (training.json's "serving_format"): model.keras and a SavedModel, or,
+# for a torch.nn.Module trained on PyTorch, TorchScript (components/train/frameworks/torch.py).
+KERAS_SAVED_MODEL = "keras+saved_model"
+TORCHSCRIPT = "torchscript"
+TORCHSCRIPT_FILE = "model.torchscript.pt"
+
+
 @dataclasses.dataclass
 class Classifier:
     """A trained model ready for inference: raw uint8/float pixels in, class probabilities out."""
@@ -518,16 +526,21 @@ class Classifier:
 
 
 def load_classifier(model_dir: str) -> Classifier:
-    """Loads the output of train (`model.keras` + `training.json`), or a bare exported SavedModel directory."""
-    import tensorflow as tf
-
+    """Loads the output of train (`model.keras` + `training.json`; `model.torchscript.pt` where training.json's
+    serving_format is torchscript), or a bare exported SavedModel directory."""
     info_path = join(model_dir, "training.json")
     keras_path = join(model_dir, "model.keras")
-    if gfile().exists(keras_path) and gfile().exists(info_path):
-        import keras
-
+    info = None
+    if gfile().exists(info_path):
         with gfile().GFile(info_path) as f:
             info = json.load(f)
+    if info is not None and info.get("serving_format") == TORCHSCRIPT:
+        return _torchscript_classifier(model_dir, info)
+    import tensorflow as tf
+
+    if gfile().exists(keras_path) and info is not None:
+        import keras
+
         builder = (info.get("model") or {}).get("name", "")
         if ":" in builder:  # a bring-your-own model: its module registers its custom layers, if it has any
             import importlib
@@ -561,3 +574,27 @@ def load_classifier(model_dir: str) -> Classifier:
             class_names = json.load(f)["class_names"]
     return Classifier(lambda x: serve(tf.cast(tf.convert_to_tensor(x), tf.float32))[output_key].numpy(),
                       list(spec.shape[1:]), class_names, saved)
+
+
+def _torchscript_classifier(model_dir: str, info: dict) -> Classifier:
+    """The TorchScript of a torch.nn.Module trained on PyTorch: N x H x W x C pixels in, probabilities out (the
+    softmax is inside it); torch alone loads it, on the CPU, without the builder's code."""
+    path = join(model_dir, info.get("serving_file") or TORCHSCRIPT_FILE)
+    try:
+        import torch
+    except ImportError as e:
+        raise DataError(f"{model_dir} holds a TorchScript model (training.json: serving_format {TORCHSCRIPT}), and "
+                        f"PyTorch is not installed here ({e}): run this step where torch is (pip install "
+                        "'kfp-image-classification[torch]', or the PyTorch image)") from e
+    if not gfile().exists(path):
+        raise DataError(f"No {os.path.basename(path)} in {model_dir}, which training.json says holds a TorchScript "
+                        "model: is the train step's output complete?")
+    with gfile().GFile(path, "rb") as f:
+        scripted = torch.jit.load(io.BytesIO(f.read()), map_location="cpu")
+    scripted.eval()
+
+    def probabilities(images):
+        with torch.no_grad():
+            return scripted(torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))).numpy()
+
+    return Classifier(probabilities, list(info["image_shape"]), list(info["class_names"]), path)

@@ -22,6 +22,7 @@ DEFAULT_TRAIN_ACCELERATOR = "nvidia-tesla-t4"  # the reference setup: training o
 DEFAULT_PREDICT_ACCELERATOR = "nvidia-h100-80gb"  # ... and batch prediction on an H100 pool
 AUGMENT_MODES = ("offline", "online")
 FRAMEWORKS = ("tensorflow", "torch", "jax")  # what the train step runs the Keras model on (components/train/frameworks)
+FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}  # as the registry, pages say them
 PREPROCESS_RUNNERS = ("local", "dataflow")  # components/preprocess/step.py also takes "beam" (tests, benchmarks)
 MIN_IMAGE_SIZE = 8
 MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/data.py)

@@ -27,6 +27,7 @@ import logging
 from typing import Callable
 
 from components import stepcli
+from components.params import FRAMEWORK_NAMES
 from components.registry import (CHAMPION, ChampionChanged, LocalRegistry, ModelVersion, Registry, model_digest,
                                  model_lineage)
 
@@ -148,7 +149,9 @@ def describe_lineage(lineage: dict) -> str:
     if pretrained.get("sha256"):
         text += f" (sha256 {str(pretrained['sha256']).split(':')[-1][:12]}...)"
     if lineage.get("framework"):
-        text += f", trained on {lineage['framework']}"
+        text += f", trained on {FRAMEWORK_NAMES.get(lineage['framework'], lineage['framework'])}"
+    if lineage.get("serving_format"):
+        text += f", serving format {lineage['serving_format']}"
     source_model = pretrained.get("source_model") or {}
     if pretrained.get("loaded", "").startswith("backbone") and source_model.get("num_classes"):
         text += (f", its backbone only (trained as {source_model.get('name') or 'a classifier'} on "

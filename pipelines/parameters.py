@@ -156,9 +156,12 @@ def validate_parameters(given: dict) -> dict:
 
 def check_model_builder(values: dict) -> None:
     """A bring-your-own model (module:function) is built here once, as the training step will build it, and refused
-    when its output is not (batch, classes) logits; when its module does not import here, only a warning: the step
-    imports it where it runs (the training image) and refuses it there before training."""
-    from components.train import models
+    when its output is not (batch, classes) logits, or when it is a torch.nn.Module and the framework is not torch
+    (checked with torch itself, whatever Keras' backend here) or the registry is Vertex AI (whose serving
+    containers load SavedModels, not TorchScript); when its module does not import here (e.g. it imports torch
+    and torch is not installed), only a warning: the step imports it where it runs (the training image) and
+    refuses it there before training."""
+    from components.train import frameworks, models
 
     name = values["model"]
     if not models.is_builder_path(name):
@@ -174,8 +177,22 @@ def check_model_builder(values: dict) -> None:
 
     # Without `classes` the count is the data's, unknown here: any count shows whether the builder honours it.
     num_classes = len(classes) or 10
+    backend = frameworks.backend_class(values.get("framework") or params.default("framework"))
     try:
-        models.call_builder(name, builder, image_shape, num_classes)
+        built = models.call_builder(name, builder, image_shape, num_classes, native=_checked(backend))
     finally:
         keras.backend.clear_session()
+    if models.is_torch_module(built) and values.get("registry") == "vertex":
+        raise models.ModelError(f"model {name} is a torch.nn.Module, served as TorchScript, and the Vertex AI "
+                                "registry's serving containers load TensorFlow SavedModels only: use registry local, "
+                                "or a keras.Model builder")
+
+
+def _checked(backend):
+    """`backend.check_native`, returning what it checked (models.call_builder returns what `native` returns)."""
+    def check(name, built, image_shape, num_classes):
+        backend.check_native(name, built, image_shape, num_classes)
+        return built
+
+    return check
 

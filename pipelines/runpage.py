@@ -19,6 +19,8 @@ import shutil
 import sys
 from html.parser import HTMLParser
 
+from components import params
+
 PAGE = "index.html"
 SECTIONS = [("predictions", "Predictions"), ("training", "Training curves"), ("gpu", "GPU utilization"),
             ("tensorboard", "TensorBoard"),
@@ -143,7 +145,8 @@ def _training(summary: dict, report: str | None) -> str:
     history = trained.get("history", {})
     parts = [f"<div class='curves'><img alt='Training curves' src='{curves}'></div>"] if curves else []
     if trained.get("framework"):
-        parts.insert(0, f"<p>Trained on <b>{html.escape(trained['framework'])}</b> "
+        framework = params.FRAMEWORK_NAMES.get(trained["framework"], trained["framework"])
+        parts.insert(0, f"<p>Trained on <b>{html.escape(framework)}</b> "
                         f"({html.escape(str(trained.get('strategy', '')))}); serving format "
                         f"{html.escape(str(trained.get('serving_format', '')))}.</p>")
     metrics = [m for m in ("loss", "accuracy", "val_loss", "val_accuracy") if history.get(m)]

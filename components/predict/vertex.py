@@ -37,6 +37,14 @@ def serving_input_name(model_dir: str) -> str:
     saved = data.join(model_dir, "saved_model")
     saved = saved if data.gfile().exists(data.join(saved, "saved_model.pb")) else model_dir
     if not data.gfile().exists(data.join(saved, "saved_model.pb")):
+        info_path = data.join(model_dir, "training.json")
+        if data.gfile().exists(info_path):
+            with data.gfile().GFile(info_path) as f:
+                if json.load(f).get("serving_format") == data.TORCHSCRIPT:
+                    raise data.DataError(f"{model_dir} is a TorchScript model (a torch.nn.Module trained on PyTorch) "
+                                         "and Vertex AI's TensorFlow serving containers load SavedModels only: "
+                                         "predict locally (no Vertex AI batch prediction), or train a keras.Model "
+                                         "builder")
         raise data.DataError(f"No SavedModel in {model_dir} (looked for saved_model/saved_model.pb): Vertex AI "
                              "serves the SavedModel that training exports")
     names = list(tf.saved_model.load(saved).signatures["serving_default"].structured_input_signature[1])

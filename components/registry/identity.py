@@ -19,6 +19,13 @@ Two trainings that produce bit-identical weights therefore have the same digest,
 returns the first's version. A directory without model.keras (a bare SavedModel) is hashed file by file: its
 relative paths and bytes in sorted order.
 
+A TorchScript model (a torch.nn.Module trained on PyTorch: training.json's `serving_format` is `torchscript`,
+`model.torchscript.pt` beside it) is digested from its archive, a zip read without torch: the code TorchScript
+generated (`code/**.py`, with what varies between processes made canonical: the counters of traced classes,
+`___torch_mangle_N`, and the order of a class's constants)
+and every tensor's bytes (`data/N`, in index order), then the same outputs; the archive's random
+`serialization_id`, its debug tables and the pickles that name the mangled classes are left out.
+
 Versions registered before this scheme carry the file-by-file digest of their whole directory; registering the
 same files again gives them one new version (with the new digest), and from then on re-registration finds it.
 The scheme is versioned inside the hash (`DIGEST_SCHEME`) so that it can never equal a file-by-file digest.
@@ -45,6 +52,9 @@ REFERENCE_MODEL = "reference-cnn"
 # Beside model.keras when it was trained where TensorFlow is not installed (components/train/model.py writes it):
 # left out of the digest, like saved_model/, so the model is the same version before and after its SavedModel.
 SAVED_MODEL_PENDING = "saved_model.pending.json"
+# A torch.nn.Module's serving format and file (components/data.py's TORCHSCRIPT, TORCHSCRIPT_FILE).
+TORCHSCRIPT = "torchscript"
+TORCHSCRIPT_FILE = "model.torchscript.pt"
 
 
 class ModelDigestError(ValueError):
@@ -157,12 +167,62 @@ def _training_info(model_dir: str) -> dict:
     return info
 
 
+_TORCHSCRIPT_ATTRIBUTE = re.compile(rb"^  [A-Za-z_]\w* : ")
+
+
+def _canonical_torchscript_code(code: bytes) -> bytes:
+    """TorchScript's generated code with what varies between processes made canonical: the counters of traced
+    classes (`___torch_mangle_N`), and the order of a class's attribute declarations (its constants come from a
+    set, in the order of Python's per-process string hashing), sorted within each run of them."""
+    lines = re.sub(rb"___torch_mangle_\d+", b"___torch_mangle", code).split(b"\n")
+    out, run = [], []
+    for line in lines + [b""]:
+        if _TORCHSCRIPT_ATTRIBUTE.match(line):
+            run.append(line)
+            continue
+        out.extend(sorted(run))
+        run = []
+        out.append(line)
+    return b"\n".join(out[:-1])
+
+
+def _torchscript_digest(model_dir: str, info: dict) -> str:
+    archive = os.path.join(model_dir, info.get("serving_file") or TORCHSCRIPT_FILE)
+    sha = hashlib.sha256(DIGEST_SCHEME)
+    _field(sha, b"torchscript")
+    try:
+        with zipfile.ZipFile(archive) as torch_zip:
+            entries = {name.split("/", 1)[1]: name for name in torch_zip.namelist() if "/" in name}
+            code = sorted(rel for rel in entries if rel.startswith("code/") and rel.endswith(".py"))
+            tensors = sorted((rel for rel in entries if re.fullmatch(r"data/\d+", rel)),
+                             key=lambda rel: int(rel.split("/")[1]))
+            if not code:
+                raise ModelDigestError(f"{archive} is not a TorchScript archive (no code/ in it); the train step "
+                                       "writes it with torch.jit.save")
+            for rel in code:
+                _field(sha, re.sub(r"___torch_mangle_\d+", "___torch_mangle", rel).encode())
+                _field(sha, _canonical_torchscript_code(torch_zip.read(entries[rel])))
+            _field(sha, b"tensors")
+            for rel in tensors:
+                _field(sha, rel.encode())
+                _field(sha, torch_zip.read(entries[rel]))
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ModelDigestError(f"Cannot read the TorchScript archive {archive}: {e}. Is it complete? Train the "
+                               "model again (the train step writes it)") from e
+    _field(sha, b"outputs")
+    _field(sha, _canonical_json({"class_names": info.get("class_names"), "image_shape": info.get("image_shape")}))
+    return "sha256:" + sha.hexdigest()
+
+
 def model_digest(model_dir: str) -> str:
     """The content digest of a model directory, `sha256:HEX` (what it covers: the module docstring)."""
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"Model directory not found: {model_dir}")
     archive = os.path.join(model_dir, KERAS_ARCHIVE)
     if not os.path.isfile(archive):
+        info = _training_info(model_dir)
+        if info.get("serving_format") == TORCHSCRIPT:
+            return _torchscript_digest(model_dir, info)
         return _files_digest(model_dir)
     sha = hashlib.sha256(DIGEST_SCHEME)
     try:

@@ -25,7 +25,11 @@ Where things are kept on Vertex:
   `ModelVersion.lineage` reads back, and as labels to filter on in the console or `gcloud ai models list`
   (`lineage_labels`): `network` (e.g. `mobilenet-v3-small`; a `module:function` becomes `module-function`),
   `pretrained` (`none`, `imagenet`, or the sanitised path/URI, hashed when longer than 63 characters) and
-  `pretrained_sha256` (`sha256-` and the first 56 hex digits of the weights file's digest, when known).
+  `pretrained_sha256` (`sha256-` and the first 56 hex digits of the weights file's digest, when known), and what
+  trained it and how it serves: `framework` (`tensorflow`, `torch`, `jax`) and `serving_format`
+  (`keras-saved_model`, i.e. keras+saved_model sanitised, or `torchscript`), from training.json;
+- a TorchScript model (a torch.nn.Module trained on PyTorch) is refused before anything is uploaded
+  (`ServingFormatUnsupported`): both serving containers here load SavedModels only.
 
 Production: `VertexRegistry(project="my-project", location="us-central1")` uses Application Default
 Credentials and `https://us-central1-aiplatform.googleapis.com`. Tests: pass `api_endpoint="http://127.0.0.1:PORT"`
@@ -50,7 +54,7 @@ from typing import Any, Callable
 
 from components import gcp
 from components.registry.base import CHAMPION, ChampionChanged, ModelVersion
-from components.registry.identity import SAVED_MODEL_PENDING
+from components.registry.identity import SAVED_MODEL_PENDING, TORCHSCRIPT, model_lineage
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +164,17 @@ class SavedModelUnavailable(ValueError):
     """No SavedModel to serve, and none could be made from model.keras here: the message says why and what to run."""
 
 
+class ServingFormatUnsupported(ValueError):
+    """The model's serving format (training.json's) is not one the serving container loads: refused before
+    anything is uploaded, in one line saying why and what to do."""
+
+
 DIGEST_LABEL = "model_digest"
 NETWORK_LABEL = "network"
 PRETRAINED_LABEL = "pretrained"
 PRETRAINED_DIGEST_LABEL = "pretrained_sha256"
+FRAMEWORK_LABEL = "framework"
+SERVING_FORMAT_LABEL = "serving_format"
 METADATA_MARKER = "kfp-image-classification:"
 ALIAS_RE = re.compile(r"^[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]$")
 
@@ -218,6 +229,9 @@ def lineage_labels(lineage: dict | None) -> dict:
     if weights_digest:
         labels[PRETRAINED_DIGEST_LABEL] = digest_label(weights_digest if ":" in weights_digest
                                                        else "sha256:" + weights_digest.lower())
+    for label, key in ((FRAMEWORK_LABEL, "framework"), (SERVING_FORMAT_LABEL, "serving_format")):
+        if lineage.get(key):
+            labels[label] = sanitize_label_value(lineage[key])
     return labels
 
 
@@ -471,6 +485,7 @@ class VertexRegistry(gcp.VertexService):
         from google.api_core import exceptions as gexc
         from google.cloud.aiplatform_v1 import types
 
+        self._check_serving_format(model_dir, lineage)
         uri = self.artifact_uri_for(artifact_uri or model_dir)
         saved_model_dir = model_dir
         if os.path.isfile(os.path.join(model_dir, "saved_model", "saved_model.pb")):
@@ -511,6 +526,19 @@ class VertexRegistry(gcp.VertexService):
         pb = self._call(f"get the new version of {model!r}",
                         lambda: self._client.get_model(name=f"{response.model}@{response.model_version_id}"))
         return self._version(pb)
+
+    def _check_serving_format(self, model_dir: str, lineage: dict | None) -> None:
+        """Refuses a model whose serving format (training.json's, through the lineage) the container cannot
+        load: TensorFlow Serving and Vertex AI's prebuilt TensorFlow containers load SavedModels only."""
+        if lineage is None and os.path.isdir(model_dir):
+            lineage = model_lineage(model_dir)
+        serving_format = (lineage or {}).get("serving_format")
+        if serving_format == TORCHSCRIPT:
+            raise ServingFormatUnsupported(
+                f"Not uploading {model_dir} to Vertex AI: it is a TorchScript model (a torch.nn.Module trained on "
+                f"PyTorch), and the serving container {self.serving.image_uri} loads TensorFlow SavedModels only; "
+                "register it in the local registry (registry local), or train a keras.Model builder (on any "
+                "framework) for a SavedModel Vertex AI serves.")
 
     def _created_by_another_run(self, model: str) -> Any:
         """The model whose id our upload found taken. Another run's first upload holds the id from its request

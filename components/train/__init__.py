@@ -30,7 +30,8 @@ retried attempt finds it and fails at once with the original reason instead of s
 
 Outputs in `model_dir`: `model.keras` (Keras, float32), `saved_model/` (TF SavedModel returning class
 probabilities, what Vertex AI's TensorFlow serving containers load), `training.json` (recipe, class names,
-image shape, per-epoch history, steps, timings, throughput).
+image shape, per-epoch history, steps, timings, throughput, framework and serving format); for a torch.nn.Module
+trained on PyTorch, `model.torchscript.pt` (TorchScript returning class probabilities) instead of the first two.
 
 Where things are: `loop` (`TrainingLoop`, the training loop in named phases, and `train`), `settings`
 (`TrainSettings`, everything a run is told), `recipes` (the presets), `learning_rate`, `models` (the catalogue:

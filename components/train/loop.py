@@ -182,7 +182,8 @@ class TrainingLoop:
         settings, plan, backend = self.settings, self.plan, self.backend
         recipe = plan.recipe
         with backend.scope():
-            self.model = models.build(settings.model, plan.image_shape, len(plan.class_names), plan.precision)
+            self.model = models.build(settings.model, plan.image_shape, len(plan.class_names), plan.precision,
+                                      native=backend.native_model)
             self.weights = pretrained_lib.load(self.model, settings.model, settings.pretrained,
                                                backup_dir=settings.backup_dir, write_cache=plan.role.is_chief,
                                                weights_cache=settings.weights_cache)

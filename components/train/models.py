@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import sys
 
 DEFAULT_MODEL = "reference-cnn"
 HEAD_DROPOUT = 0.2
@@ -111,9 +112,11 @@ def build_model(image_shape: list[int] | tuple[int, ...], num_classes: int, dtyp
     ], name="classifier")
 
 
-def build(name: str, image_shape, num_classes: int, precision: str = "float32"):
+def build(name: str, image_shape, num_classes: int, precision: str = "float32", native=None):
     """The uncompiled model `name` for images of `image_shape` (raw 0-255 pixels) and `num_classes` logits, its
-    layers computing in `precision` (a Keras dtype policy; logits stay float32 in the catalogue's heads)."""
+    layers computing in `precision` (a Keras dtype policy; logits stay float32 in the catalogue's heads).
+    `native(name, built, image_shape, num_classes)`: what a bring-your-own builder's result goes through (the
+    framework's `Backend.native_model`: a torch.nn.Module becomes a Keras model on torch); default: `check_output`."""
     image_shape = tuple(int(n) for n in image_shape)
     if name == DEFAULT_MODEL:
         return build_model(image_shape, num_classes, precision)
@@ -123,17 +126,42 @@ def build(name: str, image_shape, num_classes: int, precision: str = "float32"):
     if problem:
         raise ModelError(f"model {problem}")
     with dtype_policy(precision):
-        return call_builder(name, import_builder(name), image_shape, num_classes)
+        return call_builder(name, import_builder(name), image_shape, num_classes, native)
 
 
-def call_builder(name: str, builder, image_shape: tuple, num_classes: int):
-    """The builder's model for (image_shape, num_classes), checked (`check_output`); ModelError when it fails."""
+def call_builder(name: str, builder, image_shape: tuple, num_classes: int, native=None):
+    """The builder's model for (image_shape, num_classes), checked: a keras.Model by `check_output`, anything else
+    by `native` (a framework's own model, see `build`); ModelError when it fails."""
     try:
         model = builder(image_shape, num_classes)
     except Exception as e:
         raise ModelError(f"model {name}({image_shape}, {num_classes}) failed: {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    if native is not None and not is_keras_model(model):
+        return native(name, model, image_shape, num_classes)
     return check_output(name, model, image_shape, num_classes)
+
+
+NATIVE_KIND = "native_kind"  # the attribute of a Keras model around a framework's own model: what that model is
+
+
+def native_kind(model) -> str | None:
+    """What framework-native model a Keras model wraps (e.g. "torch.nn.Module"), or None for Keras layers."""
+    return getattr(model, NATIVE_KIND, None)
+
+
+def is_keras_model(model) -> bool:
+    import keras
+
+    return isinstance(model, keras.Model)
+
+
+def is_torch_module(model) -> bool:
+    """Whether `model` is a torch.nn.Module of the builder's own, without importing torch (a builder that made one
+    has imported it); Keras layers, which are torch modules on Keras' torch backend, are not."""
+    torch, keras = sys.modules.get("torch"), sys.modules.get("keras")
+    return torch is not None and isinstance(model, torch.nn.Module) and not (
+        keras is not None and isinstance(model, keras.Layer))
 
 
 def _backbone_classifier(name: str, image_shape: tuple, num_classes: int, precision: str):
@@ -193,9 +221,14 @@ def check_output(name: str, model, image_shape: tuple, num_classes: int):
     import keras
     import numpy as np
 
+    if is_torch_module(model):
+        raise ModelError(f"model {name} returned a torch.nn.Module ({type(model).__name__}), which trains with "
+                         "--framework torch only (Keras' torch backend wraps it): run with --framework torch, or "
+                         "return a keras.Model")
     if not isinstance(model, keras.Model):
         raise ModelError(f"model {name} returned {type(model).__name__}, not a keras.Model: the builder must return "
-                         "an uncompiled keras.Model taking images (image_shape) and producing logits")
+                         "an uncompiled keras.Model taking images (image_shape) and producing logits (or, with "
+                         "--framework torch, a torch.nn.Module taking N x C x H x W pixels)")
     try:
         out = model(np.zeros((2, *image_shape), "float32"), training=False)
     except Exception as e:

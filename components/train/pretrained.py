@@ -130,6 +130,10 @@ def load(model, model_name: str, source: str, *, backup_dir: str | None = None, 
     `pipectl weights` staged ImageNet weights (for steps without internet)."""
     if source == NONE:
         return Weights(NONE)
+    if models.native_kind(model):
+        raise models.ModelError(f"pretrained {source}: model {model_name} is a {models.native_kind(model)}, whose "
+                                "starting weights are its builder's to load (e.g. module.load_state_dict(...)): "
+                                "pass pretrained none")
     if source == IMAGENET:
         return _load_imagenet(model, model_name, backup_dir, write_cache, weights_cache)
     local = fetch(source, model_name, backup_dir=backup_dir, write_cache=write_cache)

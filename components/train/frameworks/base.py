@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterable, Iterator
 
+from components.train import models
 from components.train.cluster import ClusterRole
 from components.train.model import cpu_has_bf16, precision_for
 
@@ -102,6 +103,20 @@ class Backend(abc.ABC):
 
     # ------------------------------------------------------------------------------- build
 
+    @staticmethod
+    def native_model(name: str, built, image_shape: tuple, num_classes: int):
+        """The Keras model training uses for `built`, what a bring-your-own builder returned when it is not a
+        keras.Model: a model of this framework's own (a torch.nn.Module on torch) wrapped in Keras, checked on a
+        batch of two images; ModelError otherwise, saying what the builder must return. Called under the run's
+        Keras dtype policy (models.build)."""
+        return models.check_output(name, built, image_shape, num_classes)
+
+    @staticmethod
+    def check_native(name: str, built, image_shape: tuple, num_classes: int) -> None:
+        """What pipectl checks of the same, where Keras may run on another backend: ModelError when `built`
+        is not a model this framework trains, or its output is not (batch, num_classes)."""
+        models.check_output(name, built, image_shape, num_classes)
+
     def scope(self) -> contextlib.AbstractContextManager:
         """Where the model and optimizers are made (tf.distribute's strategy scope; nothing elsewhere)."""
         return contextlib.nullcontext()
@@ -160,8 +175,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def write_model(self, model, image_shape, num_classes: int, model_dir: str, model_name: str) -> dict:
-        """Writes the float32 model (model.keras, and the SavedModel serving loads: components/train/model.py);
-        returns what training.json records about it ({"framework", "serving_format", ...})."""
+        """Writes the float32 model (model.keras, and the SavedModel serving loads: components/train/model.py;
+        TorchScript for a torch.nn.Module on torch); returns what training.json records about it ({"framework",
+        "serving_format", ...})."""
 
     def finish(self) -> None:
         """Ends the distribution (process groups), after the export."""

@@ -12,16 +12,32 @@ gradients of sum(loss) / global batch, as tf.distribute's), with the same single
 starts from rank 0's weights (broadcast after restore).
 
 Rank 0 is the chief: it alone writes the model, training.json, TensorBoard logs and checkpoints in backup_dir.
+
+PyTorch-native models: a bring-your-own builder may return a torch.nn.Module taking float32 N x C x H x W pixels
+(0-255) and returning N x classes logits. It trains inside a Keras model (`module_classifier`: images N x H x W x C
+in, as every model here takes them, permuted to N x C x H x W, the module's logits out, as the catalogue's models
+output logits), so the loop, the optimizers, the all-reduce, checkpoints and resume are the same as for Keras
+layers. Its serving format is TorchScript (`write_torchscript`): the module in inference mode with the permutation
+and the softmax, `model.torchscript.pt`, which loads with torch alone (components/data.py's `load_classifier`),
+without the builder's code; no model.keras or SavedModel is written (Keras would pickle the module into
+model.keras, and loading that runs the builder's code: a later step must not have to).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
+import functools
 import logging
 import os
+import shutil
+import sys
+import tempfile
 
 import numpy as np
 
+from components import data
+from components.train import models
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
 from components.train.model import check_gpus_visible, write_keras_model
@@ -87,6 +103,24 @@ class Backend(base.Backend):
         return False
 
     # ------------------------------------------------------------------------------- build
+
+    @staticmethod
+    def native_model(name, built, image_shape, num_classes):
+        import keras
+
+        if not models.is_torch_module(built):
+            return models.check_output(name, built, image_shape, num_classes)
+        check_module_output(name, built, image_shape, num_classes)
+        precision = keras.config.dtype_policy().compute_dtype  # models.build's policy for this run
+        return models.check_output(name, module_classifier(built, image_shape, num_classes, precision),
+                                   image_shape, num_classes)
+
+    @staticmethod
+    def check_native(name, built, image_shape, num_classes):
+        if not models.is_torch_module(built):
+            models.check_output(name, built, image_shape, num_classes)
+            return
+        check_module_output(name, built, image_shape, num_classes)
 
     def _to_device(self, array, dtype=None):
         import torch
@@ -229,6 +263,11 @@ class Backend(base.Backend):
     # ------------------------------------------------------------------------------- export
 
     def write_model(self, model, image_shape, num_classes, model_dir, model_name):
+        wrapped = torch_module_of(model)
+        if wrapped is not None:
+            write_torchscript(wrapped, image_shape, model_dir)
+            return {"framework": self.name, "serving_format": data.TORCHSCRIPT, "serving_file": data.TORCHSCRIPT_FILE,
+                    "saved_model": "none"}
         write_keras_model(model, image_shape, num_classes, model_dir, model_name)
         return {"framework": self.name, "serving_format": "keras+saved_model",
                 **portable.export_saved_model(model_dir, image_shape, model_name)}
@@ -239,3 +278,155 @@ class Backend(base.Backend):
         if self.process_group:
             dist.destroy_process_group()
             self.process_group = False
+
+
+# ------------------------------------------------------------------------------------------ PyTorch-native models
+
+
+def check_module_output(name: str, module, image_shape, num_classes: int) -> None:
+    """ModelError unless `module` maps a float32 batch of 2 x C x H x W pixels to (2, num_classes) logits (run
+    in inference mode, without gradients, where the module's parameters are)."""
+    import torch
+
+    height, width, channels = (int(n) for n in image_shape)
+    was_training = module.training
+    try:
+        device = next(module.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros((2, channels, height, width), dtype=torch.float32, device=device))
+    except Exception as e:
+        raise models.ModelError(f"model {name} (a torch.nn.Module) fails on a float32 batch of shape "
+                                f"(2, {channels}, {height}, {width}) (N x C x H x W): "
+                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    finally:
+        module.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (2, num_classes):
+        raise models.ModelError(f"model {name} (a torch.nn.Module) returns {shape} for a batch of shape "
+                                f"(2, {channels}, {height}, {width}) (N x C x H x W); it must return a tensor of "
+                                f"(batch, num_classes) = (2, {num_classes}) logits")
+
+
+@functools.cache
+def _module_layer_class():
+    """The Keras layer that trains a torch.nn.Module (made on first use: keras is imported only once the step has
+    chosen its backend)."""
+    import keras
+    import torch
+
+    class TorchModuleLayer(keras.layers.TorchModuleWrapper):
+        """keras.layers.TorchModuleWrapper (keras/src/utils/torch_utils.py) that also holds the module's buffers
+        (BatchNorm statistics) as non-trainable Keras variables sharing their storage, so that the checkpoints,
+        the best epoch's weights and the broadcast from rank 0 include them; it takes N x H x W x C images,
+        gives the module N x C x H x W, and runs it under torch.autocast in a mixed precision (the module's
+        parameters stay float32)."""
+
+        def __init__(self, module, autocast_dtype=None, **kwargs):
+            self.autocast_dtype = autocast_dtype
+            super().__init__(module, dtype="float32", **kwargs)  # float32 in: the module casts under autocast
+
+        def _track_module_parameters(self):
+            for param in self.module.parameters():
+                self._track_variable(keras.Variable(initializer=param, trainable=param.requires_grad))
+            persistent = self.module.state_dict(keep_vars=True)  # a non-persistent buffer is no state
+            for name, buffer in self.module.named_buffers():
+                if name not in persistent:
+                    continue
+                shared = torch.nn.Parameter(buffer, requires_grad=False)  # the same storage as the buffer
+                self._track_variable(keras.Variable(initializer=shared, trainable=False,
+                                                    dtype=str(buffer.dtype).removeprefix("torch.")))
+            self.built = True
+
+        def call(self, images, training=None):
+            self.module.train(bool(training))
+            pixels = images.permute(0, 3, 1, 2)
+            if self.autocast_dtype:
+                with torch.autocast(pixels.device.type, dtype=getattr(torch, self.autocast_dtype)):
+                    return self.module(pixels).float()
+            return self.module(pixels).float()
+
+    return TorchModuleLayer
+
+
+TORCH_MODULE_LAYER = "torch_module"  # the layer's name in the Keras model
+
+
+def module_classifier(module, image_shape, num_classes: int, precision: str = "float32"):
+    """A Keras model taking N x H x W x C float32 pixels (0-255) and returning the module's N x num_classes
+    logits; `precision` is the compute dtype (bfloat16, float16: torch.autocast)."""
+    import keras
+
+    autocast = precision if precision in ("bfloat16", "float16") else None
+    inputs = keras.Input(shape=tuple(int(n) for n in image_shape), name="image")
+    outputs = _module_layer_class()(module, autocast, name=TORCH_MODULE_LAYER, output_shape=(None, num_classes))(
+        inputs)
+    model = keras.Model(inputs, outputs, name="torch_module_classifier")
+    setattr(model, models.NATIVE_KIND, "torch.nn.Module")
+    return model
+
+
+def torch_module_of(model):
+    """The torch.nn.Module a Keras model from `module_classifier` trains, else None."""
+    if "torch" not in sys.modules:
+        return None
+    layer = next((layer for layer in getattr(model, "layers", []) if isinstance(layer, _module_layer_class())),
+                 None)
+    return layer.module if layer is not None else None
+
+
+def serving_module(module):
+    """The inference function TorchScript holds: N x H x W x C float32 pixels (0-255) -> class probabilities,
+    the module in inference mode on the CPU, in float32."""
+    import torch
+
+    class Serving(torch.nn.Module):
+        def __init__(self, classifier):
+            super().__init__()
+            self.classifier = classifier
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.classifier(pixels.permute(0, 3, 1, 2)).float(), dim=-1)
+
+    return Serving(copy.deepcopy(module).cpu().float().eval()).eval()
+
+
+def write_torchscript(module, image_shape, model_dir: str) -> str:
+    """model_dir/model.torchscript.pt: `serving_module` compiled by torch.jit.script, or recorded by
+    torch.jit.trace where the module cannot be scripted; the file, loaded again, must give the module's own
+    probabilities on a batch of another size (a trace that fixed a shape or a branch is refused). Returns how
+    it was made (script or trace)."""
+    import torch
+
+    serving = serving_module(module)
+    height, width, channels = (int(n) for n in image_shape)
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.rand((3, height, width, channels), generator=generator) * 255
+    with torch.no_grad():
+        expected = serving(probe)
+        try:
+            compiled, how = torch.jit.script(serving), "script"
+        except Exception as scripting:  # noqa: BLE001 (torch raises many kinds; trace is the fallback)
+            log.info("train: torch.jit.script cannot compile the module (%s); tracing it",
+                     str(scripting).splitlines()[0] if str(scripting) else type(scripting).__name__)
+            compiled, how = torch.jit.trace(serving, probe[:2]), "trace"
+    local_dir = tempfile.mkdtemp(prefix="torchscript-")
+    try:
+        local = os.path.join(local_dir, data.TORCHSCRIPT_FILE)
+        torch.jit.save(compiled, local)
+        with torch.no_grad():
+            got = torch.jit.load(local, map_location="cpu")(probe)
+        if not torch.allclose(got, expected, atol=1e-5):
+            raise RuntimeError(f"The TorchScript of the model ({how}) does not reproduce the module's outputs on "
+                               f"a batch of 3 (largest difference {float((got - expected).abs().max()):.3g}): "
+                               "make the module scriptable (torch.jit.script) or free of shape-dependent Python")
+        data.gfile().makedirs(model_dir)
+        data.gfile().copy(local, data.join(model_dir, data.TORCHSCRIPT_FILE), overwrite=True)
+    finally:
+        shutil.rmtree(local_dir, ignore_errors=True)
+    log.info("train: TorchScript (%s) of the torch.nn.Module written to %s", how,
+             data.join(model_dir, data.TORCHSCRIPT_FILE))
+    return how
