@@ -537,8 +537,17 @@ def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch)
     plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000)
     assert plan in decoding.candidate_plans(root, 2)
     line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
-    for label in ("one worker", "2 threads", "2 processes", "TensorFlow batches x2"):
+    for label in ("one worker", "2 processes", "TensorFlow batches x2"):
         assert re.search(label + r" [\d,]+/s", line), line
+    # raw records of files TensorFlow decodes: plain threads, the same threads less its C++ decode, are not measured
+    assert "2 threads" not in line, line
+    caplog.clear()
+    # as RGB the grayscale PNGs need PIL's conversion: TensorFlow has nothing to decode, threads are measured
+    plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000, channels=3)
+    line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
+    for label in ("one worker", "2 threads", "2 processes"):
+        assert re.search(label + r" [\d,]+/s", line), line
+    assert "TensorFlow" not in line, line
 
 
 
