@@ -61,13 +61,14 @@ def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels:
 
 
 # TensorFlowDecoder's traced decoders take this many files a call: one decode op per file, side by side in one
-# graph (the last call of a run padded with copies of its last file)
+# graph; what is left of a batch goes EXACT_REST at a time, the last call padded with copies of its last file
 EXACT_CHUNK = 128
+EXACT_REST = 16
 
 
-@functools.lru_cache(maxsize=8)
-def _exact_decoder(kind: str, shape: tuple[int, int, int]):
-    """A traced function: EXACT_CHUNK files' bytes -> uint8 EXACT_CHUNK x H x W x C, one `decode_png` or
+@functools.lru_cache(maxsize=16)
+def _exact_decoder(kind: str, shape: tuple[int, int, int], size: int = EXACT_CHUNK):
+    """A traced function: `size` files' bytes -> uint8 size x H x W x C, one `decode_png` or
     `decode_jpeg` (the exact integer DCT) per file, unrolled in one graph that TensorFlow's executor runs in
     parallel. tf.map_fn's loop (batch prediction's `batch_decoder`) spends about ten ops a file around the decode:
     25.4 us of CPU a 28x28 PNG in batches of 256, 14.7 unrolled by 128, and its tracing took 0.15 s, this 0.06."""
@@ -80,24 +81,25 @@ def _exact_decoder(kind: str, shape: tuple[int, int, int]):
             return tf.io.decode_png(contents, channels=channels)
         return tf.io.decode_jpeg(contents, channels=channels, dct_method="INTEGER_ACCURATE")
 
-    @tf.function(input_signature=[tf.TensorSpec([EXACT_CHUNK], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([size], tf.string)])
     def decode(contents):
         with tf.device("/CPU:0"):
             # stack fails (an OpError, as a corrupt file does) unless every image has the routed shape
-            return tf.ensure_shape(tf.stack([decode_one(c) for c in tf.unstack(contents, EXACT_CHUNK)]),
-                                   [EXACT_CHUNK, *shape])
+            return tf.ensure_shape(tf.stack([decode_one(c) for c in tf.unstack(contents, size)]), [size, *shape])
 
     return decode
 
 
 def _decode_exact(kind: str, shape: tuple[int, int, int], contents: list[bytes]) -> np.ndarray:
     """The images of `contents` (files `per_image.exact_format` routes to `kind`), decoded by `_exact_decoder`."""
-    decode = _exact_decoder(kind, shape)
     parts = []
-    for start in range(0, len(contents), EXACT_CHUNK):
-        chunk = contents[start:start + EXACT_CHUNK]
-        padded = chunk + [chunk[-1]] * (EXACT_CHUNK - len(chunk))
-        parts.append(decode(padded).numpy()[:len(chunk)])
+    start = 0
+    while start < len(contents):
+        size = EXACT_CHUNK if len(contents) - start >= EXACT_CHUNK else EXACT_REST
+        chunk = contents[start:start + size]
+        padded = chunk + [chunk[-1]] * (size - len(chunk))
+        parts.append(_exact_decoder(kind, shape, size)(padded).numpy()[:len(chunk)])
+        start += size
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -125,6 +127,25 @@ class TensorFlowDecoder:
 
         self.shape = (height, width, channels)
         self.errors = (tf.errors.OpError,)
+
+    def trace(self, items: list[Item]) -> None:
+        """Traces and runs once the decoders of the kinds of these files (what a first call costs): on one file of
+        each kind, copied, whose pixels are dropped."""
+        kinds: dict[str, bytes] = {}
+        for item in items:
+            if not item.problem and "://" not in item.uri:
+                try:
+                    raw = data.read_bytes(item.uri)
+                except data.ImageError:
+                    continue
+                kinds.setdefault(self.route(raw), raw)
+        kinds.pop(None, None)
+        for kind, raw in sorted(kinds.items()):
+            for size in (EXACT_CHUNK, EXACT_REST):
+                try:
+                    _exact_decoder(kind, self.shape, size)([raw] * size)
+                except self.errors:  # a corrupt file: traced all the same
+                    pass
 
     def route(self, raw: bytes) -> str | None:
         """What TensorFlow decodes: "PNG", "JPEG" or None."""
@@ -194,7 +215,7 @@ def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
 
 def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int, channels: int,
                     check_extension: bool, workers: int, use_processes: bool,
-                    use_tensorflow: bool = False) -> Iterator[Example]:
+                    use_tensorflow: bool = False, tensorflow_batch: int = 256) -> Iterator[Example]:
     """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
     worker in flight (memory stays bounded whatever the number of files).
 
@@ -206,7 +227,7 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
         decoder = tensorflow_decoder(height, width, channels)
         with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
             pending: collections.deque = collections.deque()
-            for batch in data.batched(items(), 256):
+            for batch in data.batched(items(), tensorflow_batch):
                 pending.append(executor.submit(decoder.decode_examples, batch, check_extension))
                 if len(pending) >= 2 * max(1, workers):
                     yield from pending.popleft().result()
@@ -404,9 +425,12 @@ def _measured(batch: list[Item], count: int, plan: dict, args: tuple, clock: Cal
     shape = dict(zip(("height", "width", "channels", "check_extension"), args))
     start = clock()
     if plan.get("use_tensorflow"):
-        tensorflow_decoder(*args[:3]).decode_examples(batch[:8], args[3])  # traces: start-up, not rate
+        tensorflow_decoder(*args[:3]).trace(batch[:8])  # start-up, not rate
         started = clock()
-        yield from parallel_decode(lambda: batch, **shape, **plan)
+        # the sample in one batch per thread, as the run keeps every thread busy: in batches of 256, 300 files were
+        # one thread's 256 beside another's 44, measured at about one thread's rate
+        share = -(-len(batch) // max(1, plan["workers"]))
+        yield from parallel_decode(lambda: batch, **shape, **plan, tensorflow_batch=-(-share // EXACT_REST) * EXACT_REST)
         timing.append((count / max(clock() - started, 1e-9), started - start))
         return
     if not plan["use_processes"]:
