@@ -14,7 +14,7 @@ from PIL import Image
 
 from components import data
 from components import preprocess as pp
-from components.preprocess import bookkeeping, decoding, sources
+from components.preprocess import bookkeeping, decoding, per_image, sources
 from tests.test_data import encoded, png_header_only
 
 
@@ -146,6 +146,26 @@ def test_every_decode_plan_gives_the_same_examples(mixed_corpus, size, channels)
                          None if e.histogram is None else e.histogram.tobytes()) for e in examples])
     for other in results[1:]:
         assert other == results[0]
+
+
+@pytest.mark.parametrize("channels, form", [(1, "PNG"), (3, "PNG"), (3, "JPEG")])
+def test_tensorflows_unrolled_decoders_give_pils_pixels(channels, form):
+    """TensorFlow's batches decode exact files EXACT_CHUNK, then EXACT_REST, at a time, the last call padded: each
+    file's pixels are PIL's, in order, whatever the count; a corrupt file fails its call (decode_examples then
+    decodes that call's files with PIL, which gives the reason)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(channels)
+    shape = (28, 28, channels)
+    arrays = rng.integers(0, 256, (decoding.EXACT_CHUNK + decoding.EXACT_REST + 5, *shape), dtype=np.uint8)
+    files = [encoded(a[..., 0] if channels == 1 else a, form) for a in arrays]
+    assert all(per_image.exact_format(f, *shape) == form for f in files)
+    for count in (1, decoding.EXACT_REST, decoding.EXACT_CHUNK + 1, len(files)):
+        decoded = decoding._decode_exact(form, shape, files[:count])
+        assert decoded.shape == (count, *shape)
+        assert all(np.array_equal(image, data.decode_image(f, *shape)) for image, f in zip(decoded, files))
+    with pytest.raises(tf.errors.OpError):
+        decoding._decode_exact(form, shape, files[:3] + [files[3][:len(files[3]) // 2]])
 
 
 @pytest.mark.parametrize("mode,size", [("RGB", (39, 22)), ("RGB", (500, 375)), ("L", (7, 300)), ("RGB", (224, 224)),
@@ -537,8 +557,17 @@ def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch)
     plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000)
     assert plan in decoding.candidate_plans(root, 2)
     line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
-    for label in ("one worker", "2 threads", "2 processes", "TensorFlow batches x2"):
+    for label in ("one worker", "2 processes", "TensorFlow batches x2"):
         assert re.search(label + r" [\d,]+/s", line), line
+    # raw records of files TensorFlow decodes: plain threads, the same threads less its C++ decode, are not measured
+    assert "2 threads" not in line, line
+    caplog.clear()
+    # as RGB the grayscale PNGs need PIL's conversion: TensorFlow has nothing to decode, threads are measured
+    plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000, channels=3)
+    line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
+    for label in ("one worker", "2 threads", "2 processes"):
+        assert re.search(label + r" [\d,]+/s", line), line
+    assert "TensorFlow" not in line, line
 
 
 

@@ -60,6 +60,49 @@ def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels:
     return routed / max(len(files), 1)
 
 
+# TensorFlowDecoder's traced decoders take this many files a call: one decode op per file, side by side in one
+# graph; what is left of a batch goes EXACT_REST at a time, the last call padded with copies of its last file
+EXACT_CHUNK = 128
+EXACT_REST = 16
+
+
+@functools.lru_cache(maxsize=16)
+def _exact_decoder(kind: str, shape: tuple[int, int, int], size: int = EXACT_CHUNK):
+    """A traced function: `size` files' bytes -> uint8 size x H x W x C, one `decode_png` or
+    `decode_jpeg` (the exact integer DCT) per file, unrolled in one graph that TensorFlow's executor runs in
+    parallel. tf.map_fn's loop (batch prediction's `batch_decoder`) spends about ten ops a file around the decode:
+    25.4 us of CPU a 28x28 PNG in batches of 256, 14.7 unrolled by 128, and its tracing took 0.15 s, this 0.06."""
+    import tensorflow as tf
+
+    channels = shape[2]
+
+    def decode_one(contents):
+        if kind == "PNG":
+            return tf.io.decode_png(contents, channels=channels)
+        return tf.io.decode_jpeg(contents, channels=channels, dct_method="INTEGER_ACCURATE")
+
+    @tf.function(input_signature=[tf.TensorSpec([size], tf.string)])
+    def decode(contents):
+        with tf.device("/CPU:0"):
+            # stack fails (an OpError, as a corrupt file does) unless every image has the routed shape
+            return tf.ensure_shape(tf.stack([decode_one(c) for c in tf.unstack(contents, size)]), [size, *shape])
+
+    return decode
+
+
+def _decode_exact(kind: str, shape: tuple[int, int, int], contents: list[bytes]) -> np.ndarray:
+    """The images of `contents` (files `per_image.exact_format` routes to `kind`), decoded by `_exact_decoder`."""
+    parts = []
+    start = 0
+    while start < len(contents):
+        size = EXACT_CHUNK if len(contents) - start >= EXACT_CHUNK else EXACT_REST
+        chunk = contents[start:start + size]
+        padded = chunk + [chunk[-1]] * (size - len(chunk))
+        parts.append(_exact_decoder(kind, shape, size)(padded).numpy()[:len(chunk)])
+        start += size
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 @functools.lru_cache(maxsize=4)
 def tensorflow_decoder(height: int, width: int, channels: int) -> "TensorFlowDecoder":
     """One decoder per shape and process: its tf.function is traced once (measuring, then decoding)."""
@@ -74,18 +117,35 @@ class TensorFlowDecoder:
     converts what it can and gives the reason for what it cannot.
 
     The files are read and routed in Python (`route`), and only the decoding runs in TensorFlow, one op per file
-    in batch prediction's traced decoders (predict.decode.batch_decoder): with reading and routing inside the
-    graph, a dozen ops per file in tf.map_fn's loop, `decode_examples` cost 0.060-0.062 ms of CPU per 28x28 PNG,
-    now 0.049 (10,000 files, the same examples)."""
+    (`_exact_decoder`, EXACT_CHUNK files a call): with reading and routing inside the graph, a dozen ops per file
+    in tf.map_fn's loop, `decode_examples` cost 0.060-0.062 ms of CPU per 28x28 PNG; with only the decode in
+    that loop 0.049 (10,000 files, the same examples). Unrolled, without the loop: `decode_examples` alone, one
+    thread, 2,816 PNGs in batches of 256, 0.031-0.034 ms a file against 0.041-0.048 with the loop."""
 
     def __init__(self, height: int, width: int, channels: int):
         import tensorflow as tf
 
-        from components.predict.decode import batch_decoder
-
         self.shape = (height, width, channels)
-        self.decoders = {"PNG": batch_decoder("png", self.shape), "JPEG": batch_decoder("jpeg", self.shape)}
         self.errors = (tf.errors.OpError,)
+
+    def trace(self, items: list[Item]) -> None:
+        """Traces and runs once the decoders of the kinds of these files (what a first call costs): on one file of
+        each kind, copied, whose pixels are dropped."""
+        kinds: dict[str, bytes] = {}
+        for item in items:
+            if not item.problem and "://" not in item.uri:
+                try:
+                    raw = data.read_bytes(item.uri)
+                except data.ImageError:
+                    continue
+                kinds.setdefault(self.route(raw), raw)
+        kinds.pop(None, None)
+        for kind, raw in sorted(kinds.items()):
+            for size in (EXACT_CHUNK, EXACT_REST):
+                try:
+                    _exact_decoder(kind, self.shape, size)([raw] * size)
+                except self.errors:  # a corrupt file: traced all the same
+                    pass
 
     def route(self, raw: bytes) -> str | None:
         """What TensorFlow decodes: "PNG", "JPEG" or None."""
@@ -120,7 +180,7 @@ class TensorFlowDecoder:
             if not files:
                 continue
             try:
-                images = self.decoders[kind]([raw for _, raw in files]).numpy()
+                images = _decode_exact(kind, self.shape, [raw for _, raw in files])
             except self.errors:
                 for position, raw in files:
                     examples[position] = per_image.decode_contents(items[position], raw, height, width, channels)
@@ -155,7 +215,7 @@ def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
 
 def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int, channels: int,
                     check_extension: bool, workers: int, use_processes: bool,
-                    use_tensorflow: bool = False) -> Iterator[Example]:
+                    use_tensorflow: bool = False, tensorflow_batch: int = 256) -> Iterator[Example]:
     """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
     worker in flight (memory stays bounded whatever the number of files).
 
@@ -167,7 +227,7 @@ def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: 
         decoder = tensorflow_decoder(height, width, channels)
         with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
             pending: collections.deque = collections.deque()
-            for batch in data.batched(items(), 256):
+            for batch in data.batched(items(), tensorflow_batch):
                 pending.append(executor.submit(decoder.decode_examples, batch, check_extension))
                 if len(pending) >= 2 * max(1, workers):
                     yield from pending.popleft().result()
@@ -312,17 +372,27 @@ def _measure_plans(items: Callable[[], Iterable[Item]], sample: int, plans: list
     2-3x."""
     remaining = iter(items())
     consumed = 0
-    first: list[Item] = []
+    first: list[Item] = list(itertools.islice(remaining, sample))
+    remaining = itertools.chain(first, remaining)
+    # The share of the files TensorFlow's batches would decode themselves, from the first sample (their heads read)
+    tensorflow_share = (_share_for_tensorflow(first, *args[:3]) if any(p.get("use_tensorflow") for p in plans)
+                        else 0.0)
+    # Raw records (pixels, below data.ENCODED_MIN_SIZE) decode every file whole whichever plan runs. Where most files
+    # are TensorFlow's, its batches run in as many threads as plain threads would, the same PIL code for the rest
+    # and the routed files' decode in C++ without the GIL: plain threads cannot win there, and measuring them cost
+    # 0.003 ms of CPU a file over a 10,000-PNG run (300 28x28 PNGs at 6.9k/s, GIL-bound, against 30k/s).
+    threads_lose = (not photos and tensorflow_share >= 0.5
+                    and data.record_encoding(args[1], "file") == data.RAW)
     measured: list[tuple[float, float, dict]] = []
     for plan in plans:
         if plan["use_processes"] and measured and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
             continue
+        if threads_lose and plan["workers"] > 1 and not plan["use_processes"] and not plan.get("use_tensorflow"):
+            continue
         batch = list(itertools.islice(remaining, sample))
         fresh = bool(batch)
         batch = batch or first
-        if not first:
-            first = batch
-        if plan.get("use_tensorflow") and _share_for_tensorflow(batch, *args[:3]) < 0.5:
+        if plan.get("use_tensorflow") and tensorflow_share < 0.5:
             # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
             if fresh:  # these inputs go to the next plan measured, or to the chosen one
                 remaining = itertools.chain(batch, remaining)
@@ -355,9 +425,12 @@ def _measured(batch: list[Item], count: int, plan: dict, args: tuple, clock: Cal
     shape = dict(zip(("height", "width", "channels", "check_extension"), args))
     start = clock()
     if plan.get("use_tensorflow"):
-        tensorflow_decoder(*args[:3]).decode_examples(batch[:8], args[3])  # traces: start-up, not rate
+        tensorflow_decoder(*args[:3]).trace(batch[:8])  # start-up, not rate
         started = clock()
-        yield from parallel_decode(lambda: batch, **shape, **plan)
+        # the sample in one batch per thread, as the run keeps every thread busy: in batches of 256, 300 files were
+        # one thread's 256 beside another's 44, measured at about one thread's rate
+        share = -(-len(batch) // max(1, plan["workers"]))
+        yield from parallel_decode(lambda: batch, **shape, **plan, tensorflow_batch=-(-share // EXACT_REST) * EXACT_REST)
         timing.append((count / max(clock() - started, 1e-9), started - start))
         return
     if not plan["use_processes"]:

@@ -94,7 +94,8 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
         return itertools.islice(files, limit) if limit else files
 
     # A first pass counts (streamed, nothing kept), so shards can be sized before decoding starts.
-    counts = {folder: sum(1 for _ in listing(folder)) for folder, _ in labelled}
+    counts = {folder: sum(1 for _ in listing(folder)) if limit else data.count_files(data.join(root, folder))
+              for folder, _ in labelled}
     empty = [f for f, n in counts.items() if n == 0]
     if empty:
         raise data.DataError(f"Class folder(s) with no files under {root}: {', '.join(empty)}. "

@@ -230,6 +230,8 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
         train_pixels: list[bytes] = []  # raw pixels are counted 512 images at a time (one histogram)
         # The card's samples of encoded records are decoded beside the writing (up to 8 per class, a few ms each)
         samples = concurrent.futures.ThreadPoolExecutor(available_cpus(), thread_name_prefix="preprocess-samples")
+        # once every class of the card has its samples, the rest of the run asks no more (a call a record)
+        samples_wanted = len(tally.samples) * SAMPLES_PER_CLASS
         with samples:
             spooled: Iterator[tuple] = itertools.chain.from_iterable(spool)
             for split in kept_splits:
@@ -244,7 +246,8 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
                         train_pixels = []
                 else:
                     tally.pixel_stats.histogram += histogram
-                if tally.wants_sample(label):
+                if samples_wanted and tally.wants_sample(label):
+                    samples_wanted -= 1
                     tally.samples[label].append(np.frombuffer(stored, np.uint8).reshape(image_shape) if raw else
                                                 samples.submit(per_image.stored_pixels, stored, encoding, image_shape))
         tally.samples = [[cell if isinstance(cell, np.ndarray) else cell.result() for cell in row]
