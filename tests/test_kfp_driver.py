@@ -202,7 +202,8 @@ def test_explain_prints_yaml_with_every_step(tmp_root):
     report = explain.explain(package(tmp_root, "pod"), run_parameters(1, False, ""))
     parsed = yaml.safe_load(explain.render(report))
     assert sorted(s["task"] for s in parsed["steps"]) == ["augment-op", "evaluate-op", "placement-op", "predict-op",
-                                                          "preprocess-op", "register-op", "train-op"]
+                                                          "preprocess-op", "register-op", "step-images-op",
+                                                          "train-op"]
     assert parsed["backend_release"] == kfp_driver.PINNED_RELEASE
     order = [s["task"] for s in parsed["steps"]]  # in run order: each step after the steps it waits for
     assert order.index("preprocess-op") < order.index("augment-op") < order.index("train-op")
