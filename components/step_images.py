@@ -22,6 +22,9 @@ class StepImages:
     evaluate: str
     predict: str
 
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
 
 def step_images(framework: str, images: dict[str, str]) -> StepImages:
     """The images of a run on `framework`, from the pipeline's pinned `images` ({"cpu", "gpu", "torch"}); ValueError
@@ -36,3 +39,23 @@ def step_images(framework: str, images: dict[str, str]) -> StepImages:
                              "--image-repo/--image-tag, which name REPO/torch:TAG)")
         return StepImages(train=torch_image, evaluate=torch_image, predict=torch_image)
     return StepImages(train=images["gpu"], evaluate=images["cpu"], predict=images["gpu"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from components import stepcli
+
+    parser = argparse.ArgumentParser(description="The images of training, evaluation and batch prediction for a "
+                                                 "framework, from the pipeline's pinned images.")
+    parser.add_argument("--framework", required=True, choices=FRAMEWORKS)
+    parser.add_argument("--cpu-image", required=True)
+    parser.add_argument("--gpu-image", required=True)
+    parser.add_argument("--torch-image", default="", help="the PyTorch image (empty: runs on torch are refused)")
+    args = parser.parse_args(argv)
+    return stepcli.run(lambda: step_images(args.framework, {"cpu": args.cpu_image, "gpu": args.gpu_image,
+                                                            "torch": args.torch_image}), prog="step_images")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
