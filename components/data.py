@@ -624,6 +624,7 @@ def _keras_classifier_without_tensorflow(model_dir: str, keras_path: str, info: 
     if not (gfile().exists(keras_path) and info is not None):
         raise DataError(f"No model.keras + training.json in {model_dir}, and TensorFlow, which loads a bare "
                         "SavedModel, is not installed here: run this step in an image with TensorFlow")
+    os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras' default backend is TensorFlow; the PyTorch image sets it
     import keras
 
     _import_builder_module(info)

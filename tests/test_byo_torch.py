@@ -425,17 +425,19 @@ from_shards = predict({model_dir!r}, {shards!r}, {str(tmp_path / "from-shards")!
 
 import keras  # a Keras model trained on torch: model.keras, loaded on Keras' torch backend
 inputs = keras.Input({tuple(shape)!r})
-model = keras.Model(inputs, keras.layers.Dense({len(names)})(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))))
+scaled = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+model = keras.Model(inputs, keras.layers.Dense({len(names)})(scaled))
 os.makedirs({str(tmp_path / "keras")!r})
 model.save({str(tmp_path / "keras" / "model.keras")!r})
 data.write_json({str(tmp_path / "keras" / "training.json")!r}, {{"class_names": {names!r}, "image_shape": {shape!r},
                 "framework": "torch", "serving_format": "keras+saved_model", "saved_model": "pending"}})
 keras_result = evaluate({str(tmp_path / "keras")!r}, {small_dataset!r})
-keras_predicted = predict({str(tmp_path / "keras")!r}, {str(tmp_path / "samples")!r}, {str(tmp_path / "keras-predicted")!r},
-                          print_first=0)
+keras_predicted = predict({str(tmp_path / "keras")!r}, {str(tmp_path / "samples")!r},
+                          {str(tmp_path / "keras-predicted")!r}, print_first=0)
 print(json.dumps({{"tensorflow": "tensorflow" in sys.modules, "keras_backend": keras.backend.backend(),
                   "accuracy": result.scores.accuracy, "champion": result.champion.accuracy, "test_set": result.test_set,
-                  "samples": samples.count, "predicted_dir": predicted_dir, "shards": from_shards.count, "shard_errors": from_shards.errors,
+                  "samples": samples.count, "predicted_dir": predicted_dir, "shards": from_shards.count,
+                  "shard_errors": from_shards.errors,
                   "keras_accuracy": keras_result.scores.accuracy, "keras_predicted": keras_predicted.count}}))
 """], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=no_tensorflow_env(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
