@@ -49,8 +49,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
-from components.storage import DataError, gfile, join, locate  # noqa: F401 (readers use them as data.join, ...)
-from components import records  # tf.train.Example in the wire format (imports nothing of TensorFlow)
+from components.storage import (  # noqa: F401 (readers use them as data.join, ...)
+    DataError, gfile, join, locate, tensorflow_or_none)
+from components import pixels, records  # TFRecords and record images without TensorFlow (import none of it)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -447,7 +448,10 @@ def read_records(dataset_dir: str, split: str):
 
 
 def load_split_arrays(dataset_dir: str, split: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A whole split as numpy arrays (images uint8 NxHxWxC, labels int32). For evaluation-sized splits."""
+    """A whole split as numpy arrays (images uint8 NxHxWxC, labels int32). For evaluation-sized splits. Where
+    TensorFlow is not installed, the same arrays from the TensorFlow-free readers."""
+    if tensorflow_or_none() is None:
+        return _split_arrays_without_tensorflow(dataset_dir, split, limit)
     ds = read_split(dataset_dir, split)
     if limit is not None:
         ds = ds.take(limit)
@@ -458,6 +462,31 @@ def load_split_arrays(dataset_dir: str, split: str, limit: int | None = None) ->
     if not images:
         raise DataError(f"The {split} split of {dataset_dir} is empty")
     return np.concatenate(images), np.concatenate(labels)
+
+
+def iter_split(dataset_dir: str, split: str) -> Iterator[tuple[np.ndarray, int]]:
+    """(image uint8 HxWxC, label) of a split in read_split's order, one at a time, with or without TensorFlow."""
+    if tensorflow_or_none() is not None:
+        for image, label in read_split(dataset_dir, split).as_numpy_iterator():
+            yield image, int(label)
+        return
+    manifest = read_manifest(dataset_dir)
+    shape, encoding = list(manifest["image_shape"]), manifest_encoding(manifest)
+    for record in records.interleave(records.split_files(dataset_dir, split, manifest)):
+        contents, label = records.image_label(record)
+        yield pixels.decode_record_image(contents, shape, encoding), label
+
+
+def _split_arrays_without_tensorflow(dataset_dir: str, split: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = [], []
+    for image, label in iter_split(dataset_dir, split):
+        if limit is not None and len(images) >= limit:
+            break
+        images.append(image)
+        labels.append(label)
+    if not images:
+        raise DataError(f"The {split} split of {dataset_dir} is empty")
+    return np.stack(images), np.asarray(labels, np.int32)
 
 
 # ---------------------------------------------------------------------------------------------- manifest
@@ -523,6 +552,12 @@ class Classifier:
     image_shape: list[int]
     class_names: list[str]
     source: str
+    device: str = "CPU"  # where it runs, for the log: "CPU", "1 GPU(s)"
+
+
+def _tensorflow_device(tf) -> str:
+    gpus = tf.config.list_physical_devices("GPU")
+    return f"{len(gpus)} GPU(s)" if gpus else "CPU"
 
 
 def load_classifier(model_dir: str) -> Classifier:
@@ -536,19 +571,14 @@ def load_classifier(model_dir: str) -> Classifier:
             info = json.load(f)
     if info is not None and info.get("serving_format") == TORCHSCRIPT:
         return _torchscript_classifier(model_dir, info)
-    import tensorflow as tf
+    tf = tensorflow_or_none()
+    if tf is None:  # the PyTorch image: model.keras on Keras' own backend; a SavedModel needs TensorFlow
+        return _keras_classifier_without_tensorflow(model_dir, keras_path, info)
 
     if gfile().exists(keras_path) and info is not None:
         import keras
 
-        builder = (info.get("model") or {}).get("name", "")
-        if ":" in builder:  # a bring-your-own model: its module registers its custom layers, if it has any
-            import importlib
-
-            try:
-                importlib.import_module(builder.partition(":")[0])
-            except ImportError:
-                pass  # a model of built-in layers loads without it; one that needs it says which layer is unknown
+        _import_builder_module(info)
         model = keras.models.load_model(keras_path, compile=False)
 
         @tf.function(reduce_retracing=True)
@@ -557,7 +587,7 @@ def load_classifier(model_dir: str) -> Classifier:
 
         # uint8 batches cross into TensorFlow as they are and are cast there: a quarter of the bytes to copy
         return Classifier(lambda x: probabilities(tf.cast(tf.convert_to_tensor(x), tf.float32)).numpy(),
-                          list(info["image_shape"]), list(info["class_names"]), keras_path)
+                          list(info["image_shape"]), list(info["class_names"]), keras_path, _tensorflow_device(tf))
     saved = join(model_dir, "saved_model") if gfile().exists(join(model_dir, "saved_model")) else model_dir
     if not gfile().exists(join(saved, "saved_model.pb")):
         raise DataError(f"No model found in {model_dir} (looked for model.keras + training.json, or saved_model.pb)")
@@ -573,7 +603,43 @@ def load_classifier(model_dir: str) -> Classifier:
         with gfile().GFile(info_path) as f:
             class_names = json.load(f)["class_names"]
     return Classifier(lambda x: serve(tf.cast(tf.convert_to_tensor(x), tf.float32))[output_key].numpy(),
-                      list(spec.shape[1:]), class_names, saved)
+                      list(spec.shape[1:]), class_names, saved, _tensorflow_device(tf))
+
+
+def _import_builder_module(info: dict) -> None:
+    """A bring-your-own model's module registers its custom layers, if it has any."""
+    builder = (info.get("model") or {}).get("name", "")
+    if ":" in builder:
+        import importlib
+
+        try:
+            importlib.import_module(builder.partition(":")[0])
+        except ImportError:
+            pass  # a model of built-in layers loads without it; one that needs it says which layer is unknown
+
+
+def _keras_classifier_without_tensorflow(model_dir: str, keras_path: str, info: dict | None) -> Classifier:
+    """model.keras on the backend Keras runs on here (KERAS_BACKEND; torch in the PyTorch image), where TensorFlow
+    is not installed: a Keras model trained on any framework loads on any backend."""
+    if not (gfile().exists(keras_path) and info is not None):
+        raise DataError(f"No model.keras + training.json in {model_dir}, and TensorFlow, which loads a bare "
+                        "SavedModel, is not installed here: run this step in an image with TensorFlow")
+    os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras' default backend is TensorFlow; the PyTorch image sets it
+    import keras
+
+    _import_builder_module(info)
+    model = keras.models.load_model(keras_path, compile=False)
+
+    def probabilities(images):
+        batch = keras.ops.convert_to_tensor(np.asarray(images, dtype=np.float32))
+        return keras.ops.convert_to_numpy(keras.ops.softmax(model(batch, training=False), axis=-1))
+
+    device = "CPU"
+    if keras.backend.backend() == "torch":
+        import torch
+
+        device = f"{torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "CPU"
+    return Classifier(probabilities, list(info["image_shape"]), list(info["class_names"]), keras_path, device)
 
 
 def _torchscript_classifier(model_dir: str, info: dict) -> Classifier:

@@ -104,6 +104,20 @@ def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
+def step_images_op(framework: str, images: dict) -> NamedTuple("StepImages", train=str, evaluate=str, predict=str):
+    """Picks the images that run training, evaluation and batch prediction for the run's framework from the
+    pipeline's pinned images (cpu, gpu, torch): PyTorch runs all three in the PyTorch image, TensorFlow and JAX
+    as before."""
+    import collections
+
+    from components.step_images import step_images
+
+    chosen = step_images(framework, images)
+    StepImages = collections.namedtuple("StepImages", ["train", "evaluate", "predict"])
+    return StepImages(chosen.train, chosen.evaluate, chosen.predict)
+
+
+@dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, epochs: int, batch_size: int,
              learning_rate: float, checkpoint_root: str, pipeline_root: str, run_id: str, task_name: str,
              model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],

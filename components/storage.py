@@ -3,15 +3,19 @@ bottom of the data helpers: components/images.py and components/data.py build on
 
 Training on PyTorch or JAX runs where TensorFlow may not be installed (the PyTorch GPU image): that step calls
 `use_tensorflow_io(False)` first, and the helpers then read and write local paths (a GCS FUSE mount included) with
-Python's own file functions; a `gs://` URI still goes through TensorFlow where it is installed."""
+Python's own file functions; a `gs://` URI still goes through TensorFlow where it is installed. Where TensorFlow
+is not installed at all (evaluation and batch prediction of a run on PyTorch, in the PyTorch image), gfile() is
+those local file functions whatever was chosen."""
 
 from __future__ import annotations
 
 import glob as glob_lib
 import os
 import shutil
+import types
 
 _tensorflow_io = True  # whether gfile() is tf.io.gfile (the default) or LocalFiles
+_tensorflow_installed: bool | None = None
 
 
 def use_tensorflow_io(enabled: bool) -> None:
@@ -20,12 +24,23 @@ def use_tensorflow_io(enabled: bool) -> None:
     _tensorflow_io = enabled
 
 
-def gfile():
-    if not _tensorflow_io:
-        return LocalFiles
-    import tensorflow as tf
+def tensorflow_or_none():
+    """TensorFlow, or None where it cannot be imported (tried once; a step that has it imports it anyway)."""
+    global _tensorflow_installed
+    if _tensorflow_installed is False:
+        return None
+    try:
+        import tensorflow as tf
+    except ImportError:
+        _tensorflow_installed = False
+        return None
+    _tensorflow_installed = True
+    return tf
 
-    return tf.io.gfile
+
+def gfile():
+    tf = tensorflow_or_none() if _tensorflow_io else None
+    return LocalFiles if tf is None else tf.io.gfile
 
 
 def join(base: str, *parts: str) -> str:
@@ -104,6 +119,14 @@ class LocalFiles:
     @staticmethod
     def rmtree(path: str) -> None:
         return _tf_gfile_for(path).rmtree(path) if "://" in path else shutil.rmtree(path)
+
+    @staticmethod
+    def stat(path: str):
+        """The size and modification time, by tf.io.gfile's names (length, mtime_nsec)."""
+        if "://" in path:
+            return _tf_gfile_for(path).stat(path)
+        found = os.stat(path)
+        return types.SimpleNamespace(length=found.st_size, mtime_nsec=found.st_mtime_ns)
 
     @staticmethod
     def GFile(path: str, mode: str = "r"):  # noqa: N802 (tf.io.gfile's name)

@@ -25,10 +25,12 @@ LOCAL_DEFAULTS_HELP = "default: a `registry` folder beside the output directory"
 def add_image_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("images (pinned into the compiled pipeline)")
     group.add_argument("--image-repo", default=config.DEFAULT_IMAGE_REPO,
-                       help="registry path holding the cpu and gpu images (default: %(default)s)")
-    group.add_argument("--image-tag", default=config.DEFAULT_IMAGE_TAG, help="tag of both images (default: %(default)s)")
+                       help="registry path holding the cpu, gpu and torch images (default: %(default)s)")
+    group.add_argument("--image-tag", default=config.DEFAULT_IMAGE_TAG, help="tag of the images (default: %(default)s)")
     group.add_argument("--cpu-image", help="full CPU image reference (overrides repo/tag), e.g. REPO/cpu@sha256:...")
     group.add_argument("--gpu-image", help="full GPU image reference (overrides repo/tag), e.g. REPO/gpu@sha256:...")
+    group.add_argument("--torch-image", help="full PyTorch image reference (overrides repo/tag), e.g. "
+                       "REPO/torch@sha256:...: training, evaluation and batch prediction of runs on framework torch")
     group.add_argument("--serving-image", help="what serves models registered in Vertex AI (default: REPO/"
                        "tensorflow-serving:VERSION, TensorFlow Serving as Cloud Build copies it; a Vertex AI "
                        "prebuilt image such as us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest keeps it)")
@@ -75,7 +77,8 @@ def add_cache_option(parser: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
     repo_images = config.Images.from_repo(args.image_repo, args.image_tag)
     images = config.Images(cpu=args.cpu_image or repo_images.cpu, gpu=args.gpu_image or repo_images.gpu,
-                           serving=args.serving_image or repo_images.serving)
+                           serving=args.serving_image or repo_images.serving,
+                           torch=args.torch_image or repo_images.torch)
     return config.PipelineSettings(images=images, target=args.target, train_accelerator=args.train_accelerator,
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
                                    predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
@@ -264,8 +267,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     training.compile_pipeline(args.output, settings)
     if settings.images == config.Images.from_repo():
         print("note: images are the unpinned development defaults; pass --image-repo/--image-tag or "
-              "--cpu-image/--gpu-image for a cluster", file=sys.stderr)
-    print(f"wrote {args.output} (cpu image {settings.images.cpu}, gpu image {settings.images.gpu})",
+              "--cpu-image/--gpu-image/--torch-image for a cluster", file=sys.stderr)
+    print(f"wrote {args.output} (cpu image {settings.images.cpu}, gpu image {settings.images.gpu}, torch image "
+          f"{settings.images.torch or 'none'})",
           file=sys.stderr if args.explain else sys.stdout)
     if args.explain:
         from pipelines import explain

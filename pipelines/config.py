@@ -25,6 +25,7 @@ DEFAULT_IMAGE_REPO = "localhost/kfp-image-classification"
 DEFAULT_IMAGE_TAG = "dev"
 CPU_IMAGE_NAME = "cpu"
 GPU_IMAGE_NAME = "gpu"
+TORCH_IMAGE_NAME = "torch"
 
 TARGETS = ("kfp", "vertex")
 GCS_FUSE_MOUNT = "/mnt/gcs"  # not under /gcs/, where the KFP launcher downloads gs:// artifacts (LocalPathForURI)
@@ -46,12 +47,20 @@ class Images:
     # What serves registered models on Vertex AI (the register step's `serving_image`): TensorFlow Serving, copied
     # into the image repository by Cloud Build (components/registry/vertex.py); empty: the registry's default.
     serving: str = ""
+    # The PyTorch image (images/torch): training, evaluation and batch prediction of runs with framework torch, on
+    # KFP backends (components/step_images.py); empty: such runs are refused at their start.
+    torch: str = ""
+
+    def pinned(self) -> dict[str, str]:
+        """What the image-choosing step picks from (components/step_images.py)."""
+        return {"cpu": self.cpu, "gpu": self.gpu, "torch": self.torch}
 
     @classmethod
     def from_repo(cls, repo: str = DEFAULT_IMAGE_REPO, tag: str = DEFAULT_IMAGE_TAG) -> "Images":
         repo = repo.rstrip("/")
         return cls(cpu=f"{repo}/{CPU_IMAGE_NAME}:{tag}", gpu=f"{repo}/{GPU_IMAGE_NAME}:{tag}",
-                   serving=f"{repo}/{TF_SERVING_IMAGE_NAME}:{TF_SERVING_VERSION}")
+                   serving=f"{repo}/{TF_SERVING_IMAGE_NAME}:{TF_SERVING_VERSION}",
+                   torch=f"{repo}/{TORCH_IMAGE_NAME}:{tag}")
 
 
 def check_accelerator(accelerator: str) -> str:

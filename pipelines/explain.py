@@ -3,8 +3,9 @@ parameter values, before anything is uploaded; for a cluster job, the nodes the 
 and what each pod's launcher downloads on that release (pipelines/kfp_launcher.py).
 
 The pods follow the driver model in pipelines/kfp_driver.py. The steps whose outputs place another task (the GPU
-check) run here, with the run's parameters, as they would on the cluster; a training step that launches a job gets
-its TaskConfig the way kfp's executor hands it over, and the launcher's own code builds the nodes from it.
+check, the images of the run's framework) run here, with the run's parameters, as they would on the cluster; a
+training step that launches a job gets its TaskConfig the way kfp's executor hands it over, and the launcher's own
+code builds the nodes from it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from components import datadir, ops
 from pipelines import kfp_driver, kfp_launcher
 
 # Steps whose outputs another task's pod depends on: run here, with the run's parameters.
-PRODUCERS = {ops.placement_op.name: ops.placement_op}
+PRODUCERS = {ops.placement_op.name: ops.placement_op, ops.step_images_op.name: ops.step_images_op}
 
 
 def producer_outputs(spec: dict, parameters: dict) -> dict[str, dict]:

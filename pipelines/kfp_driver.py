@@ -44,6 +44,9 @@ FEATURES = {f.name: f for f in [
     Feature("resource_placeholders", "accelerator type/count, CPU and memory from placeholders "
             "(resourceType, resourceCount, resourceCpuRequest, ...)", "2.4.0",
             "commit 7c931ae201 (#11501), driver/driver.go initPodSpecPatch"),
+    Feature("dynamic_images", "a step's image from a parameter or another step's output (the image step)", "2.4.0",
+            "commit 22e85de2bc (#11404), driver/driver.go initPodSpecPatch resolvePodSpecInputRuntimeParameter; "
+            "first tag with it: 2.4.0"),
     Feature("lenient_config", "the driver reads its specs allowing fields it does not know", "2.4.1",
             "backend/src/common/util/json.go:70-75 UnmarshalString (AllowUnknownFields), used by "
             "cmd/driver/main.go:203 at 2.4.1; 2.4.0 and older: jsonpb.UnmarshalString (cmd/driver/main.go:138), "
@@ -489,5 +492,7 @@ def required_release(spec: dict, k8s_executors: dict) -> list[Feature]:
     used["resource_placeholders"] = any(
         _INPUT_CHANNEL.search(json.dumps(e.get("container", {}).get("resources", {})))
         for e in spec["deploymentSpec"]["executors"].values())
+    used["dynamic_images"] = any(_INPUT_CHANNEL.search(e.get("container", {}).get("image", ""))
+                                 for e in spec["deploymentSpec"]["executors"].values())
     features = [FEATURES[name] for name, yes in used.items() if yes]
     return sorted(features, key=lambda f: release_tuple(f.first_release), reverse=True)

@@ -324,6 +324,11 @@ def key_figures(step: str, outputs: dict | None) -> str:
         if step == "placement":
             chosen = values["node_selector"]
             return ", ".join(f"{key.rsplit('/', 1)[-1]}={value}" for key, value in chosen.items()) or "no GPU"
+        if step == "images":  # the images' names in the repository: train gpu, evaluate cpu, predict gpu
+            def name(image: str) -> str:
+                return image.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+
+            return ", ".join(f"{role} {name(values[role])}" for role in ("train", "evaluate", "predict"))
         if step == "train":
             meta = _metadata(outputs, "metrics")
             epochs = sum(1 for key in meta if re.fullmatch(r"epoch\d+_loss", key))

@@ -4,6 +4,7 @@
 import inspect
 
 from kfp import compiler, dsl
+from kfp.dsl.pipeline_channel import PipelineChannel  # noqa: F401 (in annotations: a step's output as an image)
 
 from components import ops, params
 from components.params import DEFAULT_SOURCE  # noqa: F401 (installed in the images from Debian's dataset-fashion-mnist)
@@ -19,9 +20,10 @@ PIPELINE_DOC = ("Trains an image classifier, evaluates it against the registry's
                 "images and registers the model when it is blessed.")
 
 
-def on_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, accelerator: str, count: int) -> None:
+def on_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, accelerator: str, count: int,
+           image: "str | PipelineChannel") -> None:
     """Puts a task on a GPU node pool: GKE node selector + toleration (kfp), or Vertex machine selection."""
-    task.set_container_image(settings.images.gpu)
+    task.set_container_image(image)
     if count == 0:
         return
     if settings.target == "vertex":
@@ -43,10 +45,11 @@ def queue_on_kueue(task: dsl.PipelineTask, settings: config.PipelineSettings) ->
         kubernetes.add_pod_label(task, config.KUEUE_QUEUE_LABEL, settings.kueue_queue)
 
 
-def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, placement: dsl.PipelineTask) -> None:
+def on_train_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, placement: dsl.PipelineTask,
+                 image: "str | PipelineChannel") -> None:
     """The training pod's placement, chosen per run: the checked node selector and tolerations (accelerator,
     Spot, node pool) through kfp-kubernetes' `_json` forms, which take the placement step's outputs."""
-    task.set_container_image(settings.images.gpu)
+    task.set_container_image(image)
     if settings.target == "vertex":
         # Vertex AI picks the machine from a fixed accelerator type, so on Vertex the GPU is chosen when compiling
         # (--train-accelerator/--train-gpus); pipectl refuses the per-run GPU parameters there. 0: a CPU machine.
@@ -72,8 +75,21 @@ def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask, *, gpus_
         task.set_accelerator_type(config.GPU_RESOURCE).set_accelerator_limit(placement.outputs["gpu_limit"])
 
 
-def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, memory: str) -> dsl.PipelineTask:
-    return task.set_container_image(settings.images.cpu).set_cpu_request(cpu).set_memory_request(memory)
+def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, memory: str,
+           image: "str | PipelineChannel | None" = None) -> dsl.PipelineTask:
+    return task.set_container_image(image or settings.images.cpu).set_cpu_request(cpu).set_memory_request(memory)
+
+
+def choose_images(settings: config.PipelineSettings, framework) -> dict:
+    """The images of training, evaluation and batch prediction. On a KFP backend a step picks them for the run's
+    framework from the pinned ones (components/step_images.py) and the driver starts those pods on its outputs
+    (pipelines/kfp_driver.py); on Vertex AI, which documents no image taken from a step's output, they are the
+    compiled TensorFlow images."""
+    if settings.target != "kfp":
+        return {"train": settings.images.gpu, "evaluate": settings.images.cpu, "predict": settings.images.gpu}
+    chosen = ops.step_images_op(framework=framework, images=settings.images.pinned())
+    on_cpu(chosen.set_display_name("Choose images"), settings, "0.5", "512M")
+    return {role: chosen.outputs[role] for role in ("train", "evaluate", "predict")}
 
 
 def on_data(task: dsl.PipelineTask, settings: config.PipelineSettings) -> dsl.PipelineTask:
@@ -97,8 +113,8 @@ def task_names(settings: config.PipelineSettings | None = None) -> dict[str, str
     train = {"pod": ops.train_op, "vertex-job": ops.train_job_op}.get(settings.train_launcher,
                                                                       ops.train_cluster_job_op)
     return {"preprocess": ops.preprocess_op.name, "augment": ops.augment_op.name,
-            "placement": ops.placement_op.name, "train": train.name, "evaluate": ops.evaluate_op.name,
-            "predict": ops.predict_op.name, "register": ops.register_op.name}
+            "placement": ops.placement_op.name, "images": ops.step_images_op.name, "train": train.name,
+            "evaluate": ops.evaluate_op.name, "predict": ops.predict_op.name, "register": ops.register_op.name}
 
 
 def build_pipeline(settings: config.PipelineSettings | None = None):
@@ -171,6 +187,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         placement = ops.placement_op(accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
                                      node_pool=train_node_pool, known_accelerators=config.ACCELERATORS)
         on_cpu(placement.set_display_name("Check GPU choice"), settings, "0.5", "512M")
+        images = choose_images(settings, framework)
 
         training_inputs = dict(
             dataset=prep.outputs["dataset"], augmented=aug.outputs["augmented"], recipe=recipe, epochs=epochs,
@@ -182,14 +199,14 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         if settings.train_launcher == "pod":
             train = ops.train_op(**training_inputs)
             train.set_display_name("Train").set_cpu_request(TRAIN_NODE_CPU).set_memory_request(TRAIN_NODE_MEMORY)
-            on_train_gpu(train, settings, placement)
+            on_train_gpu(train, settings, placement, images["train"])
             on_data(train, settings)
         elif settings.train_launcher in config.CLUSTER_LAUNCHERS:
             # The task says where the nodes run as the training pod's task does; KFP hands the node selector and
             # tolerations to the launcher (dsl.TaskConfig passthrough) instead of applying them to the launcher's
             # own small pod, which keeps its own CPU and memory request; each node's size comes as values.
             train = ops.train_cluster_job_op(
-                **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu, workers=train_workers,
+                **training_inputs, launcher=settings.train_launcher, image=images["train"], workers=train_workers,
                 kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime,
                 node_cpu=TRAIN_NODE_CPU, node_memory=TRAIN_NODE_MEMORY, node_gpus=placement.outputs["gpu_limit"])
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
@@ -197,7 +214,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         else:
             # The task only launches and follows the Vertex AI job; the chief and workers get the GPUs.
             train = ops.train_job_op(
-                **training_inputs, launcher=settings.train_launcher, image=settings.images.gpu,
+                **training_inputs, launcher=settings.train_launcher, image=images["train"],
                 workers=train_workers, accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
                 node_pool=train_node_pool, kueue_queue=settings.kueue_queue,
                 namespace=settings.train_namespace, project=project, location=location)
@@ -214,13 +231,13 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             min_class_recall=min_class_recall, tolerance=tolerance, registry=registry, registry_root=registry_root,
             model_name=model_name, project=project, location=location)
         # Evaluation reads the registry's current champion: never serve it from the cache.
-        on_data(on_cpu(evaluate.set_display_name("Evaluate"), settings, "2", "8G"), settings)
+        on_data(on_cpu(evaluate.set_display_name("Evaluate"), settings, "2", "8G", images["evaluate"]), settings)
         evaluate.set_caching_options(False)
 
         predict = ops.predict_op(model=train.outputs["model"], dataset=prep.outputs["dataset"],
                                  images=predict_images, data_root=data_root, by_reference=settings.by_reference)
         on_data(predict.set_display_name("Batch predict").set_cpu_request("4").set_memory_request("16G"), settings)
-        on_gpu(predict, settings, settings.predict_accelerator, settings.predict_gpus)
+        on_gpu(predict, settings, settings.predict_accelerator, settings.predict_gpus, images["predict"])
 
         with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (a pipeline condition)
             register = ops.register_op(

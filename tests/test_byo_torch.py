@@ -360,3 +360,101 @@ def test_two_torch_processes_train_a_module_together(small_dataset, tmp_path):
     assert info["serving_format"] == "torchscript" and info["steps"] == 2 * info["steps_per_epoch"]
     images, labels = data.load_split_arrays(small_dataset, "test", limit=200)
     assert (data.load_classifier(str(tmp_path / "model")).predict_proba(images).argmax(1) == labels).mean() > 0.2
+
+
+# ---------------------------------------------------------------------------------------------- the PyTorch image
+
+
+def no_tensorflow_env(tmp_path) -> dict:
+    """A `tensorflow` package that raises ImportError, first on the path: TensorFlow cannot be imported, as in the
+    PyTorch image, whatever this machine has."""
+    shadow = tmp_path / "no-tensorflow" / "tensorflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('TensorFlow is not installed here')\n")
+    return {**os.environ, **THREADS, "KERAS_BACKEND": "torch",
+            "PYTHONPATH": os.pathsep.join([str(shadow.parent), REPO_ROOT])}
+
+
+def test_evaluation_and_batch_prediction_run_where_tensorflow_cannot_be_imported(small_dataset, tmp_path):
+    """What a run on torch does in the PyTorch image (no TensorFlow): evaluation against a registered TorchScript
+    champion with its report, and batch prediction of the test samples and of the dataset's own TFRecord shards,
+    for a TorchScript model and for a Keras model (model.keras on Keras' torch backend). The test split read there
+    is the one TensorFlow reads here: the same test-set digest, the same scores."""
+    from components.evaluate import evaluate
+
+    manifest = data.read_manifest(small_dataset)
+    shape, names = manifest["image_shape"], manifest["class_names"]
+    model_dir, _ = torchscript_model(tmp_path / "model", seed=1)
+    champion_dir, _ = torchscript_model(tmp_path / "champion", seed=2)
+    for directory in (model_dir, champion_dir):  # the dataset's shape and classes
+        info = json.load(open(os.path.join(directory, "training.json")))
+        assert info["image_shape"] == shape
+        info["class_names"] = names
+        data.write_json(os.path.join(directory, "training.json"), info)
+    # A torch.nn.Module with 10 outputs for the dataset's 10 classes.
+    from tests import byo_torch
+    from components.train.frameworks.torch import write_torchscript
+
+    for directory, seed in ((model_dir, 1), (champion_dir, 2)):
+        torch.manual_seed(seed)
+        write_torchscript(byo_torch.build(shape, len(names)), shape, directory)
+    here = evaluate(model_dir, small_dataset, champion_model_dir=champion_dir, champion_version="1")
+    shards = os.path.join(small_dataset, "test", "*.tfrecord")
+    out = subprocess.run([sys.executable, "-c", f"""
+import json, os, sys
+import numpy as np
+from components import data
+from components.evaluate import evaluate, write_report
+from components.predict import export_samples, predict
+from components.registry import LocalRegistry
+
+registry = LocalRegistry({str(tmp_path / "registry")!r})
+registry.upload("m", {champion_dir!r}, digest="sha256:champion", metrics={{}}, labels={{}})
+registry.set_alias("m", "1", "champion")
+champion = registry.champion("m")
+result = evaluate({model_dir!r}, {small_dataset!r}, champion_model_dir=champion.uri, champion_version=champion.version)
+write_report(result, {model_dir!r}, {small_dataset!r}, {str(tmp_path / "report.html")!r})
+export_samples({small_dataset!r}, {str(tmp_path / "samples")!r}, per_class=3)
+# predict_op's output folder on a KFP backend (by reference, beside the gs:// artifact): nothing here writes gs://,
+# so the predictions go into the artifact's local folder, which the KFP launcher uploads
+from components import datadir
+predicted_dir = datadir.bulk_dir("gs://bucket/root/image-classification/run/predict-op/1/predictions",
+                                 {str(tmp_path / "predicted")!r}, by_reference=True)
+samples = predict({model_dir!r}, {str(tmp_path / "samples")!r}, predicted_dir, print_first=0)
+from_shards = predict({model_dir!r}, {shards!r}, {str(tmp_path / "from-shards")!r}, print_first=0)
+
+import keras  # a Keras model trained on torch: model.keras, loaded on Keras' torch backend
+inputs = keras.Input({tuple(shape)!r})
+scaled = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+model = keras.Model(inputs, keras.layers.Dense({len(names)})(scaled))
+os.makedirs({str(tmp_path / "keras")!r})
+model.save({str(tmp_path / "keras" / "model.keras")!r})
+data.write_json({str(tmp_path / "keras" / "training.json")!r}, {{"class_names": {names!r}, "image_shape": {shape!r},
+                "framework": "torch", "serving_format": "keras+saved_model", "saved_model": "pending"}})
+keras_result = evaluate({str(tmp_path / "keras")!r}, {small_dataset!r})
+keras_predicted = predict({str(tmp_path / "keras")!r}, {str(tmp_path / "samples")!r},
+                          {str(tmp_path / "keras-predicted")!r}, print_first=0)
+print(json.dumps({{"tensorflow": "tensorflow" in sys.modules, "keras_backend": keras.backend.backend(),
+                  "accuracy": result.scores.accuracy, "champion": result.champion.accuracy, "test_set": result.test_set,
+                  "samples": samples.count, "predicted_dir": predicted_dir, "shards": from_shards.count,
+                  "shard_errors": from_shards.errors,
+                  "keras_accuracy": keras_result.scores.accuracy, "keras_predicted": keras_predicted.count}}))
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=no_tensorflow_env(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["tensorflow"] is False and got["keras_backend"] == "torch"
+    assert got["test_set"] == here.test_set  # the same images and labels as TensorFlow's readers give
+    assert got["accuracy"] == pytest.approx(here.scores.accuracy, abs=1e-9)
+    assert got["champion"] == pytest.approx(here.champion.accuracy, abs=1e-9)
+    assert got["samples"] == 3 * len(names) and (got["shards"], got["shard_errors"]) == (1500, 0)
+    assert got["predicted_dir"] == str(tmp_path / "predicted") and "No TensorFlow here to write gs://" in out.stderr
+    assert got["keras_predicted"] == 3 * len(names) and 0.0 <= got["keras_accuracy"] <= 1.0
+    assert "Evaluation report" in (tmp_path / "report.html").read_text()
+    # The shards' predictions are the model's on the same pixels, in the shards' order.
+    rows = [json.loads(line) for line in open(tmp_path / "from-shards" / "predictions.jsonl")]
+    images, _ = data.load_split_arrays(small_dataset, "test")
+    classifier = data.load_classifier(model_dir)
+    expected = classifier.predict_proba(images).argmax(1)
+    by_uri = {row["uri"]: row["class_index"] for row in rows}
+    assert len(by_uri) == 1500
+    assert sorted(by_uri.values()) == sorted(expected.tolist())

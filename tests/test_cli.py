@@ -13,17 +13,22 @@ def test_compile_pins_the_images_given(tmp_path, capsys):
     assert cli.main(["compile", "-o", str(out), "--image-repo", "europe-docker.pkg.dev/p/ml", "--image-tag", "abc123"]) == 0
     spec = next(yaml.safe_load_all(out.read_text()))
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
-    assert images == {"europe-docker.pkg.dev/p/ml/cpu:abc123", "europe-docker.pkg.dev/p/ml/gpu:abc123"}
+    chosen = "{{$.inputs.parameters['pipelinechannel--step-images-op-%s']}}"
+    assert images == {"europe-docker.pkg.dev/p/ml/cpu:abc123", *(chosen % s for s in ("train", "evaluate", "predict"))}
+    # what the image step picks from, per run (tests/test_compile.py)
+    assert spec["root"]["dag"]["tasks"]["step-images-op"]["inputs"]["parameters"]["images"]["runtimeValue"][
+        "constant"] == {kind: f"europe-docker.pkg.dev/p/ml/{kind}:abc123" for kind in ("cpu", "gpu", "torch")}
     assert f"wrote {out}" in capsys.readouterr().out
 
 
 def test_compile_with_explicit_digests_and_other_pools(tmp_path):
     out = tmp_path / "pipeline.yaml"
-    cpu, gpu = "r/cpu@sha256:" + "1" * 64, "r/gpu@sha256:" + "2" * 64
-    assert cli.main(["compile", "-o", str(out), "--cpu-image", cpu, "--gpu-image", gpu,
+    cpu, gpu, torch = "r/cpu@sha256:" + "1" * 64, "r/gpu@sha256:" + "2" * 64, "r/torch@sha256:" + "3" * 64
+    assert cli.main(["compile", "-o", str(out), "--cpu-image", cpu, "--gpu-image", gpu, "--torch-image", torch,
                      "--train-accelerator", "nvidia-l4", "--train-gpus", "2"]) == 0
     spec, platform = yaml.safe_load_all(out.read_text())
-    assert spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["image"] == gpu
+    assert spec["root"]["dag"]["tasks"]["step-images-op"]["inputs"]["parameters"]["images"]["runtimeValue"][
+        "constant"] == {"cpu": cpu, "gpu": gpu, "torch": torch}
     assert spec["deploymentSpec"]["executors"]["exec-preprocess-op"]["container"]["image"] == cpu
     # The compile-time choice becomes the default of the per-run training GPU parameters.
     inputs = spec["root"]["inputDefinitions"]["parameters"]

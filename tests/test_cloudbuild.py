@@ -35,7 +35,7 @@ BUILTINS = {
     "SERVICE_ACCOUNT": "projects/demo-project/serviceAccounts/kfp-publisher@demo-project.iam.gserviceaccount.com",
 }
 DIGESTS = {kind: "sha256:" + hashlib.sha256(f"{kind}-image".encode()).hexdigest()
-           for kind in ("cpu", "gpu", "tensorflow-serving")}
+           for kind in ("cpu", "gpu", "torch", "tensorflow-serving")}
 # The maintained kaniko fork (osscontainertools/kaniko; GoogleContainerTools/kaniko was archived in June 2025),
 # by the index digest of its v1.28.2 release.
 KANIKO = re.compile(r"ghcr\.io/osscontainertools/kaniko:v\d+\.\d+\.\d+@sha256:[0-9a-f]{64}")
@@ -112,6 +112,8 @@ def run_step(step: dict, workspace, values: dict, secrets: dict | None = None) -
     script.chmod(0o755)
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(workspace.parent),
            "LANG": "C.UTF-8", **values}
+    if os.environ.get("PYTHONPATH"):  # the code under test (a checkout run with PYTHONPATH), not another install's
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     for entry in step.get("env", []):
         key, _, value = substitute(entry, values).partition("=")
         env[key] = value
@@ -208,7 +210,7 @@ def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads(
         assert args["--digest-file"] == f"/workspace/{kind}.digest" and f'"$1.digest"' in steps["compile"]["script"]
         assert f"{kind}.digest" in build["artifacts"]["objects"]["paths"]
         assert "dir" not in steps["compile"]
-    assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu", "build-serving"}
+    assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu", "build-serving", "build-torch"}
     assert steps["publish"]["waitFor"] == ["compile", "audit", "build-torch"], \
         "nothing is published before the audit passes and every image is pushed"
     assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-serving",
@@ -346,7 +348,12 @@ def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
 
 
 def executor_images(package: dict) -> set[str]:
-    return {e["container"]["image"] for e in package["deploymentSpec"]["executors"].values()}
+    """The images the package's pods can run on: the fixed ones, and those the image step picks from per run
+    (tests/test_compile.py has which step gets which)."""
+    fixed = {e["container"]["image"] for e in package["deploymentSpec"]["executors"].values()
+             if not e["container"]["image"].startswith("{{")}
+    step = package["root"]["dag"]["tasks"].get("step-images-op")
+    return fixed | (set(step["inputs"]["parameters"]["images"]["runtimeValue"]["constant"].values()) if step else set())
 
 
 def test_publish_uploads_the_digest_pinned_version_and_keeps_one_schedule(kfp_api, workspace):
@@ -359,7 +366,8 @@ def test_publish_uploads_the_digest_pinned_version_and_keeps_one_schedule(kfp_ap
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     with open(workspace / "pipeline.yaml") as f:
         package = next(yaml.safe_load_all(f))
-    assert executor_images(package) == {f"{repo}/cpu@{DIGESTS['cpu']}", f"{repo}/gpu@{DIGESTS['gpu']}"}
+    assert executor_images(package) == {f"{repo}/cpu@{DIGESTS['cpu']}", f"{repo}/gpu@{DIGESTS['gpu']}",
+                                        f"{repo}/torch@{DIGESTS['torch']}"}
     # the register step is handed the TensorFlow Serving copy by the digest build-serving pushed
     assert f'"{repo}/tensorflow-serving@{DIGESTS["tensorflow-serving"]}"' in json.dumps(package)
     assert not kfp_api.requests, "compiling talks to nobody"
@@ -436,7 +444,9 @@ def test_pr_check_only_tests_audits_and_compiles(workspace):
     for target in ("kfp", "vertex"):
         with open(workspace / f"pipeline-{target}.yaml") as f:
             package, *platform = list(yaml.safe_load_all(f))
-        assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"}
+        # On Vertex AI the compiled TensorFlow images only (tests/test_compile.py)
+        assert executor_images(package) == {f"{repo}/cpu:{tag}", f"{repo}/gpu:{tag}"} | (
+            {f"{repo}/torch:{tag}"} if target == "kfp" else set())
         assert bool(platform) == (target == "kfp")  # GKE node selectors live in the kubernetes platform spec
 
 

@@ -10,14 +10,21 @@ from pipelines import config
 from pipelines.training import compile_pipeline
 
 IMAGES = config.Images(cpu="europe-docker.pkg.dev/p/ml/cpu@sha256:" + "a" * 64,
-                       gpu="europe-docker.pkg.dev/p/ml/gpu@sha256:" + "b" * 64)
+                       gpu="europe-docker.pkg.dev/p/ml/gpu@sha256:" + "b" * 64,
+                       torch="europe-docker.pkg.dev/p/ml/torch@sha256:" + "c" * 64)
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled_path(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("compile") / "pipeline.yaml"
     compile_pipeline(str(path), config.PipelineSettings(images=IMAGES))
-    spec, platform = yaml.safe_load_all(path.read_text())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def compiled(compiled_path):
+    with open(compiled_path) as f:
+        spec, platform = yaml.safe_load_all(f.read())
     return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
 
 
@@ -30,15 +37,65 @@ def container(spec, task):
 
 
 def test_every_step_runs_on_the_pinned_project_images(compiled):
+    """The CPU steps name the CPU image; training, evaluation and batch prediction take the image the image step
+    picks for the run's framework (the next test: the pods the driver makes of it)."""
     spec, _ = compiled
     images = {name[len("exec-"):]: e["container"]["image"] for name, e in spec["deploymentSpec"]["executors"].items()}
+    chosen = "{{$.inputs.parameters['pipelinechannel--step-images-op-%s']}}"
     assert images == {
-        "preprocess-op": IMAGES.cpu, "augment-op": IMAGES.cpu, "evaluate-op": IMAGES.cpu, "register-op": IMAGES.cpu,
-        "placement-op": IMAGES.cpu, "train-op": IMAGES.gpu, "predict-op": IMAGES.gpu,
+        "preprocess-op": IMAGES.cpu, "augment-op": IMAGES.cpu, "register-op": IMAGES.cpu, "placement-op": IMAGES.cpu,
+        "step-images-op": IMAGES.cpu, "train-op": chosen % "train", "evaluate-op": chosen % "evaluate",
+        "predict-op": chosen % "predict",
     }
+    assert tasks(spec)["step-images-op"]["inputs"]["parameters"]["images"]["runtimeValue"]["constant"] == {
+        "cpu": IMAGES.cpu, "gpu": IMAGES.gpu, "torch": IMAGES.torch}
     # The image holds the project: no pip install of kfp or anything else at run time.
     for executor in spec["deploymentSpec"]["executors"].values():
         assert "pip install" not in " ".join(executor["container"]["command"])
+
+
+@pytest.mark.parametrize("framework, train, evaluate, predict", [
+    ("tensorflow", IMAGES.gpu, IMAGES.cpu, IMAGES.gpu),
+    ("jax", IMAGES.gpu, IMAGES.cpu, IMAGES.gpu),
+    # The PyTorch image has no TensorFlow: TorchScript and Keras on torch are evaluated and predicted there.
+    ("torch", IMAGES.torch, IMAGES.torch, IMAGES.torch),
+])
+def test_each_framework_gets_pods_on_images_that_can_run_its_steps(compiled_path, framework, train, evaluate,
+                                                                   predict):
+    """The pods a KFP backend (the driver model at kubeflow/pipelines 2.17.0) starts for a run on `framework`,
+    the image step run with the run's parameters as on the cluster."""
+    from pipelines import explain
+
+    pods = {step["task"]: step for step in explain.explain(compiled_path, {"framework": framework})["steps"]}
+    assert {task: pod["image"] for task, pod in pods.items()} == {
+        "preprocess-op": IMAGES.cpu, "augment-op": IMAGES.cpu, "placement-op": IMAGES.cpu,
+        "step-images-op": IMAGES.cpu, "register-op": IMAGES.cpu,
+        "train-op": train, "evaluate-op": evaluate, "predict-op": predict}
+    # Evaluation stays on a CPU node whatever its image; prediction on its GPU pool.
+    assert "nvidia.com/gpu" not in pods["evaluate-op"]["resources"].get("limits", {})
+    assert pods["evaluate-op"]["resources"]["requests"] == {"cpu": "2", "memory": "8G"}
+    assert pods["predict-op"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_a_torch_run_of_a_pipeline_without_the_pytorch_image_is_refused_at_its_start(tmp_path):
+    from pipelines import explain
+
+    path = str(tmp_path / "p.yaml")
+    compile_pipeline(path, config.PipelineSettings(images=config.Images(cpu=IMAGES.cpu, gpu=IMAGES.gpu)))
+    assert explain.explain(path, {"framework": "tensorflow"})  # other frameworks run as before
+    with pytest.raises(ValueError, match="framework torch trains, evaluates and predicts in the PyTorch image, and "
+                                         "this pipeline was compiled without one: compile it with --torch-image"):
+        explain.explain(path, {"framework": "torch"})
+
+
+def test_vertex_ai_pipelines_keep_the_compiled_images(tmp_path):
+    """Vertex AI documents no image taken from a step's output: there the images are fixed when compiling."""
+    path = tmp_path / "p.yaml"
+    compile_pipeline(str(path), config.PipelineSettings(images=IMAGES, target="vertex"))
+    spec = next(yaml.safe_load_all(path.read_text()))
+    images = {name[len("exec-"):]: e["container"]["image"] for name, e in spec["deploymentSpec"]["executors"].items()}
+    assert images["train-op"] == IMAGES.gpu and images["predict-op"] == IMAGES.gpu
+    assert images["evaluate-op"] == IMAGES.cpu and "step-images-op" not in images
 
 
 def test_training_and_prediction_go_to_their_gpu_pools(compiled):
@@ -100,6 +157,7 @@ def test_display_names_and_descriptions_for_the_ui(compiled):
     spec, _ = compiled
     names = {name: t["taskInfo"]["name"] for name, t in tasks(spec).items() if name != "condition-1"}
     assert names == {"preprocess-op": "Preprocess", "augment-op": "Augment", "placement-op": "Check GPU choice",
+                     "step-images-op": "Choose images",
                      "train-op": "Train", "evaluate-op": "Evaluate", "predict-op": "Batch predict"}
     assert spec["pipelineInfo"]["name"] == "image-classification"
     assert "registers the model when it is blessed" in spec["pipelineInfo"]["description"]

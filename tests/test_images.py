@@ -436,7 +436,7 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
         container = executor["container"]
         assert "kfp.dsl.executor_main" in container["command"][2], name  # runs python3 -m kfp.dsl.executor_main
         executors[name] = (container["command"][3], container["args"][container["args"].index("--function_to_execute") + 1])
-    assert len(executors) == 7  # the six steps and the GPU-choice check
+    assert len(executors) == 8  # the six steps, the GPU-choice check and the image choice
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(site)
@@ -449,7 +449,7 @@ def test_every_component_entry_point_exists_in_the_installed_package(tmp_path):
             "components.augment.augment"} <= set(report["imports"])
     assert report["clis"] == ["components.augment", "components.evaluate", "components.launch", "components.predict",
                               "components.preprocess", "components.register", "components.registry",
-                              "components.train"]
+                              "components.step_images", "components.train"]
     assert report["console_script"] == pyproject()["project"]["scripts"]["pipectl"]
 
 

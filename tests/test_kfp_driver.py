@@ -14,7 +14,8 @@ from pipelines import config, explain, kfp_driver
 from pipelines.training import compile_pipeline
 from tests.standins.trainer import trainjob_jobset
 
-IMAGES = config.Images(cpu="registry.example/cpu@sha256:" + "a" * 64, gpu="registry.example/gpu@sha256:" + "b" * 64)
+IMAGES = config.Images(cpu="registry.example/cpu@sha256:" + "a" * 64, gpu="registry.example/gpu@sha256:" + "b" * 64,
+                       torch="registry.example/torch@sha256:" + "c" * 64)
 GPU = "nvidia.com/gpu"
 GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
@@ -154,6 +155,17 @@ def test_batch_prediction_gets_the_gpus_compiled_in(tmp_path, target, gpus):
         assert pod.get("tolerations", []) == [GPU_TOLERATION] * bool(gpus)
 
 
+@pytest.mark.parametrize("launcher", ["trainjob", "pytorchjob", "vertex-job"])
+@pytest.mark.parametrize("framework, image", [("tensorflow", IMAGES.gpu), ("torch", IMAGES.torch)])
+def test_a_cluster_jobs_nodes_run_the_image_of_the_runs_framework(tmp_root, launcher, framework, image):
+    """The launcher's own pod stays on the CPU image; the job's nodes get the image step's pick as a value."""
+    spec, executors = kfp_driver.read_package(package(tmp_root, launcher))
+    params = {**run_parameters(1, False, ""), "framework": framework}
+    pods = kfp_driver.resolve_pods(spec, executors, params, explain.producer_outputs(spec, params))
+    train = next(pod for pod in pods if pod.task.startswith("train-"))
+    assert (train.image, train.inputs["image"]) == (IMAGES.cpu, image)
+
+
 def test_a_number_placeholder_resolves_to_no_gpu_as_the_driver_reads_it():
     """The bug this guards against: an accelerator count fed by the NUMBER_INTEGER parameter is read with
     GetStringValue() (resolve.go:825) and sets no limit; a string sets it."""
@@ -186,7 +198,8 @@ def test_older_backends_drop_or_fail_on_what_they_do_not_know(tmp_root):
 
 
 def test_the_pipeline_states_the_backend_it_needs(tmp_root):
-    for launcher, needed in (("pod", "2.5.0"), ("trainjob", "2.15.0"), ("vertex-job", "2.1.0")):
+    # vertex-job: 2.4.0 for the images picked per run (evaluation and prediction run in the pipeline)
+    for launcher, needed in (("pod", "2.5.0"), ("trainjob", "2.15.0"), ("vertex-job", "2.4.0")):
         spec, executors = kfp_driver.read_package(package(tmp_root, launcher))
         assert kfp_driver.required_release(spec, executors)[0].first_release == needed, launcher
 
@@ -202,7 +215,8 @@ def test_explain_prints_yaml_with_every_step(tmp_root):
     report = explain.explain(package(tmp_root, "pod"), run_parameters(1, False, ""))
     parsed = yaml.safe_load(explain.render(report))
     assert sorted(s["task"] for s in parsed["steps"]) == ["augment-op", "evaluate-op", "placement-op", "predict-op",
-                                                          "preprocess-op", "register-op", "train-op"]
+                                                          "preprocess-op", "register-op", "step-images-op",
+                                                          "train-op"]
     assert parsed["backend_release"] == kfp_driver.PINNED_RELEASE
     order = [s["task"] for s in parsed["steps"]]  # in run order: each step after the steps it waits for
     assert order.index("preprocess-op") < order.index("augment-op") < order.index("train-op")

@@ -160,7 +160,8 @@ def test_compile_cluster_launchers_pass_the_task_placement_on(tmp_path, launcher
     assert "train-op" not in tasks and "train-cluster-job-op" in tasks
     inputs = tasks["train-cluster-job-op"]["inputs"]["parameters"]
     assert inputs["launcher"]["runtimeValue"]["constant"] == launcher
-    assert inputs["image"]["runtimeValue"]["constant"] == settings.images.gpu
+    # the nodes' image: the one the image step picks for the run's framework (tests/test_compile.py)
+    assert inputs["image"] == {"taskOutputParameter": {"outputParameterKey": "train", "producerTask": "step-images-op"}}
     assert inputs["namespace"]["runtimeValue"]["constant"] == "ml"
     assert inputs["runtime"]["runtimeValue"]["constant"] == "team-tf"
     assert inputs["kueue_queue"]["runtimeValue"]["constant"] == "team-gpu"

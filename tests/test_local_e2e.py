@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-STEPS = ["preprocess", "augment", "placement", "train", "evaluate", "predict", "register"]
+STEPS = ["preprocess", "augment", "placement", "images", "train", "evaluate", "predict", "register"]
 STEP_LINE = r"\d\d:\d\d:\d\d  {step} +{text}"
 
 
@@ -34,8 +34,8 @@ def test_summary_reports_what_the_run_produced(runs):
     assert 0.3 <= first["test_accuracy"] <= 1 and first["test_loss"] > 0
     assert first["train_seconds"] > 0
     assert first["blessed"] is True and first["decision"].startswith("blessed: ")
-    assert set(first["artifacts"]) == {"preprocess", "augment", "placement", "train", "evaluate", "predict",
-                                       "register"}
+    assert set(first["artifacts"]) == {"preprocess", "augment", "placement", "images", "train", "evaluate",
+                                       "predict", "register"}
 
 
 def test_model_and_training_artifacts(runs):
@@ -142,7 +142,7 @@ def test_each_steps_log_holds_its_complete_output(local_runs):
     logs = local_runs.base / "first" / "logs"
     for step in STEPS:
         text = (logs / f"{step}.log").read_text()
-        task = {"placement": "placement-op"}.get(step, f"{step}-op")
+        task = {"placement": "placement-op", "images": "step-images-op"}.get(step, f"{step}-op")
         assert f"Executing task '{task}'" in text.splitlines()[0]
         assert "Got executor_input:" in text and '"inputs": {' in text
         assert "non-Python base image" in text or step == "placement"  # kfp.local warns about each image once

@@ -222,3 +222,11 @@ def test_key_figures_of_each_step():
         "2 epochs, 3.2s fitting"
     assert steplogs.key_figures("predict", {"artifacts": {}}) == ""  # what the output does not hold is left out
     assert steplogs.key_figures("train", None) == ""
+
+
+def test_the_image_step_shows_which_image_runs_each_step():
+    from pipelines.steplogs import key_figures
+
+    picked = {"parameterValues": {"train": "r/torch@sha256:" + "c" * 64, "evaluate": "r/torch:abc",
+                                  "predict": "europe-docker.pkg.dev/p/ml/gpu:dev"}}
+    assert key_figures("images", picked) == "train torch, evaluate torch, predict gpu"

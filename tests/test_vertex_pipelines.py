@@ -139,6 +139,20 @@ def test_everything_but_accelerators_matches_the_kfp_target(packages):
         # On a KFP backend the data-heavy steps write by reference (components/datadir.py); Vertex mounts artifacts.
         for task in spec["root"]["dag"]["tasks"].values():
             task.get("inputs", {}).get("parameters", {}).pop("by_reference", None)
+        # On a KFP backend a step picks three steps' images per run (components/step_images.py): as it does for
+        # TensorFlow, Vertex AI's compiled images.
+        chooser = spec["root"]["dag"]["tasks"].pop("step-images-op", None)
+        if chooser is not None:
+            pinned = chooser["inputs"]["parameters"]["images"]["runtimeValue"]["constant"]
+            spec["components"].pop("comp-step-images-op")
+            spec["deploymentSpec"]["executors"].pop("exec-step-images-op")
+            for task, image in (("train-op", "gpu"), ("evaluate-op", "cpu"), ("predict-op", "gpu")):
+                spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]["image"] = pinned[image]
+                chosen = spec["root"]["dag"]["tasks"][task]
+                chosen["inputs"]["parameters"] = {k: v for k, v in chosen["inputs"]["parameters"].items()
+                                                  if not k.startswith("pipelinechannel--step-images-op-")
+                                                  and k != "base_image"}  # the image, as KFP passes it in
+                chosen["dependentTasks"] = [t for t in chosen["dependentTasks"] if t != "step-images-op"]
         return spec
 
     assert without_accelerators(packages["vertex"]) == without_accelerators(packages["kfp"])
@@ -260,13 +274,16 @@ def test_gke_accelerator_names_are_refused(standin, vertex_package, tmp_path):
     assert standin.requests == []
 
 
-def test_local_registry_is_refused_for_vertex_runs():
+def test_local_registry_and_framework_torch_are_refused_for_vertex_runs():
     assert vertex.vertex_run_parameters({}, project=PROJECT, location=LOCATION) == {
         "registry": "vertex", "project": PROJECT, "location": LOCATION}
     assert vertex.vertex_run_parameters({"location": "europe-west4"}, project=PROJECT, location=LOCATION)[
         "location"] == "europe-west4"
     with pytest.raises(ValueError, match="registry=local.*--registry vertex"):
         vertex.vertex_run_parameters({"registry": "local"}, project=PROJECT, location=LOCATION)
+    with pytest.raises(ValueError, match="framework torch trains, evaluates and predicts in the PyTorch image, .* "
+                                         "runs on torch there are not supported yet: run them on a KFP backend"):
+        vertex.vertex_run_parameters({"framework": "torch"}, project=PROJECT, location=LOCATION)
 
 
 def test_permission_denied_names_the_roles(standin, vertex_package):

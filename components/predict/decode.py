@@ -1,5 +1,7 @@
 """From inputs to model pixels: file and TFRecord reading, a JPEG header parser, and the two decoders (the
-fast TensorFlow path and the reference path, training's own decoder)."""
+fast TensorFlow path and the reference path, training's own decoder). Where TensorFlow is not installed (the
+PyTorch image), every file takes the reference path, with the TensorFlow-free readers (components/pixels.py) for
+the readers' rule."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from components import data
+from components import data, pixels, records, storage
 from components.predict.sources import Chunk, Unlisted, _is_remote
 
 log = logging.getLogger(__name__)
@@ -141,8 +143,7 @@ class Decoder:
 
     def __init__(self, image_shape: list[int], pool: concurrent.futures.Executor, *, raw_ok: bool = False,
                  gpu_jpeg=None):
-        import tensorflow as tf
-
+        tf = storage.tensorflow_or_none()
         self.height, self.width, self.channels = image_shape
         self.shape = [self.height, self.width, self.channels]
         self.pool = pool
@@ -150,12 +151,13 @@ class Decoder:
         # An 8-bit PNG of the model's size and colour type starts with exactly these bytes (signature + IHDR).
         self.png_head = PNG_MAGIC + struct.pack(">I4sIIBB", 13, b"IHDR", self.width, self.height, 8,
                                                 0 if self.channels == 1 else 2)
-        self._png, self._jpeg, self._source = (batch_decoder(kind, tuple(self.shape))
+        # Without TensorFlow there is no fast path: every file goes to the reference decoder, in the thread pool.
+        self._png, self._jpeg, self._source = ((batch_decoder(kind, tuple(self.shape)) if tf else None)
                                                for kind in ("png", "jpeg", "source"))
         # Models of source datasets (from data.ENCODED_MIN_SIZE px) were trained on the readers' rule; smaller ones
         # on preprocess's PIL decode (raw records), which the slow path is.
         self.sources = data.record_encoding(self.width, "file") == data.SOURCE
-        self._errors = (tf.errors.InvalidArgumentError, tf.errors.UnknownError)
+        self._errors = (tf.errors.InvalidArgumentError, tf.errors.UnknownError) if tf else ()
         # JPEGs of the fast routes decoded on the GPU instead (nvjpeg.GpuJpegDecoder), when given: the readers'
         # rule approximately; a batch it rejects is decoded on the CPU as without it
         self.gpu_jpeg = gpu_jpeg
@@ -167,10 +169,12 @@ class Decoder:
             return str(e)
 
     def route(self, contents: bytes) -> str:
-        if contents.startswith(self.png_head):
-            return "png"
         if len(contents) == self.raw_size and not contents.startswith((PNG_MAGIC, b"\xff\xd8\xff")):
             return "raw"
+        if self._png is None:
+            return "slow"
+        if contents.startswith(self.png_head):
+            return "png"
         if contents.startswith(b"\xff\xd8\xff") and jpeg_shape(contents) == tuple(self.shape):
             return "jpeg" if exif_orientation(contents) == 1 else "slow"
         if self.sources and tensorflow_reads_alike(contents):
@@ -256,8 +260,12 @@ def decode_contents(contents: bytes, height: int, width: int, channels: int, *, 
     if raw_ok and len(contents) == height * width * channels and not contents.startswith((PNG_MAGIC, b"\xff\xd8\xff")):
         return np.frombuffer(contents, np.uint8).reshape(height, width, channels)
     if data.record_encoding(width, "file") == data.SOURCE and tensorflow_reads_alike(contents):
-        import tensorflow as tf
-
+        tf = storage.tensorflow_or_none()
+        if tf is None:  # the readers' rule without TensorFlow, as training on torch and JAX reads source records
+            try:
+                return pixels.decode_to_shape(contents, (height, width, channels))
+            except (ValueError, OSError):
+                return data.decode_image(contents, height, width, channels)  # corrupt or truncated: PIL says why
         try:
             return data.file_decoder((height, width, channels))(contents)
         except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
@@ -279,8 +287,10 @@ def _record_image(example, shard: str, index: int) -> tuple[str, bytes]:
 def iter_records(shard: str) -> Iterator[tuple[str, bytes | str]]:
     """(name, image bytes or the reason there are none) for each record of a shard. A corrupt or truncated
     shard ends with one more item: the shard and what went wrong (nothing after that point can be read)."""
-    import tensorflow as tf
-
+    tf = storage.tensorflow_or_none()
+    if tf is None:
+        yield from _iter_records_without_tensorflow(shard)
+        return
     options = tf.io.TFRecordOptions(compression_type="GZIP" if shard.lower().endswith(".gz") else "")
     index = 0
     try:
@@ -296,6 +306,30 @@ def iter_records(shard: str) -> Iterator[tuple[str, bytes | str]]:
                     yield f"{shard}#{index}", str(e)
             index += 1
     except Exception as e:  # tf.errors.DataLossError, NotFoundError, ...
+        yield shard, f"unreadable after record {index}: {type(e).__name__}: {str(e).splitlines()[0]}"
+
+
+def _iter_records_without_tensorflow(shard: str) -> Iterator[tuple[str, bytes | str]]:
+    """iter_records with the TensorFlow-free TFRecord reader (components/records.py): uncompressed shards only."""
+    if shard.lower().endswith(".gz"):
+        yield shard, "a GZIP-compressed TFRecord shard: reading one needs TensorFlow, which is not installed here"
+        return
+    index = 0
+    try:
+        for record in records.iter_records(shard):
+            try:
+                features = records.parse_example(record)
+            except data.DataError as e:
+                yield f"{shard}#{index}", f"not a tf.train.Example: {e}"
+            else:
+                contents = next((features[k][0] for k in RECORD_IMAGE_KEYS
+                                 if features.get(k) and isinstance(features[k][0], bytes)), None)
+                name = next((features[k][0].decode(errors="replace") for k in RECORD_NAME_KEYS
+                             if features.get(k) and isinstance(features[k][0], bytes) and features[k][0]), "")
+                yield ((name or f"{shard}#{index}", contents) if contents is not None else
+                       (f"{shard}#{index}", f"record has no image feature (looked for {', '.join(RECORD_IMAGE_KEYS)})"))
+            index += 1
+    except (data.DataError, OSError) as e:
         yield shard, f"unreadable after record {index}: {type(e).__name__}: {str(e).splitlines()[0]}"
 
 

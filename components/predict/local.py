@@ -79,8 +79,6 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
             gpu_decode: bool = True) -> PredictResult:
     """Predicts every image of `source` into `output_dir`; see the package docstring for sources and layout.
     `gpu_decode`: decode JPEGs on the GPU where torchvision can (components/predict/nvjpeg.py), said in the log."""
-    import tensorflow as tf
-
     if (batch_size is not None and batch_size < 1) or chunk_size < 1 or top_k < 1:
         raise ValueError("batch_size, chunk_size and top_k must be >= 1")
     start = time.monotonic()
@@ -92,9 +90,8 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
     # Reading from object storage waits on the network, not the CPU: many more readers there.
     workers = workers or (32 if _is_remote(where.location) else 2 * data.available_cpus())
     data.gfile().makedirs(data.join(output_dir, SHARDS))
-    gpus = tf.config.list_physical_devices("GPU")
     log.info("predict: %s -> %s; model input %s on %s, batches of %d", where, output_dir,
-             "x".join(map(str, classifier.image_shape)), f"{len(gpus)} GPU(s)" if gpus else "CPU", batch_size)
+             "x".join(map(str, classifier.image_shape)), classifier.device, batch_size)
     progress = _Progress(names, print_first)
     totals = {"count": 0, "errors": 0, "inputs": 0}
     chunks = skipped = predicted_here = 0

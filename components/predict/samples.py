@@ -16,12 +16,12 @@ def export_samples(dataset_dir: str, output_dir: str, per_class: int = 10) -> in
     taken = {c: 0 for c in range(len(class_names))}
     data.gfile().makedirs(output_dir)
     written = 0
-    for image, label in data.read_split(dataset_dir, "test").as_numpy_iterator():
-        if taken[int(label)] >= per_class:
+    for image, label in data.iter_split(dataset_dir, "test"):
+        if taken[label] >= per_class:
             if all(v >= per_class for v in taken.values()):
                 break
             continue
-        taken[int(label)] += 1
+        taken[label] += 1
         buffer = io.BytesIO()
         Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image).save(buffer, format="PNG")
         with data.gfile().GFile(data.join(output_dir, f"{written:04d}.png"), "wb") as f:
