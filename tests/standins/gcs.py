@@ -1,14 +1,29 @@
-"""Cloud Storage, the reads of the JSON API v1 that google-cloud-storage's `Client` makes for listing and reading
-objects, over a local folder: gs://BUCKET/NAME is ROOT/BUCKET/NAME. Tests point the real client at it with
+"""Cloud Storage, the calls of the JSON API v1 that google-cloud-storage's `Client` makes for listing, reading,
+writing, copying and deleting objects, over a local folder: gs://BUCKET/NAME is ROOT/BUCKET/NAME. Tests point the real client at it with
 `STORAGE_EMULATOR_HOST` (the client then uses anonymous credentials and this endpoint: google-cloud-storage 3.17.1,
 client.py:191-205 and 250-262).
 
 Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1):
 - `GET /storage/v1/b/{bucket}/o` (objects.list): `prefix`; the objects of the bucket whose names start with it, in
-  lexicographic order, as `{"kind": "storage#objects", "items": [object resource, ...]}` (one page: `maxResults`
-  is not needed at the sizes tests use); an unknown bucket is 404.
+  lexicographic order, as `{"kind": "storage#objects", "items": [object resource, ...]}`; an unknown bucket is 404.
+  With `delimiter` ("/"), an object whose name has the delimiter after the prefix is not listed; the names up to
+  and including that delimiter are listed once each in `prefixes`, in lexicographic order
+  (cloud.google.com/storage/docs/json_api/v1/objects/list, "delimiter" and "prefixes[]"). `maxResults` caps the
+  items of a page, and `nextPageToken` then says where the next page (`pageToken`) starts.
 - `GET /storage/v1/b/{bucket}/o/{object}` (objects.get): the object resource (`name`, `bucket`, `size` as a string,
-  `generation`, `contentType`), 404 when absent. The object name is percent-encoded, slashes included.
+  `generation`, `contentType`, `updated` in RFC 3339), 404 when absent. The object name is percent-encoded,
+  slashes included.
+- `DELETE /storage/v1/b/{bucket}/o/{object}` (objects.delete): 204 with an empty body; 404 when absent
+  (cloud.google.com/storage/docs/json_api/v1/objects/delete).
+- `POST /upload/storage/v1/b/{bucket}/o?uploadType=multipart` (objects.insert, a multipart upload: the client's
+  URL, blob.py:86-89, used for uploads up to 8 MiB, blob.py:148): a `multipart/related` body of the object's JSON
+  metadata (`name`) and its bytes; creates or replaces the object and answers its resource
+  (cloud.google.com/storage/docs/uploading-objects#uploading-an-object, "multipart upload";
+  cloud.google.com/storage/docs/json_api/v1/objects/insert). Resumable uploads (bigger files) are not served.
+- `POST /storage/v1/b/{srcBucket}/o/{srcObject}/rewriteTo/b/{dstBucket}/o/{dstObject}` (objects.rewrite; the
+  client's path, blob.py:4188): copies in one call, answering `{"kind": "storage#rewriteResponse", "done": true,
+  "totalBytesRewritten", "objectSize", "resource"}` (cloud.google.com/storage/docs/json_api/v1/objects/rewrite); 404
+  when the source is absent.
 - `GET /download/storage/v1/b/{bucket}/o/{object}?alt=media` (objects.get with alt=media; the client's download URL,
   blob.py:85): the object's bytes; with `Range: bytes=A-B` (B inclusive) or `bytes=A-`, those bytes answered 206
   with `Content-Range: bytes A-B/SIZE`, and 416 with `Content-Range: bytes */SIZE` when A is past the end (RFC 9110
@@ -17,11 +32,13 @@ Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import urllib.parse
 
-from tests.standins.base import ApiError, Request, StandIn, google_error, route
+from tests.standins.base import ApiError, Request, StandIn, google_error, rfc3339, route
 
 _OBJECT = r"(?P<object>[^/]+)"
 _BUCKET = r"(?P<bucket>[^/]+)"
@@ -37,6 +54,10 @@ class GcsStandIn(StandIn):
     def routes(self):
         return [route("GET", rf"/storage/v1/b/{_BUCKET}/o", "storage.objects.list", self._list),
                 route("GET", rf"/storage/v1/b/{_BUCKET}/o/{_OBJECT}", "storage.objects.get", self._get),
+                route("DELETE", rf"/storage/v1/b/{_BUCKET}/o/{_OBJECT}", "storage.objects.delete", self._delete),
+                route("POST", rf"/upload/storage/v1/b/{_BUCKET}/o", "storage.objects.insert", self._insert),
+                route("POST", rf"/storage/v1/b/(?P<source_bucket>[^/]+)/o/(?P<source>[^/]+)/rewriteTo/b/{_BUCKET}/o/"
+                      rf"{_OBJECT}", "storage.objects.rewrite", self._rewrite),
                 route("GET", rf"/download/storage/v1/b/{_BUCKET}/o/{_OBJECT}", "storage.objects.media",
                       lambda request: self._path(request))]
 
@@ -55,7 +76,8 @@ class GcsStandIn(StandIn):
     def _resource(self, bucket: str, name: str) -> dict:
         stat = os.stat(os.path.join(self.root, bucket, name))
         return {"kind": "storage#object", "bucket": bucket, "name": name, "size": str(stat.st_size),
-                "generation": str(int(stat.st_mtime * 1e6)), "contentType": "application/octet-stream"}
+                "generation": str(int(stat.st_mtime * 1e6)), "contentType": "application/octet-stream",
+                "updated": rfc3339(stat.st_mtime, 3)}
 
     def _get(self, request: Request) -> dict:
         self._path(request)
@@ -66,14 +88,69 @@ class GcsStandIn(StandIn):
         folder = os.path.join(self.root, bucket)
         if not os.path.isdir(folder):
             raise ApiError("NOT_FOUND", "The specified bucket does not exist.")
-        prefix = request.arg("prefix")
+        prefix, delimiter = request.arg("prefix"), request.arg("delimiter")
         names = sorted(os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
                        for d, _, files in os.walk(folder) for f in files)
-        return {"kind": "storage#objects", "items": [self._resource(bucket, n) for n in names if n.startswith(prefix)]}
+        names = [n for n in names if n.startswith(prefix)]
+        prefixes = []
+        if delimiter:
+            prefixes = sorted({n[:n.index(delimiter, len(prefix)) + len(delimiter)] for n in names
+                               if delimiter in n[len(prefix):]})
+            names = [n for n in names if delimiter not in n[len(prefix):]]
+        start = int(request.arg("pageToken") or 0)
+        end = start + int(request.arg("maxResults") or len(names) or 1)
+        page = {"kind": "storage#objects", "items": [self._resource(bucket, n) for n in names[start:end]]}
+        if start == 0 and prefixes:
+            page["prefixes"] = prefixes
+        if end < len(names):
+            page["nextPageToken"] = str(end)
+        return page
+
+    def _delete(self, request: Request) -> tuple[int, None]:
+        os.remove(self._path(request))
+        return 204, None
+
+    def _insert(self, request: Request) -> dict:
+        if request.arg("uploadType") != "multipart":
+            raise ApiError("INVALID_ARGUMENT", f"uploadType {request.arg('uploadType')!r} is not served here")
+        boundary = re.search(r'boundary="?([^";]+)"?', request.headers.get("content-type", ""))
+        if not boundary:
+            raise ApiError("INVALID_ARGUMENT", "A multipart upload needs a multipart/related body with a boundary.")
+        parts = request.raw.split(b"--" + boundary.group(1).encode())[1:-1]  # after the last one: "--"
+        if len(parts) != 2:
+            raise ApiError("INVALID_ARGUMENT", f"A multipart upload has 2 parts, not {len(parts)}.")
+        metadata, media = (part.split(b"\r\n\r\n", 1)[1][:-2] for part in parts)  # headers, body, CRLF
+        name = json.loads(metadata).get("name") or request.arg("name")
+        if not name or name.endswith("/"):
+            raise ApiError("INVALID_ARGUMENT", f"Invalid object name {name!r}.")
+        bucket = request.params["bucket"]
+        if not os.path.isdir(os.path.join(self.root, bucket)):
+            raise ApiError("NOT_FOUND", "The specified bucket does not exist.")
+        path = os.path.join(self.root, bucket, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(media)
+        return self._resource(bucket, name)
+
+    def _rewrite(self, request: Request) -> dict:
+        source = self._path(Request(method="GET", path="", query={}, headers={}, raw=b"",
+                                    params={"bucket": request.params["source_bucket"],
+                                            "object": request.params["source"]}))
+        bucket, name = request.params["bucket"], request.params["object"]
+        if not os.path.isdir(os.path.join(self.root, bucket)):
+            raise ApiError("NOT_FOUND", "The specified bucket does not exist.")
+        path = os.path.join(self.root, bucket, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        shutil.copyfile(source, path)
+        size = str(os.path.getsize(path))
+        return {"kind": "storage#rewriteResponse", "totalBytesRewritten": size, "objectSize": size, "done": True,
+                "resource": self._resource(bucket, name)}
 
     def _serve(self, http_handler) -> None:
         """Media downloads answer bytes, not JSON: served here; everything else as every stand-in serves it."""
         split = urllib.parse.urlsplit(http_handler.path)
+        if http_handler.command == "DELETE":
+            return self._serve_empty(http_handler, split)
         if not split.path.startswith("/download/"):
             return super()._serve(http_handler)
         request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
@@ -98,8 +175,6 @@ class GcsStandIn(StandIn):
                         status, body = 206, contents[start:end + 1]
                         headers["Content-Range"] = f"bytes {start}-{end}/{len(contents)}"
             except ApiError as error:
-                import json
-
                 status, body = error.http_status, json.dumps(google_error(error)).encode()
             request.status = status
         http_handler.send_response(status)
@@ -107,5 +182,24 @@ class GcsStandIn(StandIn):
         http_handler.send_header("Content-Length", str(len(body)))
         for name, value in headers.items():
             http_handler.send_header(name, value)
+        http_handler.end_headers()
+        http_handler.wfile.write(body)
+
+    def _serve_empty(self, http_handler, split) -> None:
+        """objects.delete answers 204 without a body (the JSON answers of the base class always have one)."""
+        request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
+                          query=urllib.parse.parse_qs(split.query, keep_blank_values=True),
+                          headers={k.lower(): v for k, v in http_handler.headers.items()}, raw=b"")
+        with self.lock:
+            self.requests.append(request)
+            try:
+                status, body = self._dispatch(request, split.path)[0], b""
+            except ApiError as error:
+                status, body = error.http_status, json.dumps(google_error(error)).encode()
+            request.status = status
+        http_handler.send_response(status)
+        if body:
+            http_handler.send_header("Content-Type", "application/json")
+        http_handler.send_header("Content-Length", str(len(body)))
         http_handler.end_headers()
         http_handler.wfile.write(body)
