@@ -248,7 +248,7 @@ def rename(source: str, target: str, overwrite: bool = False) -> None:
     remove(source)
 
 
-class _Writer(io.RawIOBase):
+class _Writer(io.BufferedIOBase):
     """Bytes for one object, kept in a spooled temporary file and uploaded on flush and close."""
 
     def __init__(self, uri: str):
@@ -288,9 +288,8 @@ def GFile(path: str, mode: str = "r"):  # noqa: N802 (tf.io.gfile's name)
     if mode not in ("r", "rb", "w", "wb"):
         raise ValueError(f"Unsupported mode {mode!r} for {path} (r, rb, w or wb)")
     if mode.startswith("w"):
-        raw = _Writer(path)
-        binary = io.BufferedWriter(raw, buffer_size=1 << 20)
-        return binary if mode == "wb" else io.TextIOWrapper(binary, encoding="utf-8", newline="")
+        writer = _Writer(path)
+        return writer if mode == "wb" else io.TextIOWrapper(writer, encoding="utf-8", newline="")
     blob = _blob(path)
     try:
         blob.reload()  # size and generation: every ranged read then reads this version of the object
