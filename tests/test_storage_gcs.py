@@ -203,9 +203,9 @@ data.write_json({str(keras_dir / "training.json")!r}, {{"class_names": ["zero", 
 """], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert made.returncode == 0, made.stderr[-3000:]
     with GcsStandIn(tmp_path / "gcs") as server:
-        out = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, "gs://bucket/data", "gs://bucket/model",
-                              "gs://bucket/keras", str(keras_dir)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                             env={**env, "STORAGE_EMULATOR_HOST": server.url})
+        args = ["gs://bucket/data", "gs://bucket/model", "gs://bucket/keras", str(keras_dir)]
+        out = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, *args], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=600, env={**env, "STORAGE_EMULATOR_HOST": server.url})
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["tensorflow"] is False

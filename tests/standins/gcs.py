@@ -1,7 +1,7 @@
 """Cloud Storage, the calls of the JSON API v1 that google-cloud-storage's `Client` makes for listing, reading,
-writing, copying and deleting objects, over a local folder: gs://BUCKET/NAME is ROOT/BUCKET/NAME. Tests point the real client at it with
-`STORAGE_EMULATOR_HOST` (the client then uses anonymous credentials and this endpoint: google-cloud-storage 3.17.1,
-client.py:191-205 and 250-262).
+writing, copying and deleting objects, over a local folder: gs://BUCKET/NAME is ROOT/BUCKET/NAME. Tests point the
+real client at it with `STORAGE_EMULATOR_HOST` (the client then uses anonymous credentials and this endpoint:
+google-cloud-storage 3.17.1, client.py:191-205 and 250-262).
 
 Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1):
 - `GET /storage/v1/b/{bucket}/o` (objects.list): `prefix`; the objects of the bucket whose names start with it, in
