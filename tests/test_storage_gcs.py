@@ -140,6 +140,23 @@ def test_writes_upload_on_close_and_copies_renames_and_removes_as_tf_gfile(bucke
         fs.rmtree("gs://bucket/d")
 
 
+def test_a_checkpoint_bigger_than_a_multipart_upload_goes_up_resumably(bucket, tmp_path):
+    """Over 8 MiB the client uploads in a resumable session (a checkpoint, a TorchScript file, a copy of one)."""
+    payload = np.random.default_rng(1).integers(0, 256, (8 << 20) + 123, dtype=np.uint8).tobytes()
+    with fs.GFile("gs://bucket/ckpt/epoch-1.partial", "wb") as f:
+        for start in range(0, len(payload), 1 << 20):
+            f.write(payload[start:start + (1 << 20)])
+    fs.rename("gs://bucket/ckpt/epoch-1.partial", "gs://bucket/ckpt/epoch-1", overwrite=True)
+    assert (bucket.root_path / "ckpt" / "epoch-1").read_bytes() == payload
+    local = tmp_path / "model.pt"
+    local.write_bytes(payload[::-1])
+    fs.copy(str(local), "gs://bucket/model/model.pt")
+    assert (bucket.root_path / "model" / "model.pt").read_bytes() == payload[::-1]
+    uploads = [call for call in bucket.calls("storage.objects.insert") if call.method == "POST"]
+    assert [call.arg("uploadType") for call in uploads] == ["resumable", "resumable"]
+    assert fs.listdir("gs://bucket/ckpt") == ["epoch-1"]
+
+
 def test_gfile_is_this_implementation_where_tensorflow_io_is_off(bucket):
     storage.use_tensorflow_io(False)
     try:

@@ -11,7 +11,9 @@ Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1
   (cloud.google.com/storage/docs/json_api/v1/objects/list, "delimiter" and "prefixes[]"). `maxResults` caps the
   items of a page, and `nextPageToken` then says where the next page (`pageToken`) starts.
 - `GET /storage/v1/b/{bucket}/o/{object}` (objects.get): the object resource (`name`, `bucket`, `size` as a string,
-  `generation`, `contentType`, `updated` in RFC 3339), 404 when absent. The object name is percent-encoded,
+  `generation`, `contentType`, `updated` in RFC 3339, and `crc32c` and `md5Hash` in base64, the CRC32C big-endian:
+  cloud.google.com/storage/docs/json_api/v1/objects#resource; the client checks the crc32c of a finished
+  resumable upload), 404 when absent. The object name is percent-encoded,
   slashes included.
 - `DELETE /storage/v1/b/{bucket}/o/{object}` (objects.delete): 204 with an empty body; 404 when absent
   (cloud.google.com/storage/docs/json_api/v1/objects/delete).
@@ -19,7 +21,14 @@ Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1
   URL, blob.py:86-89, used for uploads up to 8 MiB, blob.py:148): a `multipart/related` body of the object's JSON
   metadata (`name`) and its bytes; creates or replaces the object and answers its resource
   (cloud.google.com/storage/docs/uploading-objects#uploading-an-object, "multipart upload";
-  cloud.google.com/storage/docs/json_api/v1/objects/insert). Resumable uploads (bigger files) are not served.
+  cloud.google.com/storage/docs/json_api/v1/objects/insert).
+- Resumable uploads (the client's for bigger files, blob.py:90 and 147-148): `POST .../o?uploadType=resumable` with
+  the object's JSON metadata answers 200 with the session URI in `Location`; each `PUT` to it carries
+  `Content-Range: bytes A-B/TOTAL` (TOTAL `*` while unknown) and answers 308 with `Range: bytes=0-N` (what is
+  stored so far) until the last byte of TOTAL arrives, then 200 with the object's resource
+  (cloud.google.com/storage/docs/performing-resumable-uploads, "Upload the data" and "Upload in multiple
+  chunks"; cloud.google.com/storage/docs/json_api/v1/how-tos/resumable-upload). A chunk that does not start where
+  the stored bytes end is 400 here (the real service answers 308 with what it has; the client never sends one).
 - `POST /storage/v1/b/{srcBucket}/o/{srcObject}/rewriteTo/b/{dstBucket}/o/{dstObject}` (objects.rewrite; the
   client's path, blob.py:4188): copies in one call, answering `{"kind": "storage#rewriteResponse", "done": true,
   "totalBytesRewritten", "objectSize", "resource"}` (cloud.google.com/storage/docs/json_api/v1/objects/rewrite); 404
@@ -32,12 +41,16 @@ Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import urllib.parse
 
+from components.records import crc32c
 from tests.standins.base import ApiError, Request, StandIn, google_error, rfc3339, route
 
 _OBJECT = r"(?P<object>[^/]+)"
@@ -50,6 +63,7 @@ class GcsStandIn(StandIn):
     def __init__(self, root: str, **kwargs):
         super().__init__(**kwargs)
         self.root = str(root)
+        self.uploads: dict[str, dict] = {}  # resumable upload sessions: upload_id -> bucket, name, bytes so far
 
     def routes(self):
         return [route("GET", rf"/storage/v1/b/{_BUCKET}/o", "storage.objects.list", self._list),
@@ -74,10 +88,15 @@ class GcsStandIn(StandIn):
         return path
 
     def _resource(self, bucket: str, name: str) -> dict:
-        stat = os.stat(os.path.join(self.root, bucket, name))
+        path = os.path.join(self.root, bucket, name)
+        stat = os.stat(path)
+        with open(path, "rb") as f:
+            contents = f.read()
         return {"kind": "storage#object", "bucket": bucket, "name": name, "size": str(stat.st_size),
                 "generation": str(int(stat.st_mtime * 1e6)), "contentType": "application/octet-stream",
-                "updated": rfc3339(stat.st_mtime, 3)}
+                "updated": rfc3339(stat.st_mtime, 3),
+                "crc32c": base64.b64encode(struct.pack(">I", crc32c(contents))).decode(),
+                "md5Hash": base64.b64encode(hashlib.md5(contents).digest()).decode()}
 
     def _get(self, request: Request) -> dict:
         self._path(request)
@@ -151,6 +170,8 @@ class GcsStandIn(StandIn):
         split = urllib.parse.urlsplit(http_handler.path)
         if http_handler.command == "DELETE":
             return self._serve_empty(http_handler, split)
+        if split.path.startswith("/upload/") and "uploadType=resumable" in split.query:
+            return self._serve_resumable(http_handler, split)
         if not split.path.startswith("/download/"):
             return super()._serve(http_handler)
         request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
@@ -203,3 +224,61 @@ class GcsStandIn(StandIn):
         http_handler.send_header("Content-Length", str(len(body)))
         http_handler.end_headers()
         http_handler.wfile.write(body)
+
+    def _serve_resumable(self, http_handler, split) -> None:
+        length = int(http_handler.headers.get("Content-Length") or 0)
+        request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
+                          query=urllib.parse.parse_qs(split.query, keep_blank_values=True),
+                          headers={k.lower(): v for k, v in http_handler.headers.items()},
+                          raw=http_handler.rfile.read(length) if length else b"")
+        request.rpc = "storage.objects.insert"
+        headers: dict[str, str] = {}
+        with self.lock:
+            self.requests.append(request)
+            try:
+                status, body = self._resumable(request, split, headers)
+            except ApiError as error:
+                status, body = error.http_status, json.dumps(google_error(error)).encode()
+            request.status = status
+        http_handler.send_response(status)
+        http_handler.send_header("Content-Type", "application/json")
+        http_handler.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            http_handler.send_header(name, value)
+        http_handler.end_headers()
+        http_handler.wfile.write(body)
+
+    def _resumable(self, request: Request, split, headers: dict) -> tuple[int, bytes]:
+        bucket = re.fullmatch(rf"/upload/storage/v1/b/{_BUCKET}/o", split.path)
+        if not bucket or not os.path.isdir(os.path.join(self.root, bucket.group("bucket"))):
+            raise ApiError("NOT_FOUND", "The specified bucket does not exist.")
+        if request.method == "POST":
+            name = request.json().get("name") or request.arg("name")
+            if not name or name.endswith("/"):
+                raise ApiError("INVALID_ARGUMENT", f"Invalid object name {name!r}.")
+            upload_id = str(len(self.uploads) + 1)
+            self.uploads[upload_id] = {"bucket": bucket.group("bucket"), "name": name, "data": bytearray()}
+            headers["Location"] = f"{self.url}{split.path}?uploadType=resumable&upload_id={upload_id}"
+            return 200, b""
+        session = self.uploads.get(request.arg("upload_id"))
+        if request.method != "PUT" or session is None:
+            raise ApiError("NOT_FOUND", "No such upload session.")
+        wanted = re.fullmatch(r"bytes (?:(\d+)-(\d+)|\*)/(\d+|\*)", request.headers.get("content-range", ""))
+        if not wanted:
+            raise ApiError("INVALID_ARGUMENT", "A resumable upload's PUT needs Content-Range: bytes A-B/TOTAL.")
+        if wanted.group(1) is not None:
+            if int(wanted.group(1)) != len(session["data"]) or \
+                    int(wanted.group(2)) - int(wanted.group(1)) + 1 != len(request.raw):
+                raise ApiError("INVALID_ARGUMENT", "The chunk does not follow the bytes stored so far.")
+            session["data"] += request.raw
+        total = wanted.group(3)
+        if total != "*" and len(session["data"]) == int(total):
+            path = os.path.join(self.root, session["bucket"], session["name"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(session["data"])
+            del self.uploads[request.arg("upload_id")]
+            return 200, json.dumps(self._resource(session["bucket"], session["name"])).encode()
+        if session["data"]:
+            headers["Range"] = f"bytes=0-{len(session['data']) - 1}"
+        return 308, b""
