@@ -1,10 +1,10 @@
 """gs:// paths without TensorFlow: the part of `tf.io.gfile`'s interface the steps use, on google-cloud-storage's
-client (installed with google-cloud-aiplatform, a dependency of the project, so in every image). components/storage.py
-sends gs:// paths here where TensorFlow is not installed (the PyTorch image) or `use_tensorflow_io(False)` was
-chosen; it imports nothing of the project.
+client (installed with google-cloud-aiplatform, a dependency of the project, so in every image; the PyTorch
+image's build imports it). components/storage.py sends gs:// paths here where TensorFlow is not installed (the
+PyTorch image) or `use_tensorflow_io(False)` was chosen; it imports nothing of the project.
 
-What each call does follows TensorFlow's own GCS file system (tsl/platform/cloud/gcs_file_system.cc in TensorFlow
-2.21, and tensorflow/python/lib/io/file_io.py):
+What each call does follows TensorFlow's own GCS file system (tsl/platform/cloud/gcs_file_system.cc, the functions
+named below) and tf.io.gfile's Python layer (tensorflow/python/lib/io/file_io.py, TensorFlow 2.21):
 - a "directory" is a prefix: `isdir("gs://b/d")` is true when any object's name starts with `d/` (FolderExists), a
   bucket's root when the bucket exists; `exists` is true for an object or such a directory.
 - `listdir` lists one level (objects.list with delimiter "/"): objects by their names under the directory, and

@@ -235,3 +235,11 @@ data.write_json({str(keras_dir / "training.json")!r}, {{"class_names": ["zero", 
     local = data.load_classifier(model_dir).predict_proba(pixels)
     np.testing.assert_allclose(got["torchscript"], local, atol=1e-6)
     np.testing.assert_allclose(got["keras"], got["keras_local"], atol=1e-6)
+
+
+def test_the_pytorch_image_has_google_cloud_storage():
+    """gs:// in the PyTorch image rests on google-cloud-storage (via google-cloud-aiplatform): its build imports it."""
+    from tests.test_images import DOCKERFILES, instructions
+
+    checks = [args for kind, args in instructions(DOCKERFILES["torch"]) if kind == "RUN" and "python3 -I -c" in args]
+    assert checks and "google.cloud.storage" in checks[-1]
