@@ -157,7 +157,11 @@ def test_a_checkpoint_bigger_than_a_multipart_upload_goes_up_resumably(bucket, t
     assert fs.listdir("gs://bucket/ckpt") == ["epoch-1"]
 
 
-def test_gfile_is_this_implementation_where_tensorflow_io_is_off(bucket):
+def test_gfile_is_this_implementation_where_tensorflow_io_is_off(bucket, tmp_path):
+    (tmp_path / "local" / "sub").mkdir(parents=True)
+    (tmp_path / "local" / "sub" / "x").write_bytes(b"x")
+    assert [(d, sorted(s), f) for d, s, f in fs.walk(str(tmp_path / "local"))] == [
+        (str(tmp_path / "local"), ["sub"], []), (str(tmp_path / "local" / "sub"), [], ["x"])]  # local: os.walk
     storage.use_tensorflow_io(False)
     try:
         assert storage.gfile() is fs
