@@ -628,7 +628,14 @@ def _keras_classifier_without_tensorflow(model_dir: str, keras_path: str, info: 
     import keras
 
     _import_builder_module(info)
-    model = keras.models.load_model(keras_path, compile=False)
+    if "://" in keras_path:  # Keras reads URIs only through TensorFlow: a local copy of the file instead
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as local:
+            gfile().copy(keras_path, os.path.join(local, "model.keras"), overwrite=True)
+            model = keras.models.load_model(os.path.join(local, "model.keras"), compile=False)
+    else:
+        model = keras.models.load_model(keras_path, compile=False)
 
     def probabilities(images):
         batch = keras.ops.convert_to_tensor(np.asarray(images, dtype=np.float32))

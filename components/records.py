@@ -168,22 +168,9 @@ def frame(record: bytes) -> bytes:
 
 
 def _gcs_client():
-    # One client per endpoint: STORAGE_EMULATOR_HOST (read by google-cloud-storage itself) points it elsewhere
-    return _gcs_client_for(os.environ.get("STORAGE_EMULATOR_HOST", ""))
+    from components import gcs  # the client of every gs:// path without TensorFlow (credentials, endpoint)
 
-
-@functools.cache
-def _gcs_client_for(endpoint: str):
-    from google.cloud import storage
-
-    try:
-        return storage.Client()
-    except Exception as e:  # google.auth's DefaultCredentialsError, or no project: public buckets still read
-        import logging
-
-        logging.getLogger(__name__).info("gs:// reads without credentials (%s): public buckets only",
-                                         str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return storage.Client.create_anonymous_client()
+    return gcs.client()
 
 
 def _blob(uri: str):

@@ -2,10 +2,10 @@
 bottom of the data helpers: components/images.py and components/data.py build on it.
 
 Training on PyTorch or JAX runs where TensorFlow may not be installed (the PyTorch GPU image): that step calls
-`use_tensorflow_io(False)` first, and the helpers then read and write local paths (a GCS FUSE mount included) with
-Python's own file functions; a `gs://` URI still goes through TensorFlow where it is installed. Where TensorFlow
-is not installed at all (evaluation and batch prediction of a run on PyTorch, in the PyTorch image), gfile() is
-those local file functions whatever was chosen."""
+`use_tensorflow_io(False)` first, and gfile() is then `LocalFiles`: local paths (a GCS FUSE mount included) with
+Python's own file functions, `gs://` URIs with google-cloud-storage's client (components/gcs.py, the same calls
+with tf.io.gfile's meaning). Where TensorFlow is not installed at all (evaluation and batch prediction of a run on
+PyTorch, in the PyTorch image), gfile() is LocalFiles whatever was chosen. Other URI schemes need TensorFlow."""
 
 from __future__ import annotations
 
@@ -62,17 +62,28 @@ def locate(dataset_dir: str, path: str) -> str:
 
 
 def _tf_gfile_for(path: str):
-    """tf.io.gfile for a URI (gs://...), or DataError saying what to do where TensorFlow is not installed."""
-    try:
-        import tensorflow as tf
-    except ImportError:
-        raise DataError(f"{path}: reading URIs without TensorFlow is not supported; mount the bucket with GCS FUSE "
-                        "and pass its local path (docs/data-by-reference.md)") from None
+    """What reads and writes a URI here: components/gcs.py for gs:// (google-cloud-storage), tf.io.gfile for any
+    other scheme, or DataError saying what to do where that cannot be."""
+    if path.startswith("gs://"):
+        try:
+            import google.cloud.storage  # noqa: F401 (installed with google-cloud-aiplatform: in every image)
+        except ImportError as e:
+            raise DataError(f"{path}: gs:// without TensorFlow needs google-cloud-storage ({e}): pip install "
+                            "google-cloud-storage, or mount the bucket with GCS FUSE and pass its local path "
+                            "(docs/data-by-reference.md)") from None
+        from components import gcs
+
+        return gcs
+    tf = tensorflow_or_none()
+    if tf is None:
+        raise DataError(f"{path}: without TensorFlow only local paths and gs:// URIs are read and written; mount "
+                        "the storage locally and pass its path (docs/data-by-reference.md)")
     return tf.io.gfile
 
 
 class LocalFiles:
-    """The part of tf.io.gfile's interface the steps use, for local paths, without TensorFlow."""
+    """The part of tf.io.gfile's interface the steps use, without TensorFlow: local paths with Python's own file
+    functions, gs:// URIs with components/gcs.py."""
 
     @staticmethod
     def exists(path: str) -> bool:
@@ -107,7 +118,7 @@ class LocalFiles:
     @staticmethod
     def rename(source: str, target: str, overwrite: bool = False) -> None:
         if "://" in source or "://" in target:
-            return _tf_gfile_for(source).rename(source, target, overwrite=overwrite)
+            return _tf_gfile_for(source if "://" in source else target).rename(source, target, overwrite=overwrite)
         if not overwrite and os.path.exists(target):
             raise FileExistsError(target)
         os.replace(source, target)
@@ -119,6 +130,11 @@ class LocalFiles:
     @staticmethod
     def rmtree(path: str) -> None:
         return _tf_gfile_for(path).rmtree(path) if "://" in path else shutil.rmtree(path)
+
+    @staticmethod
+    def walk(top: str):
+        """(dirname, subdirs, files) top-down; gs://: subdirs end with "/", as tf.io.gfile's on GCS."""
+        return _tf_gfile_for(top).walk(top) if "://" in top else os.walk(top)
 
     @staticmethod
     def stat(path: str):
