@@ -33,9 +33,9 @@ Where the data folder is (`bulk_dir`):
 Datasets and predictions written by earlier releases (`ARTIFACT_URI.data`, `DATA_ROOT/<whole local path>`) read as
 before: their manifests hold absolute paths, which readers follow as they are. With a MinIO or S3 pipeline root and
 no data root, the data stays in the artifact (the step's container has no credentials for the launcher's object
-store): the step says so in its log. So does a step where TensorFlow is not installed (batch prediction of a run on
-torch, in the PyTorch image), which writes no gs:// files: a gs:// data folder becomes the artifact's own folder
-(a mounted `data_root` is written as everywhere).
+store): the step says so in its log. A step where TensorFlow is not installed (batch prediction of a run on torch,
+in the PyTorch image) writes its gs:// data folder through google-cloud-storage (components/gcs.py), as the others
+do through tf.io.gfile.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 
-from components import data, storage
+from components import data
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,9 @@ def artifact_key(artifact_uri: str) -> str:
 
 
 def bulk_dir(artifact_uri: str, artifact_path: str, *, data_root: str = "", by_reference: bool = False) -> str:
-    """Where a step writes the bulk of an output artifact (see the module docstring)."""
-    where = _bulk_dir(artifact_uri, artifact_path, data_root=data_root, by_reference=by_reference)
-    if where.startswith("gs://") and storage.tensorflow_or_none() is None:
-        log.warning("No TensorFlow here to write %s: the data of %s stays in the artifact, which the KFP launcher "
-                    "uploads whole after the step (give the pipeline a mounted data_root to write it there)",
-                    where, artifact_uri)
-        return artifact_path
-    return where
+    """Where a step writes the bulk of an output artifact (see the module docstring). A gs:// folder is written
+    through tf.io.gfile, or google-cloud-storage where TensorFlow is not installed (components/gcs.py)."""
+    return _bulk_dir(artifact_uri, artifact_path, data_root=data_root, by_reference=by_reference)
 
 
 def _bulk_dir(artifact_uri: str, artifact_path: str, *, data_root: str, by_reference: bool) -> str:
