@@ -78,6 +78,24 @@ def test_each_framework_gets_pods_on_images_that_can_run_its_steps(compiled_path
     assert pods["predict-op"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
+@pytest.mark.parametrize("launcher", ["trainjob", "jobset", "vertex-job"])
+def test_a_jax_runs_cluster_job_nodes_run_the_chosen_image(launcher, tmp_path):
+    """Multi-node training (Trainer v2's jax-multinode runtime, a JobSet, a Vertex AI CustomJob) gets the image the
+    image step chose as a value: for jax the PyTorch image, which carries JAX; the GPU image has none."""
+    from pipelines import explain
+
+    path = str(tmp_path / "p.yaml")
+    compile_pipeline(path, config.PipelineSettings(images=IMAGES, train_launcher=launcher))
+    for framework, image in (("jax", IMAGES.torch), ("tensorflow", IMAGES.gpu)):
+        steps = explain.explain(path, {"framework": framework, "train_workers": 1})["steps"]
+        (train,) = [step for step in steps if step["task"].startswith("train-")]
+        assert train["image"] == IMAGES.cpu  # the launcher's own small pod
+        assert train["nodes"] and {node["image"] for node in train["nodes"]} == {image}, (framework, train["nodes"])
+        if framework == "jax":
+            assert all(node["command"][:5] == ["python", "-m", "components.launch.node", "--framework", "jax"]
+                       for node in train["nodes"])
+
+
 def test_a_torch_run_of_a_pipeline_without_the_pytorch_image_is_refused_at_its_start(tmp_path):
     from pipelines import explain
 
