@@ -3,10 +3,12 @@
 The compiled pipeline pins every image (pipelines/config.py); the framework is a run-time parameter, so a small step
 picks the three images of the run from the pinned ones, and the KFP driver starts those steps' pods on them (an image
 from another step's output: kubeflow/pipelines backend/src/v2/driver/driver.go:449 at 2.17.0,
-resolvePodSpecInputRuntimeParameter in resolve.go:818). TensorFlow and JAX keep the CPU image for evaluation and
-the TensorFlow GPU image for training and batch prediction, as before; PyTorch runs all three in the PyTorch image,
-which has no TensorFlow: its training writes what only torch (TorchScript) or Keras on torch loads, and evaluation
-and batch prediction read the test split and the images there with the TensorFlow-free readers.
+resolvePodSpecInputRuntimeParameter in resolve.go:818). TensorFlow keeps the CPU image for evaluation and the
+TensorFlow GPU image for training and batch prediction, as before. PyTorch and JAX run all three in the
+TensorFlow-free image (images/torch, named REPO/torch: torch and JAX, both for CUDA 13, and Keras; no TensorFlow):
+their training writes what only torch (TorchScript) or Keras on its own backend loads, and evaluation and batch
+prediction read the test split and the images there with the TensorFlow-free readers, model.keras on Keras' backend
+of that image.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import dataclasses
 
 from components.params import FRAMEWORKS
+
+# The frameworks whose three steps run in the TensorFlow-free image (images/torch), which carries both.
+TENSORFLOW_FREE = ("torch", "jax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,15 +33,17 @@ class StepImages:
 
 def step_images(framework: str, images: dict[str, str]) -> StepImages:
     """The images of a run on `framework`, from the pipeline's pinned `images` ({"cpu", "gpu", "torch"}); ValueError
-    (in one line) for an unknown framework, or torch in a pipeline compiled without the PyTorch image."""
+    (in one line) for an unknown framework, or torch or jax in a pipeline compiled without the TensorFlow-free
+    (PyTorch and JAX) image."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
-    if framework == "torch":
+    if framework in TENSORFLOW_FREE:
         torch_image = images.get("torch", "")
         if not torch_image:
-            raise ValueError("framework torch trains, evaluates and predicts in the PyTorch image, and this pipeline "
-                             "was compiled without one: compile it with --torch-image REPO/torch@sha256:... (or "
-                             "--image-repo/--image-tag, which name REPO/torch:TAG)")
+            raise ValueError(f"framework {framework} trains, evaluates and predicts in the PyTorch image (torch and "
+                             "JAX, no TensorFlow), and this pipeline was compiled without one: compile it with "
+                             "--torch-image REPO/torch@sha256:... (or --image-repo/--image-tag, which name "
+                             "REPO/torch:TAG)")
         return StepImages(train=torch_image, evaluate=torch_image, predict=torch_image)
     return StepImages(train=images["gpu"], evaluate=images["cpu"], predict=images["gpu"])
 
@@ -51,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--framework", required=True, choices=FRAMEWORKS)
     parser.add_argument("--cpu-image", required=True)
     parser.add_argument("--gpu-image", required=True)
-    parser.add_argument("--torch-image", default="", help="the PyTorch image (empty: runs on torch are refused)")
+    parser.add_argument("--torch-image", default="", help="the TensorFlow-free image, torch and JAX (empty: runs on torch "
+                                                         "or jax are refused)")
     args = parser.parse_args(argv)
     return stepcli.run(lambda: step_images(args.framework, {"cpu": args.cpu_image, "gpu": args.gpu_image,
                                                             "torch": args.torch_image}), prog="step_images")

@@ -37,7 +37,7 @@ sys.path.pop(0)
 
 # The extras each image installs, as its Dockerfile's `requirements.py pyproject.toml --extra ...` names them
 # (tests/test_images.py keeps the two in step).
-IMAGES = {"cpu": ["cpu", "beam"], "gpu": ["gpu"], "torch": ["torch"]}
+IMAGES = {"cpu": ["cpu", "beam"], "gpu": ["gpu"], "torch": ["torch", "jax-cuda"]}
 IGNORE_FILE = os.path.join(HERE, "audit-ignore.toml")
 
 

@@ -8,20 +8,22 @@ without a GPU, with only a log line to say so. So the images register every site
 with the dynamic linker, and this check proves the result at build time:
 
     python3 gpu_libs.py register /etc/ld.so.conf.d/nvidia-wheels.conf && ldconfig
-    python3 gpu_libs.py check tensorflow      # or: check torch
+    python3 gpu_libs.py check tensorflow      # or: check torch, check jax
 
 ``check`` loads every library the framework loads at run time for the GPU, each by its bare soname in a
 process of its own (so that nothing already loaded through a RUNPATH can make it pass), with the one
 exception of the driver's libcuda.so.1, which only a GPU node has: a library that needs it and nothing else
 missing is reported as waiting for the driver. It then compares the CUDA and cuDNN major versions the
 framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
-version) with the sonames that loaded. Exit status 0 when all holds, 1 with what failed, 2 on bad usage.
+version; JAX's CUDA plugin's ``_versions``) with the sonames that loaded. Exit status 0 when all holds, 1 with what failed, 2 on bad usage.
 
 The library lists follow each framework's own loader: TensorFlow's DsoLoader
 (third_party/xla/xla/tsl/platform/default/dso_loader.cc: cudart, cublas, cublasLt, cufft, cusolver,
 cusparse, cupti, cudnn, nccl) plus what cuDNN and cuSOLVER load in turn (cudnn's own sub-libraries, nvrtc,
-nvJitLink) and curand; PyTorch's _preload_cuda_deps in torch/__init__.py. Standard library only, apart from
-the framework itself, so that it runs before the project is installed.
+nvJitLink) and curand; PyTorch's _preload_cuda_deps in torch/__init__.py; JAX's _load_nvidia_libraries
+(jax_plugins/xla_cuda13/__init__.py:120-144 in jax-cuda13-pjrt 0.10.2), which loads them by path from
+site-packages/nvidia/cu13 and nvidia/cudnn: the soname check proves the same files load. Standard library only,
+apart from the framework itself, so that it runs before the project is installed.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ LIBRARIES = {
                    "nvrtc", "nvrtc-builtins", "nvJitLink", "curand"),
     "torch": ("cublasLt", "cublas", "cudnn", "nvrtc", "nvrtc-builtins", "cudart", "cupti", "cufft", "curand",
               "nvJitLink", "cusparse", "cusparseLt", "cusolver", "nccl", "nvshmem_host", "cufile"),
+    "jax": ("cudart", "nvrtc", "cublas", "cublasLt", "nccl", "cupti", "cusparse", "cusolver", "cufft",
+            "nvshmem_host", "cudnn"),
 }
 
 # Run in a child process per library: dlopen by soname alone, then say where the linker found it.
@@ -158,6 +162,13 @@ def built_versions(framework: str) -> tuple[str, str]:
         if not info.get("is_cuda_build"):
             raise CheckError("this TensorFlow is not a CUDA build (tensorflow-cpu?): install the [gpu] extra")
         return str(info.get("cuda_version")), str(info.get("cudnn_version"))
+    if framework == "jax":
+        try:  # the CUDA 13 plugin's version module (jax_cuda13_plugin/_versions.so); it needs no GPU
+            from jax_cuda13_plugin import _versions
+        except ImportError as e:
+            raise CheckError(f"JAX's CUDA 13 plugin does not import ({e}): install the [jax-cuda] extra") from e
+        cuda, cudnn = _versions.cuda_runtime_build_version(), _versions.cudnn_build_version()  # 13000, 91200
+        return f"{cuda // 1000}.{cuda % 1000 // 10}", f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}"
     import torch
 
     if not torch.version.cuda:

@@ -29,8 +29,9 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--image-tag", default=config.DEFAULT_IMAGE_TAG, help="tag of the images (default: %(default)s)")
     group.add_argument("--cpu-image", help="full CPU image reference (overrides repo/tag), e.g. REPO/cpu@sha256:...")
     group.add_argument("--gpu-image", help="full GPU image reference (overrides repo/tag), e.g. REPO/gpu@sha256:...")
-    group.add_argument("--torch-image", help="full PyTorch image reference (overrides repo/tag), e.g. "
-                       "REPO/torch@sha256:...: training, evaluation and batch prediction of runs on framework torch")
+    group.add_argument("--torch-image", help="full reference of the TensorFlow-free image, torch and JAX (overrides "
+                       "repo/tag), e.g. REPO/torch@sha256:...: training, evaluation and batch prediction of runs on "
+                       "framework torch or jax")
     group.add_argument("--serving-image", help="what serves models registered in Vertex AI (default: REPO/"
                        "tensorflow-serving:VERSION, TensorFlow Serving as Cloud Build copies it; a Vertex AI "
                        "prebuilt image such as us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest keeps it)")

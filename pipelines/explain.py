@@ -56,8 +56,8 @@ def task_config_as_step_reads_it(task_config: dict):
 
 def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     """The nodes a training step's launcher creates (one entry per replica group: count, resources, node selector,
-    tolerations, or the Vertex AI machine, and the command each node runs for the step's framework), from the step's
-    resolved inputs and TaskConfig; [] for other steps."""
+    tolerations, or the Vertex AI machine, and the image and command each node runs for the step's framework), from
+    the step's resolved inputs and TaskConfig; [] for other steps."""
     from components.gcp.accelerators import ACCELERATORS
     from components.launch import LaunchSettings, custom_job, job_manifests, node_resources, training_job
 
@@ -76,7 +76,8 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
         return [{"replicas": p.replica_count, "machine": {
             "machineType": p.machine_spec.machine_type, "acceleratorType": p.machine_spec.accelerator_type.name,
             "acceleratorCount": p.machine_spec.accelerator_count}, "scheduling": job.job_spec.scheduling.strategy.name,
-            "command": list(p.container_spec.command)} for p in job.job_spec.worker_pool_specs]
+            "image": p.container_spec.image_uri, "command": list(p.container_spec.command)}
+            for p in job.job_spec.worker_pool_specs]
     config = task_config_as_step_reads_it(pod.task_config or {})
     sizes = node_resources(inputs.get("node_cpu", ""), inputs.get("node_memory", ""), inputs.get("node_gpus", "")) \
         if "node_cpu" in inputs else None
@@ -88,12 +89,13 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
 
 
 def node_pods(manifest: dict) -> list[dict]:
-    """Each replica group's count, pod placement and command in a TrainJob, JobSet, TFJob or PyTorchJob manifest."""
+    """Each replica group's count, pod placement, image and command in a TrainJob, JobSet, TFJob or PyTorchJob
+    manifest."""
     def placement(count: int, pod: dict) -> dict:
         container = pod["containers"][0] if pod.get("containers") else {}
         return {"replicas": count, "resources": container.get("resources", {}),
                 "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
-                "command": container.get("command")}
+                "image": container.get("image"), "command": container.get("command")}
 
     spec = manifest["spec"]
     if manifest["kind"] in ("TFJob", "PyTorchJob"):
@@ -110,7 +112,7 @@ def node_pods(manifest: dict) -> list[dict]:
     trainer = spec["trainer"]
     return [{"replicas": trainer["numNodes"], "resources": trainer.get("resourcesPerNode", {}),
              "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
-             "command": trainer.get("command")}]
+             "image": trainer.get("image"), "command": trainer.get("command")}]
 
 
 # Where explain puts the run's artifacts: a gs:// pipeline root, as docs/data-by-reference.md sets up.

@@ -162,14 +162,16 @@ def make_job_id(pipeline_name: str, now: _dt.datetime | None = None) -> str:
 def vertex_run_parameters(parameter_values: dict | None, *, project: str, location: str) -> dict:
     """This project's pipeline on Vertex AI: the model registry is Vertex AI's, in the run's project and region,
     unless the parameters say otherwise. The local registry is a directory on one machine, and every Vertex AI
-    Pipelines step runs on a VM of its own, so it is refused; so is framework torch, whose images only a KFP
-    backend picks per run (components/step_images.py)."""
+    Pipelines step runs on a VM of its own, so it is refused; so are frameworks torch and jax, whose image only a
+    KFP backend picks per run (components/step_images.py)."""
     params = dict(parameter_values or {})
-    if params.get("framework") == "torch":
-        raise ValueError("framework torch trains, evaluates and predicts in the PyTorch image, which a KFP backend's "
-                         "image step picks per run; a pipeline for Vertex AI Pipelines keeps the compiled TensorFlow "
-                         "images (Vertex AI documents no image taken from a step's output), so runs on torch there "
-                         "are not supported yet: run them on a KFP backend or locally (--local)")
+    framework = params.get("framework")
+    if framework in ("torch", "jax"):
+        raise ValueError(f"framework {framework} trains, evaluates and predicts in the PyTorch image (torch and JAX, "
+                         "no TensorFlow), which a KFP backend's image step picks per run; a pipeline for Vertex AI "
+                         "Pipelines keeps the compiled TensorFlow images (Vertex AI documents no image taken from a "
+                         f"step's output), so runs on {framework} there are not supported yet: run them on a KFP "
+                         "backend or locally (--local)")
     params.setdefault("registry", "vertex")
     if params["registry"] == "local":
         raise ValueError("registry=local keeps the model registry in a directory of one machine; on Vertex AI "

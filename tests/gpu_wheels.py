@@ -3,11 +3,12 @@ images install, resolved from pyproject.toml as their pip resolves them (PyPI on
 machine's local wheel folders, whose torch is a +cpu build), downloaded once and unpacked into a site folder that
 nothing imports unless asked.
 
-    python -m tests.gpu_wheels [tensorflow|torch ...]      (`make gpu-wheels`)
+    python -m tests.gpu_wheels [tensorflow|torch|jax ...]      (`make gpu-wheels`)
 
 Sizes, measured on a 2-core machine: the [gpu] extra's tensorflow and 12 nvidia-*-cu12 wheels, 3.2 GB downloaded
 (26 s), 6.0 GB unpacked (66 s); the [torch] extra's torch and 16 NVIDIA CUDA 13 wheels, 2.4 GB (29 s), 3.9 GB
-(58 s). Both stay under GPU_WHEELS_DIR (default ~/.cache/gpu-wheels) and are reused while the pins resolve the
+(58 s); the [jax-cuda] extra's JAX, its CUDA 13 plugin and the NVIDIA wheels it shares with torch (resolved
+together, as in the image). All stay under GPU_WHEELS_DIR (default ~/.cache/gpu-wheels) and are reused while the pins resolve the
 same.
 """
 
@@ -25,7 +26,12 @@ import tomllib
 from packaging.requirements import Requirement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXTRAS = {"tensorflow": "gpu", "torch": "torch"}  # framework -> the pyproject extra that installs it
+# framework -> the pyproject extra that installs it (jax: the one the TensorFlow-free image adds to [torch])
+EXTRAS = {"tensorflow": "gpu", "torch": "torch", "jax": "jax-cuda"}
+# Resolved together with another framework, as in its image: JAX's NVIDIA wheels are the ones torch's pins choose.
+ALONGSIDE = {"jax": ("torch",)}
+# Besides the framework and nvidia-*: what the check imports (JAX's CUDA 13 plugin holds its build versions).
+PLUGINS = {"jax": ("jax-cuda13-plugin",)}
 
 
 def default_dir() -> str:
@@ -49,11 +55,13 @@ def resolve(framework: str) -> list[str]:
     with tempfile.TemporaryDirectory() as work:
         report = os.path.join(work, "report.json")
         subprocess.run(_pip("install", "--dry-run", "--quiet", "--ignore-installed", "--report", report,
-                            "--target", os.path.join(work, "t"), requirement(framework)), check=True, timeout=600)
+                            "--target", os.path.join(work, "t"), requirement(framework),
+                            *map(requirement, ALONGSIDE.get(framework, ()))), check=True, timeout=600)
         with open(report) as f:
             installs = json.load(f)["install"]
+    wanted = {framework, *PLUGINS.get(framework, ())}
     pins = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in installs
-            if i["metadata"]["name"].lower() == framework or i["metadata"]["name"].lower().startswith("nvidia-")]
+            if i["metadata"]["name"].lower() in wanted or i["metadata"]["name"].lower().startswith("nvidia-")]
     return sorted(pins)
 
 

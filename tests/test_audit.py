@@ -121,18 +121,20 @@ def test_the_audited_extras_are_those_the_dockerfiles_install():
     for image, extras in audit.IMAGES.items():
         with open(os.path.join(ROOT, "images", image, "Dockerfile")) as f:
             dockerfile = f.read()
-        installed = re.search(r"requirements\.py pyproject\.toml((?: --extra \w+)+) > requirements\.txt", dockerfile)
+        installed = re.search(r"requirements\.py pyproject\.toml((?: --extra [\w-]+)+) > requirements\.txt", dockerfile)
         assert installed, f"images/{image}/Dockerfile: no requirements.py --extra call"
         assert installed.group(1).split()[1::2] == extras, image
 
 
 def test_an_image_is_audited_as_its_pip_resolves_it(osv, tmp_path):
-    """The torch image (the quickest to resolve): every package its pip would install is asked about."""
+    """The torch image (the TensorFlow-free one, torch and JAX): every package its pip would install is asked
+    about."""
     result = run_audit(osv.url, "--image", "torch", "--pins-dir", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     pins = (tmp_path / "torch.txt").read_text().split()
     names = {p.split("==")[0].lower() for p in pins}
     assert {"torch", "keras", "kfp", "google-cloud-aiplatform", "requests", "urllib3"} <= names
+    assert {"jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt"} <= names, "JAX for CUDA 13 rides along"
     assert not any(p.lower().startswith("torch==") and "+cpu" in p for p in pins), "PyPI's torch, not a local build"
     assert not names & {"tensorflow", "tensorflow-cpu"}
     vertex = next(p for p in pins if p.lower().startswith("google-cloud-aiplatform=="))

@@ -458,3 +458,54 @@ print(json.dumps({{"tensorflow": "tensorflow" in sys.modules, "keras_backend": k
     by_uri = {row["uri"]: row["class_index"] for row in rows}
     assert len(by_uri) == 1500
     assert sorted(by_uri.values()) == sorted(expected.tolist())
+
+
+def test_a_model_trained_on_jax_is_evaluated_and_predicted_in_the_pytorch_image(small_dataset, tmp_path):
+    """A run on jax evaluates and predicts in the PyTorch image (torch and JAX, no TensorFlow): its model.keras,
+    saved on Keras' JAX backend, loads there on the image's KERAS_BACKEND (torch) and gives JAX's probabilities, and
+    evaluation scores it as TensorFlow does here."""
+    pytest.importorskip("jax")
+    from components.evaluate import evaluate
+
+    manifest = data.read_manifest(small_dataset)
+    shape, names = manifest["image_shape"], manifest["class_names"]
+    model_dir, batch = tmp_path / "jax-model", tmp_path / "batch.npy"
+    np.save(batch, np.random.default_rng(0).uniform(0, 255, size=(8, *shape)).astype("float32"))
+    env = no_tensorflow_env(tmp_path)
+    saved = subprocess.run([sys.executable, "-c", f"""
+import os, numpy as np, keras
+from components import data
+keras.utils.set_random_seed(3)
+inputs = keras.Input({tuple(shape)!r})
+hidden = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs)))
+model = keras.Model(inputs, keras.layers.Dense({len(names)})(hidden))  # logits, as the project's models give
+os.makedirs({str(model_dir)!r})
+model.save({str(model_dir / "model.keras")!r})
+data.write_json({str(model_dir / "training.json")!r}, {{"class_names": {names!r}, "image_shape": {shape!r},
+                "framework": "jax", "serving_format": "keras+saved_model", "saved_model": "pending"}})
+probabilities = data.load_classifier({str(model_dir)!r}).predict_proba(np.load({str(batch)!r}))
+np.save({str(tmp_path / "jax.npy")!r}, np.asarray(probabilities))
+print(keras.backend.backend())
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env={**env, "KERAS_BACKEND": "jax"})
+    assert saved.returncode == 0 and saved.stdout.split()[-1] == "jax", saved.stderr[-3000:]
+    loaded = subprocess.run([sys.executable, "-c", f"""
+import json, sys, numpy as np
+from components import data
+from components.evaluate import evaluate
+from components.predict import export_samples, predict
+probabilities = data.load_classifier({str(model_dir)!r}).predict_proba(np.load({str(batch)!r}))
+np.save({str(tmp_path / "torch.npy")!r}, np.asarray(probabilities))
+result = evaluate({str(model_dir)!r}, {small_dataset!r})
+export_samples({small_dataset!r}, {str(tmp_path / "samples")!r}, per_class=2)
+predicted = predict({str(model_dir)!r}, {str(tmp_path / "samples")!r}, {str(tmp_path / "predicted")!r}, print_first=0)
+import keras
+print(json.dumps({{"tensorflow": "tensorflow" in sys.modules, "backend": keras.backend.backend(),
+                  "accuracy": result.scores.accuracy, "test_set": result.test_set, "predicted": predicted.count}}))
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    got = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert got["tensorflow"] is False and got["backend"] == "torch"
+    np.testing.assert_allclose(np.load(tmp_path / "torch.npy"), np.load(tmp_path / "jax.npy"), rtol=1e-4, atol=1e-5)
+    assert got["predicted"] == 2 * len(names)
+    here = evaluate(str(model_dir), small_dataset)  # TensorFlow's readers and Keras' backend in this process
+    assert got["test_set"] == here.test_set and got["accuracy"] == pytest.approx(here.scores.accuracy, abs=1e-9)

@@ -56,8 +56,9 @@ def test_every_step_runs_on_the_pinned_project_images(compiled):
 
 @pytest.mark.parametrize("framework, train, evaluate, predict", [
     ("tensorflow", IMAGES.gpu, IMAGES.cpu, IMAGES.gpu),
-    ("jax", IMAGES.gpu, IMAGES.cpu, IMAGES.gpu),
-    # The PyTorch image has no TensorFlow: TorchScript and Keras on torch are evaluated and predicted there.
+    # The PyTorch image (torch and JAX) has no TensorFlow: TorchScript, and Keras on torch or on JAX, are trained,
+    # evaluated and predicted there; the GPU image has no JAX.
+    ("jax", IMAGES.torch, IMAGES.torch, IMAGES.torch),
     ("torch", IMAGES.torch, IMAGES.torch, IMAGES.torch),
 ])
 def test_each_framework_gets_pods_on_images_that_can_run_its_steps(compiled_path, framework, train, evaluate,
@@ -77,15 +78,56 @@ def test_each_framework_gets_pods_on_images_that_can_run_its_steps(compiled_path
     assert pods["predict-op"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
+@pytest.mark.parametrize("launcher", ["trainjob", "jobset", "vertex-job"])
+def test_a_jax_runs_cluster_job_nodes_run_the_chosen_image(launcher, tmp_path):
+    """Multi-node training (Trainer v2's jax-multinode runtime, a JobSet, a Vertex AI CustomJob) gets the image the
+    image step chose as a value: for jax the PyTorch image, which carries JAX; the GPU image has none."""
+    from pipelines import explain
+
+    path = str(tmp_path / "p.yaml")
+    compile_pipeline(path, config.PipelineSettings(images=IMAGES, train_launcher=launcher))
+    for framework, image in (("jax", IMAGES.torch), ("tensorflow", IMAGES.gpu)):
+        steps = explain.explain(path, {"framework": framework, "train_workers": 1})["steps"]
+        (train,) = [step for step in steps if step["task"].startswith("train-")]
+        assert train["image"] == IMAGES.cpu  # the launcher's own small pod
+        assert train["nodes"] and {node["image"] for node in train["nodes"]} == {image}, (framework, train["nodes"])
+        if framework == "jax":
+            assert all(node["command"][:5] == ["python", "-m", "components.launch.node", "--framework", "jax"]
+                       for node in train["nodes"])
+
+
 def test_a_torch_run_of_a_pipeline_without_the_pytorch_image_is_refused_at_its_start(tmp_path):
     from pipelines import explain
 
     path = str(tmp_path / "p.yaml")
     compile_pipeline(path, config.PipelineSettings(images=config.Images(cpu=IMAGES.cpu, gpu=IMAGES.gpu)))
     assert explain.explain(path, {"framework": "tensorflow"})  # other frameworks run as before
-    with pytest.raises(ValueError, match="framework torch trains, evaluates and predicts in the PyTorch image, and "
-                                         "this pipeline was compiled without one: compile it with --torch-image"):
-        explain.explain(path, {"framework": "torch"})
+    for framework in ("torch", "jax"):
+        with pytest.raises(ValueError, match=f"framework {framework} trains, evaluates and predicts in the PyTorch "
+                                             r"image \(torch and JAX, no TensorFlow\), and this pipeline was compiled "
+                                             "without one: compile it with --torch-image"):
+            explain.explain(path, {"framework": framework})
+
+
+def test_the_image_step_picks_per_framework_and_refuses_in_one_line():
+    from components.step_images import StepImages, step_images
+
+    pinned = IMAGES.pinned()
+    assert step_images("tensorflow", pinned) == StepImages(IMAGES.gpu, IMAGES.cpu, IMAGES.gpu)
+    for framework in ("torch", "jax"):  # the TensorFlow-free image carries both
+        assert step_images(framework, pinned) == StepImages(IMAGES.torch, IMAGES.torch, IMAGES.torch)
+    without = {**pinned, "torch": ""}
+    assert step_images("tensorflow", without).train == IMAGES.gpu
+    # As the step runs it: one line on stderr, exit status 2, before training.
+    argv = [sys.executable, "-m", "components.step_images", "--framework", "jax", "--cpu-image", IMAGES.cpu,
+            "--gpu-image", IMAGES.gpu]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert "framework jax trains, evaluates and predicts in the PyTorch image" in line and "--torch-image" in line
+    chosen = subprocess.run([*argv, "--torch-image", IMAGES.torch], capture_output=True, text=True, timeout=120)
+    assert chosen.returncode == 0, chosen.stderr
+    assert IMAGES.torch in chosen.stdout and IMAGES.gpu not in chosen.stdout
 
 
 def test_vertex_ai_pipelines_keep_the_compiled_images(tmp_path):

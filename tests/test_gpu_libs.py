@@ -1,5 +1,5 @@
 """images/gpu_libs.py, the GPU images' library check, on a scratch install of each GPU extra's real wheels
-(tests/gpu_wheels.py): every CUDA library TensorFlow and torch load opens by its soname once the folders that
+(tests/gpu_wheels.py): every CUDA library TensorFlow, torch and JAX load opens by its soname once the folders that
 `gpu_libs.py register` writes are the linker's paths, and the check fails, naming the library, when one folder is
 left out. The image registers the folders with ldconfig; here they become LD_LIBRARY_PATH, which the dynamic
 linker searches the same way and which needs no root. No GPU is needed: the driver's libcuda.so.1 is the one
@@ -88,10 +88,11 @@ def test_check_says_what_to_do_without_nvidia_wheels(tmp_path):
 # ----------------------------------------------------------------------------------------------- scratch installs
 
 # The folders TensorFlow 2.21's RUNPATH misses (cusolver, nvjitlink, curand, nvrtc); for torch, which has no
-# RUNPATH, cuDNN's and the CUDA 13 wheels' shared one.
+# RUNPATH, and JAX, which loads them by path, cuDNN's and the CUDA 13 wheels' shared one.
 LEFT_OUT = {"tensorflow": {"cusolver": "libcusolver.so.11", "nvjitlink": "libnvJitLink.so.12",
                            "curand": "libcurand.so.10", "cuda_nvrtc": "libnvrtc.so.12"},
-            "torch": {"cudnn": "libcudnn.so.9", "cu13": "libcublas.so.13"}}
+            "torch": {"cudnn": "libcudnn.so.9", "cu13": "libcublas.so.13"},
+            "jax": {"cudnn": "libcudnn.so.9", "cu13": "libcublas.so.13"}}
 
 
 @pytest.fixture(scope="module", params=sorted(gpu_wheels.EXTRAS))

@@ -105,10 +105,11 @@ def test_gpu_images_build_on_the_cpu_image_base_with_their_extra():
     use): the CPU image's pinned Python base, with CUDA from the extra's NVIDIA wheels."""
     cpu_base = stage(DOCKERFILES["cpu"])[0][1]
     extras = pyproject()["project"]["optional-dependencies"]
-    for kind, extra, framework in (("gpu", "gpu", "tensorflow"), ("torch", "torch", "torch")):
+    for kind, extra, framework in (("gpu", "gpu", "tensorflow"), ("torch", "torch --extra jax-cuda", "torch")):
         steps = instructions(DOCKERFILES[kind])
         assert [a for k, a in steps if k == "FROM"] == [cpu_base], f"{kind}: one stage, on the CPU image's base"
-        assert any(Requirement(r).name == framework for r in extras[extra]), f"[{extra}] must install {framework}"
+        first = extra.split()[0]
+        assert any(Requirement(r).name == framework for r in extras[first]), f"[{first}] must install {framework}"
         install = next(a for k, a in steps if k == "RUN" and "-r requirements.txt" in a)
         assert f"requirements.py pyproject.toml --extra {extra} > requirements.txt" in install
         # The NVIDIA wheel folders go to the dynamic linker, then the check proves every library opens by soname.
@@ -120,6 +121,14 @@ def test_gpu_images_build_on_the_cpu_image_base_with_their_extra():
         assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in env, f"{kind}: where GKE mounts the driver's libcuda"
     torch_forbid = next(a for k, a in instructions(DOCKERFILES["torch"]) if k == "RUN" and "--forbid" in a)
     assert "--forbid tensorflow --forbid tensorflow-cpu" in torch_forbid, "the torch image has no TensorFlow"
+    # JAX in the TensorFlow-free image is built for the CUDA that torch is (13): one set of NVIDIA wheels serves both.
+    (jax_cuda,) = [Requirement(r) for r in extras["jax-cuda"]]
+    (jax_cpu,) = [Requirement(r) for r in extras["jax"]]
+    assert jax_cuda.name == "jax" and jax_cuda.extras == {"cuda13"} and jax_cuda.specifier == jax_cpu.specifier
+    torch_imports = next(a for k, a in instructions(DOCKERFILES["torch"]) if k == "RUN" and "import torch" in a)
+    assert "jax, jax_plugins.xla_cuda13," in torch_imports, "the build proves JAX and its CUDA 13 plugin import"
+    torch_install = next(a for k, a in instructions(DOCKERFILES["torch"]) if k == "RUN" and "-r requirements.txt" in a)
+    assert torch_install.endswith("gpu_libs.py check torch && python3 gpu_libs.py check jax"), torch_install
     tensorflow = [Requirement(r) for r in extras["gpu"] if Requirement(r).name == "tensorflow"]
     cpu_extra = [Requirement(r) for r in extras["cpu"]]
     assert all(r.specifier == tensorflow[0].specifier for r in cpu_extra if r.name == "tensorflow-cpu"), \

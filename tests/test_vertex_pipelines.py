@@ -274,16 +274,18 @@ def test_gke_accelerator_names_are_refused(standin, vertex_package, tmp_path):
     assert standin.requests == []
 
 
-def test_local_registry_and_framework_torch_are_refused_for_vertex_runs():
+def test_local_registry_and_frameworks_torch_and_jax_are_refused_for_vertex_runs():
     assert vertex.vertex_run_parameters({}, project=PROJECT, location=LOCATION) == {
         "registry": "vertex", "project": PROJECT, "location": LOCATION}
     assert vertex.vertex_run_parameters({"location": "europe-west4"}, project=PROJECT, location=LOCATION)[
         "location"] == "europe-west4"
     with pytest.raises(ValueError, match="registry=local.*--registry vertex"):
         vertex.vertex_run_parameters({"registry": "local"}, project=PROJECT, location=LOCATION)
-    with pytest.raises(ValueError, match="framework torch trains, evaluates and predicts in the PyTorch image, .* "
-                                         "runs on torch there are not supported yet: run them on a KFP backend"):
-        vertex.vertex_run_parameters({"framework": "torch"}, project=PROJECT, location=LOCATION)
+    for framework in ("torch", "jax"):  # the GPU image, which Vertex AI Pipelines would train in, has no JAX
+        with pytest.raises(ValueError, match=f"framework {framework} trains, evaluates and predicts in the PyTorch "
+                                             f"image .* runs on {framework} there are not supported yet: run them on "
+                                             "a KFP backend"):
+            vertex.vertex_run_parameters({"framework": framework}, project=PROJECT, location=LOCATION)
 
 
 def test_permission_denied_names_the_roles(standin, vertex_package):

@@ -1,8 +1,8 @@
 """`python -m components.train.export MODEL_DIR`: the SavedModel of a model trained on PyTorch or JAX, written from
 its model.keras by Keras on its TensorFlow backend (model.complete_saved_model), in a process of its own because
 a process holds Keras on one backend only. Run by the training step where TensorFlow is installed; elsewhere (the
-PyTorch GPU image) the step leaves model.SAVED_MODEL_PENDING, and the register step runs it with --output-dir
-for the copy it serves (components/registry/vertex.py)."""
+PyTorch image, where runs on torch and jax train) the step leaves model.SAVED_MODEL_PENDING, and the register step
+runs it with --output-dir for the copy it serves (components/registry/vertex.py)."""
 
 from __future__ import annotations
 
