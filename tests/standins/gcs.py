@@ -166,82 +166,57 @@ class GcsStandIn(StandIn):
                 "resource": self._resource(bucket, name)}
 
     def _serve(self, http_handler) -> None:
-        """Media downloads answer bytes, not JSON: served here; everything else as every stand-in serves it."""
+        """Media downloads answer bytes, not JSON, deletes no body, resumable uploads their own protocol: served
+        here; everything else as every stand-in serves it."""
         split = urllib.parse.urlsplit(http_handler.path)
-        if http_handler.command == "DELETE":
-            return self._serve_empty(http_handler, split)
+        if http_handler.command == "DELETE":  # objects.delete answers 204 without a body
+            return self._exchange(http_handler, split, lambda request, headers: (
+                self._dispatch(request, split.path)[0], b""), content_type=None)
         if split.path.startswith("/upload/") and "uploadType=resumable" in split.query:
-            return self._serve_resumable(http_handler, split)
+            length = int(http_handler.headers.get("Content-Length") or 0)
+            return self._exchange(http_handler, split, lambda request, headers: self._resumable(request, split, headers),
+                                  raw=http_handler.rfile.read(length) if length else b"", rpc="storage.objects.insert")
         if not split.path.startswith("/download/"):
             return super()._serve(http_handler)
+        return self._exchange(http_handler, split, lambda request, headers: self._download(request, split, headers),
+                              content_type="application/octet-stream")
+
+    def _download(self, request: Request, split, headers: dict) -> tuple[int, bytes]:
+        """objects.get with alt=media: the object's bytes, or the range asked for (206, or 416 past the end)."""
+        with open(self._dispatch(request, split.path)[1], "rb") as f:
+            contents = f.read()
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("range", ""))
+        if not wanted:
+            return 200, contents
+        start = int(wanted.group(1))
+        end = min(int(wanted.group(2)) if wanted.group(2) else len(contents) - 1, len(contents) - 1)
+        if start >= len(contents):
+            headers["Content-Range"] = f"bytes */{len(contents)}"
+            return 416, b""
+        headers["Content-Range"] = f"bytes {start}-{end}/{len(contents)}"
+        return 206, contents[start:end + 1]
+
+    def _exchange(self, http_handler, split, answer, *, content_type: str | None = "application/json",
+                  raw: bytes = b"", rpc: str | None = None) -> None:
+        """One request recorded and answered by `answer(request, headers) -> (status, body)`; an ApiError becomes
+        Google's JSON error body."""
         request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
                           query=urllib.parse.parse_qs(split.query, keep_blank_values=True),
-                          headers={k.lower(): v for k, v in http_handler.headers.items()}, raw=b"")
+                          headers={k.lower(): v for k, v in http_handler.headers.items()}, raw=raw)
+        if rpc:
+            request.rpc = rpc
         headers: dict[str, str] = {}
         with self.lock:
             self.requests.append(request)
             try:
-                path = self._dispatch(request, split.path)[1]
-                with open(path, "rb") as f:
-                    contents = f.read()
-                status, body = 200, contents
-                wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("range", ""))
-                if wanted:
-                    start = int(wanted.group(1))
-                    end = min(int(wanted.group(2)) if wanted.group(2) else len(contents) - 1, len(contents) - 1)
-                    if start >= len(contents):
-                        status, body = 416, b""
-                        headers["Content-Range"] = f"bytes */{len(contents)}"
-                    else:
-                        status, body = 206, contents[start:end + 1]
-                        headers["Content-Range"] = f"bytes {start}-{end}/{len(contents)}"
+                status, body = answer(request, headers)
             except ApiError as error:
-                status, body = error.http_status, json.dumps(google_error(error)).encode()
+                status, body, content_type = error.http_status, json.dumps(google_error(error)).encode(), \
+                    "application/json"
             request.status = status
         http_handler.send_response(status)
-        http_handler.send_header("Content-Type", "application/octet-stream")
-        http_handler.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            http_handler.send_header(name, value)
-        http_handler.end_headers()
-        http_handler.wfile.write(body)
-
-    def _serve_empty(self, http_handler, split) -> None:
-        """objects.delete answers 204 without a body (the JSON answers of the base class always have one)."""
-        request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
-                          query=urllib.parse.parse_qs(split.query, keep_blank_values=True),
-                          headers={k.lower(): v for k, v in http_handler.headers.items()}, raw=b"")
-        with self.lock:
-            self.requests.append(request)
-            try:
-                status, body = self._dispatch(request, split.path)[0], b""
-            except ApiError as error:
-                status, body = error.http_status, json.dumps(google_error(error)).encode()
-            request.status = status
-        http_handler.send_response(status)
-        if body:
-            http_handler.send_header("Content-Type", "application/json")
-        http_handler.send_header("Content-Length", str(len(body)))
-        http_handler.end_headers()
-        http_handler.wfile.write(body)
-
-    def _serve_resumable(self, http_handler, split) -> None:
-        length = int(http_handler.headers.get("Content-Length") or 0)
-        request = Request(method=http_handler.command, path=urllib.parse.unquote(split.path),
-                          query=urllib.parse.parse_qs(split.query, keep_blank_values=True),
-                          headers={k.lower(): v for k, v in http_handler.headers.items()},
-                          raw=http_handler.rfile.read(length) if length else b"")
-        request.rpc = "storage.objects.insert"
-        headers: dict[str, str] = {}
-        with self.lock:
-            self.requests.append(request)
-            try:
-                status, body = self._resumable(request, split, headers)
-            except ApiError as error:
-                status, body = error.http_status, json.dumps(google_error(error)).encode()
-            request.status = status
-        http_handler.send_response(status)
-        http_handler.send_header("Content-Type", "application/json")
+        if content_type:
+            http_handler.send_header("Content-Type", content_type)
         http_handler.send_header("Content-Length", str(len(body)))
         for name, value in headers.items():
             http_handler.send_header(name, value)
