@@ -61,7 +61,7 @@ def locate(dataset_dir: str, path: str) -> str:
     return join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), path)
 
 
-def _tf_gfile_for(path: str):
+def _uri_files(path: str):
     """What reads and writes a URI here: components/gcs.py for gs:// (google-cloud-storage), tf.io.gfile for any
     other scheme, or DataError saying what to do where that cannot be."""
     if path.startswith("gs://"):
@@ -87,30 +87,30 @@ class LocalFiles:
 
     @staticmethod
     def exists(path: str) -> bool:
-        return _tf_gfile_for(path).exists(path) if "://" in path else os.path.exists(path)
+        return _uri_files(path).exists(path) if "://" in path else os.path.exists(path)
 
     @staticmethod
     def isdir(path: str) -> bool:
-        return _tf_gfile_for(path).isdir(path) if "://" in path else os.path.isdir(path)
+        return _uri_files(path).isdir(path) if "://" in path else os.path.isdir(path)
 
     @staticmethod
     def makedirs(path: str) -> None:
         if "://" in path:
-            return _tf_gfile_for(path).makedirs(path)
+            return _uri_files(path).makedirs(path)
         os.makedirs(path, exist_ok=True)
 
     @staticmethod
     def glob(pattern: str) -> list[str]:
-        return _tf_gfile_for(pattern).glob(pattern) if "://" in pattern else glob_lib.glob(pattern)
+        return _uri_files(pattern).glob(pattern) if "://" in pattern else glob_lib.glob(pattern)
 
     @staticmethod
     def listdir(path: str) -> list[str]:
-        return _tf_gfile_for(path).listdir(path) if "://" in path else os.listdir(path)
+        return _uri_files(path).listdir(path) if "://" in path else os.listdir(path)
 
     @staticmethod
     def copy(source: str, target: str, overwrite: bool = False) -> None:
         if "://" in source or "://" in target:
-            return _tf_gfile_for(source if "://" in source else target).copy(source, target, overwrite=overwrite)
+            return _uri_files(source if "://" in source else target).copy(source, target, overwrite=overwrite)
         if not overwrite and os.path.exists(target):
             raise FileExistsError(target)
         shutil.copyfile(source, target)
@@ -118,34 +118,34 @@ class LocalFiles:
     @staticmethod
     def rename(source: str, target: str, overwrite: bool = False) -> None:
         if "://" in source or "://" in target:
-            return _tf_gfile_for(source if "://" in source else target).rename(source, target, overwrite=overwrite)
+            return _uri_files(source if "://" in source else target).rename(source, target, overwrite=overwrite)
         if not overwrite and os.path.exists(target):
             raise FileExistsError(target)
         os.replace(source, target)
 
     @staticmethod
     def remove(path: str) -> None:
-        return _tf_gfile_for(path).remove(path) if "://" in path else os.remove(path)
+        return _uri_files(path).remove(path) if "://" in path else os.remove(path)
 
     @staticmethod
     def rmtree(path: str) -> None:
-        return _tf_gfile_for(path).rmtree(path) if "://" in path else shutil.rmtree(path)
+        return _uri_files(path).rmtree(path) if "://" in path else shutil.rmtree(path)
 
     @staticmethod
     def walk(top: str):
         """(dirname, subdirs, files) top-down; gs://: subdirs end with "/", as tf.io.gfile's on GCS."""
-        return _tf_gfile_for(top).walk(top) if "://" in top else os.walk(top)
+        return _uri_files(top).walk(top) if "://" in top else os.walk(top)
 
     @staticmethod
     def stat(path: str):
         """The size and modification time, by tf.io.gfile's names (length, mtime_nsec)."""
         if "://" in path:
-            return _tf_gfile_for(path).stat(path)
+            return _uri_files(path).stat(path)
         found = os.stat(path)
         return types.SimpleNamespace(length=found.st_size, mtime_nsec=found.st_mtime_ns)
 
     @staticmethod
     def GFile(path: str, mode: str = "r"):  # noqa: N802 (tf.io.gfile's name)
         if "://" in path:
-            return _tf_gfile_for(path).GFile(path, mode)
+            return _uri_files(path).GFile(path, mode)
         return open(path, mode)
