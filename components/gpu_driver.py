@@ -20,9 +20,12 @@ The version reader is injected (`read_version`); `nvml_driver_version` is the re
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from components.stepcli import EXIT_PERMANENT
+
+log = logging.getLogger(__name__)
 
 # The oldest driver branch each CUDA major release runs on (NVIDIA's minor version compatibility table).
 MINIMUM_DRIVER = {11: 450, 12: 525, 13: 580}
@@ -86,4 +89,6 @@ def check_driver(cuda_version: str | None, *, framework: str,
             f"The GPU node's NVIDIA driver is {found}, and {framework} here is built for CUDA {cuda_version}, "
             f"which needs driver {minimum} or newer: on GKE, create the GPU node pool with {NODE_POOL_FLAG} "
             "(docs/cluster-setup.md, step 2)")
+    log.info("NVIDIA driver %s: %s is built for CUDA %s, which needs %d or newer", found, framework, cuda_version,
+             minimum)
     return found

@@ -43,9 +43,12 @@ def test_a_cuda_13_framework_on_an_older_driver_stops_in_one_line_saying_what_to
 
 
 @pytest.mark.parametrize("driver", ["580.65.06", "580.95.05", "590.44.01"])
-def test_a_new_enough_driver_passes_and_is_returned(driver):
-    assert check_driver("13.0", framework="JAX 0.10.2",
-                        read_version=lambda: nvml_driver_version(NvmlStandIn([T4], driver_version=driver))) == driver
+def test_a_new_enough_driver_passes_is_returned_and_logged(driver, caplog):
+    with caplog.at_level("INFO", logger=gpu_driver.__name__):
+        assert check_driver("13.0", framework="JAX 0.10.2",
+                            read_version=lambda: nvml_driver_version(NvmlStandIn([T4], driver_version=driver))) \
+            == driver
+    assert caplog.messages == [f"NVIDIA driver {driver}: JAX 0.10.2 is built for CUDA 13.0, which needs 580 or newer"]
 
 
 def test_the_tensorflow_image_on_cuda_12_runs_on_r535():
