@@ -51,7 +51,7 @@ import numpy as np
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
 from components.storage import (  # noqa: F401 (readers use them as data.join, ...)
     DataError, gfile, join, locate, tensorflow_or_none)
-from components import pixels, records  # TFRecords and record images without TensorFlow (import none of it)
+from components import gpu_driver, pixels, records  # TFRecords and record images without TensorFlow (import none of it)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -625,6 +625,10 @@ def _keras_classifier_without_tensorflow(model_dir: str, keras_path: str, info: 
         raise DataError(f"No model.keras + training.json in {model_dir}, and TensorFlow, which loads a bare "
                         "SavedModel, is not installed here: run this step in an image with TensorFlow")
     os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras' default backend is TensorFlow; the PyTorch image sets it
+    if os.environ["KERAS_BACKEND"] == "torch":  # Keras on torch picks its device when imported: the driver first
+        import torch
+
+        gpu_driver.check_driver(torch.version.cuda, framework=f"torch {torch.__version__}")
     import keras
 
     _import_builder_module(info)

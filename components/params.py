@@ -96,7 +96,8 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
               "PNG/JPEG instead of raw pixels).", _between(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)),
         Param("channels", int, 1, "1 for grayscale, 3 for RGB.",
               lambda value: None if value in (1, 3) else f"must be 1 or 3 (got {value})", choices=(1, 3)),
-        Param("limit", int, 0, "At most this many images per source split (0: all); for quick runs.", _at_least(0)),
+        Param("limit", int, 0, "For quick runs, read at most this many images (0: all): per class folder of a folder "
+              "source, per split of an idx or tfds source, the first rows of a CSV/JSONL manifest.", _at_least(0)),
         Param("min_shards", int, 2, "At least this many shards per split (one per training worker that reads them).",
               _at_least(1)),
         Param("classes", str, "",

@@ -361,7 +361,9 @@ def test_the_run_page_says_why_nothing_was_recorded(tmp_path):
 # ---------------------------------------------------------------------------------------------- a real run here
 
 
-def test_training_here_runs_and_says_once_why_no_gpu_is_recorded(small_dataset, tmp_path, caplog):
+def test_training_on_the_cpu_here_records_why_and_says_nothing(small_dataset, tmp_path, caplog):
+    """No GPU was given to this machine's training, so none was expected: the log has no word on GPU utilization
+    (not "pynvml is not installed"), training.json and the run page say it trained on the CPU."""
     from components import train
 
     logs = tmp_path / "logs"
@@ -371,10 +373,33 @@ def test_training_here_runs_and_says_once_why_no_gpu_is_recorded(small_dataset, 
     assert result.steps == 2 * result.steps_per_epoch
     with open(tmp_path / "model" / "training.json") as f:
         usage = json.load(f)["gpu_usage"]
-    assert usage["recorded"] is False and usage["reason"]
-    said = [r.getMessage() for r in caplog.records if "GPU utilization" in r.getMessage()]
-    assert said == [f"train: GPU utilization is not recorded: {usage['reason']}"]
+    assert usage == {"recorded": False, "reason": gpu_usage.ON_THE_CPU}
+    assert [r.getMessage() for r in caplog.records if "GPU" in r.getMessage() or "pynvml" in r.getMessage()] == []
+    (tmp_path / "page").mkdir()
+    assert page_for(tmp_path / "page", {"gpu_usage": usage}) == "<p>Not recorded: trained on the CPU.</p>"
     assert os.listdir(logs) and not (logs / "gpu").exists()  # TensorFlow's own scalars, no empty GPU run
+
+
+def test_where_a_gpu_trains_and_nvml_is_missing_it_says_why_once(caplog):
+    def unavailable():
+        raise GpuUsageUnavailable("pynvml is not installed (the nvidia-ml-py package: the gpu and torch extras "
+                                  "bring it)")
+
+    asked = []
+
+    def on_the_cpu():
+        asked.append(1)
+        raise AssertionError("NVML is not asked where no GPU trains")
+
+    with caplog.at_level(logging.INFO, logger=gpu_usage.__name__):
+        cpu = gpu_usage.start_for_training(None, chief=True, gpus=0, reader_factory=on_the_cpu)
+        assert caplog.messages == [] and asked == []
+        gpu = gpu_usage.start_for_training(None, chief=True, gpus=1, reader_factory=unavailable)
+    assert cpu.stop() == {"recorded": False, "reason": "trained on the CPU"}
+    assert gpu.stop() == {"recorded": False, "reason": "pynvml is not installed (the nvidia-ml-py package: the "
+                                                       "gpu and torch extras bring it)"}
+    assert caplog.messages == ["train: GPU utilization is not recorded: pynvml is not installed (the nvidia-ml-py "
+                               "package: the gpu and torch extras bring it)"]
 
 
 # ---------------------------------------------------------------------------------------------- the NVML reader

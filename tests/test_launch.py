@@ -17,6 +17,7 @@ from components.train import TrainSettings
 from pipelines import config, training
 from tests.conftest import REPO_ROOT, run_then_sigterm, vertex_client
 from tests.standins.k8s_api import KubernetesStandIn
+from tests.standins.kueue import DEFAULT_FRAMEWORKS
 from tests.standins.vertex_jobs import VertexJobsStandIn
 
 KNOWN = config.ACCELERATORS
@@ -267,6 +268,52 @@ def test_tfjob_runs_to_success_and_streams_the_chief_log():
         assert k8s.deleted == []  # a finished job is left for inspection; its pods are cleaned up
 
 
+# Kueue v0.19's default configuration with its TFJob and PyTorchJob integrations added (tests/standins/kueue.py)
+WITH_TRAINING_OPERATOR = DEFAULT_FRAMEWORKS | {"kubeflow.org/tfjob", "kubeflow.org/pytorchjob"}
+
+
+def test_a_queued_tfjob_is_refused_where_kueue_does_not_manage_tfjobs(capsys):
+    """Kueue v0.19's defaults leave kubeflow.org/tfjob out: the queue label would do nothing and the job would run
+    outside the quota. The launcher asks the API server (a dry run, which Kueue's webhook answers) and stops."""
+    with KubernetesStandIn(run_containers=False) as k8s:
+        manifest = launch.tfjob_manifest(job(kueue_queue="team-gpu"), "ml")
+        with pytest.raises(launch.LaunchError) as refused:
+            launch.TFJobLauncher(launch.kubernetes_client(k8s.url), "ml").run(manifest)
+        message = str(refused.value)
+        assert "\n" not in message
+        assert message.startswith("Kueue on this cluster does not manage kubeflow.org/tfjob (a server-side dry run "
+                                  "of TFJob ml/train-1 came back unsuspended), so queue 'team-gpu' would not hold it")
+        assert '"kubeflow.org/tfjob" to integrations.frameworks' in message and "trainjob or jobset" in message
+        assert k8s.created_bodies == [] and k8s.jobs == {}  # nothing was created
+        assert len(k8s.dry_runs) == 1 and "suspend" not in k8s.dry_runs[0]["spec"]["runPolicy"]
+
+        code = launch.main(["--launcher", "tfjob", "--api-server", k8s.url, "--namespace", "ml", "--name",
+                            "train-2", "--image", "img", "--workers", "0", "--kueue-queue", "team-gpu", "--",
+                            *script("print('trained')")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len([line for line in err if "does not manage kubeflow.org/tfjob" in line]) == 1
+    assert k8s.created_bodies == []
+
+
+def test_a_queued_tfjob_waits_for_kueue_where_it_manages_tfjobs(caplog):
+    with KubernetesStandIn(kueue_frameworks=WITH_TRAINING_OPERATOR, kueue_flavors={"team-gpu": {}}) as k8s:
+        launcher = launch.TFJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                        echo=lambda _: None)
+        with caplog.at_level("INFO", logger="components.launch.tfjob"):
+            outcome = launcher.run(launch.tfjob_manifest(job(kueue_queue="team-gpu", workers=0), "ml"))
+        assert outcome.state == "Succeeded"
+        assert k8s.dry_runs[0]["spec"]["runPolicy"]["suspend"] is True  # Kueue's webhook suspended it
+        assert k8s.job("ml", "train-1").body["spec"]["runPolicy"]["suspend"] is False  # and admitted it
+    assert "launch: Kueue manages kubeflow.org/tfjob: TFJob ml/train-1 waits for queue team-gpu" in caplog.messages
+
+
+def test_an_unqueued_tfjob_is_not_dry_run():
+    with KubernetesStandIn() as k8s:
+        outcome = launch.TFJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
+                                       echo=lambda _: None).run(launch.tfjob_manifest(job(workers=0), "ml"))
+        assert outcome.state == "Succeeded" and k8s.dry_runs == []
+
+
 def test_tfjob_failure_fails_the_step_with_the_reason_and_log_tail():
     with KubernetesStandIn() as k8s:
         launcher = launch.TFJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05, echo=lambda _: None)
@@ -356,7 +403,7 @@ def test_invalid_tfjob_is_reported_with_the_api_message():
 @pytest.mark.slow
 def test_tfjob_trains_a_model_on_two_workers(small_dataset, tmp_path):
     """The launch step end to end: the real training command as chief + 1 worker, model copied to the output."""
-    with KubernetesStandIn() as k8s:
+    with KubernetesStandIn(kueue_frameworks=WITH_TRAINING_OPERATOR, kueue_flavors={"team-gpu": {}}) as k8s:
         lines = []
         settings = TrainSettings(small_dataset, str(tmp_path / "unused"), backup_dir=str(tmp_path / "checkpoints"),
                                  epochs=1, batch_size=32)

@@ -27,6 +27,7 @@ from components.launch.node import framework_env, node_of
 from tests.conftest import REPO_ROOT, vertex_client
 from tests.standins.jobsets import jobset_problems
 from tests.standins.k8s_api import KubernetesStandIn
+from tests.standins.kueue import DEFAULT_FRAMEWORKS
 from tests.standins.trainer import trainjob_jobset
 from tests.standins.validation import crd_problems, job_problems
 from tests.standins.vertex_jobs import VertexJobsStandIn
@@ -390,6 +391,23 @@ def test_pytorchjob_manifest_is_valid_against_the_operators_crd():
     bad = json.loads(json.dumps(manifest))
     bad["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] = 3
     assert crd_problems(bad) == ["spec.pytorchReplicaSpecs.Master.restartPolicy: 3 is not of type 'string'"]
+
+
+def test_a_queued_pytorchjob_is_refused_where_kueue_does_not_manage_pytorchjobs():
+    """As a TFJob's (tests/test_launch.py): Kueue v0.19's defaults leave kubeflow.org/pytorchjob out too; with it
+    enabled, Kueue's webhook suspends the job until the queue admits it."""
+    manifest = launch.pytorchjob_manifest(framework_job("torch", 1, kueue_queue="team-gpu"), "ml")
+    with KubernetesStandIn(run_containers=False) as k8s:
+        with pytest.raises(launch.LaunchError, match=r"^Kueue on this cluster does not manage "
+                                                     r"kubeflow.org/pytorchjob \(a server-side dry run of "
+                                                     r"PyTorchJob ml/train-1 came back unsuspended\)"):
+            launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml").run(manifest)
+        assert k8s.created_bodies == [] and k8s.pytorchjobs == {}
+    enabled = DEFAULT_FRAMEWORKS | {"kubeflow.org/pytorchjob"}
+    with KubernetesStandIn(run_containers=False, kueue_frameworks=enabled) as k8s:  # a queue Kueue does not know
+        launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml").create(manifest)
+        assert k8s.dry_runs[0]["spec"]["runPolicy"]["suspend"] is True
+        assert k8s.pytorchjob("ml", "train-1").body["spec"]["runPolicy"]["suspend"] is True  # held by Kueue
 
 
 def test_pytorchjob_replicas_get_the_operators_variables():

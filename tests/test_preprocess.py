@@ -372,6 +372,15 @@ def test_limit_and_shards_for_readers(fashion_dir, tmp_path):
         assert all(f"-of-00004.tfrecord" in f for f in files)
 
 
+def test_limit_is_per_class_folder_for_a_folder_source(image_folder, tmp_path):
+    """`limit` as its help says it (components/params.py): a folder source keeps the first `limit` files of each
+    class folder, so every class is there."""
+    result = pp.preprocess(image_folder(per_class=10), str(tmp_path / "out"), limit=4, workers=1)
+    kept = collections.Counter(label for split in read_back(str(tmp_path / "out")).values() for _, label, _ in split)
+    assert result.class_names == ["Bag", "Sandal", "Sneaker"] and sum(result.counts.values()) == 12
+    assert kept == {0: 4, 1: 4, 2: 4}
+
+
 # ---------------------------------------------------------------------------------------------- manifests
 
 
@@ -401,6 +410,13 @@ def test_csv_manifest_with_header_relative_paths_and_bad_rows(manifest_images, t
     assert rejected[f"{tmp_path / 'labels.csv'}:15"] == {"uri": f"{tmp_path / 'labels.csv'}:15", "reason": pp.BAD_ROW,
                                                          "detail": "no uri"}
     assert rejected[f"{tmp_path / 'labels.csv'}:16"]["detail"] == "no label"
+
+
+def test_limit_takes_the_first_rows_of_a_manifest(manifest_images, tmp_path):
+    (tmp_path / "labels.csv").write_text("\n".join(f"{u},{c}" for u, c in manifest_images) + "\n")
+    result = pp.preprocess(str(tmp_path / "labels.csv"), str(tmp_path / "out"), limit=5, workers=1)
+    assert sum(result.counts.values()) == 5
+    assert result.class_names == sorted({c for _, c in manifest_images[:5]})
 
 
 def test_vertex_csv_keeps_its_test_rows_as_test(manifest_images, tmp_path):

@@ -13,11 +13,14 @@ killed) is restarted and resumes from the checkpoints in durable storage, while 
 from __future__ import annotations
 
 import json
+import logging
 
 from components import gcp
-from components.launch.job import TrainingJob
-from components.launch.k8s import CustomResourceLauncher
+from components.launch.job import LaunchError, TrainingJob
+from components.launch.k8s import CustomResourceLauncher, api_reason
 from components.launch.placement import KUEUE_QUEUE_LABEL
+
+log = logging.getLogger(__name__)
 
 OPERATOR_GROUP, OPERATOR_VERSION = "kubeflow.org", "v1"  # Training Operator v1's jobs (TFJob, PyTorchJob)
 TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = OPERATOR_GROUP, OPERATOR_VERSION, "tfjobs"
@@ -80,6 +83,44 @@ class OperatorJobLauncher(CustomResourceLauncher):
 
     def log_pod(self, name: str) -> str:
         return f"{name}-{self.primary}-0"
+
+    def create(self, manifest: dict) -> str:
+        if manifest["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL):
+            self.check_kueue(manifest)
+        return super().create(manifest)
+
+    def check_kueue(self, manifest: dict) -> None:
+        """Refuses (LaunchError, one line) a job for a Kueue queue that this cluster's Kueue would not queue: since
+        Kueue v0.19 its default configuration leaves the Training Operator v1 integrations out
+        (kubernetes-sigs/kueue#12606; config/components/manager/controller_manager_config.yaml:53-57 at v0.19.2),
+        and then the queue label does nothing: the job starts at once, outside the queue's quota. A server-side dry
+        run of the create answers what the webhooks make of the job: Kueue's own, for an enabled integration,
+        suspends a job that names a queue (spec.runPolicy.suspend; pkg/controller/jobframework/base_webhook.go:77,
+        defaults.go:42-44, kubeflowjob_controller.go:54-56), the noop one it installs for a disabled integration
+        changes nothing (jobframework/setup.go:108-111). Goes on, with a warning, where the dry run cannot answer;
+        a job that exists already (a retried launcher) was checked when it was created."""
+        from kubernetes.client.rest import ApiException
+
+        name, queue = manifest["metadata"]["name"], manifest["metadata"]["labels"][KUEUE_QUEUE_LABEL]
+        integration = f"{self.group}/{self.kind.lower()}"  # Kueue's FrameworkName (tfjob_controller.go:37)
+        try:
+            answered = self._api("create", body=manifest, dry_run="All")
+        except ApiException as e:
+            if e.status == 409:
+                return
+            if e.status in (400, 422):
+                raise LaunchError(f"Could not create {self.what(name)}: {api_reason(e)}") from None
+            log.warning("launch: a dry run of %s failed (%s); creating it without checking that Kueue manages %s",
+                        self.what(name), api_reason(e), integration)
+            return
+        if not (answered.get("spec", {}).get("runPolicy") or {}).get("suspend"):
+            raise LaunchError(
+                f"Kueue on this cluster does not manage {integration} (a server-side dry run of {self.what(name)} "
+                f"came back unsuspended), so queue {queue!r} would not hold it: it would start at once, outside the "
+                f"queue's quota. Enable the integration (add \"{integration}\" to integrations.frameworks in the "
+                "kueue-system/kueue-manager-config ConfigMap and restart Kueue: docs/multi-node-training.md), use the "
+                "trainjob or jobset launcher, which Kueue manages by default, or leave out --kueue-queue.")
+        log.info("launch: Kueue manages %s: %s waits for queue %s", integration, self.what(name), queue)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
         return tfjob_status(resource)

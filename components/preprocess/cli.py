@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from components import data, stepcli
+from components import data, params, stepcli
 from components.preprocess.card import dataset_card
 from components.preprocess.step import preprocess
 
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-fraction", type=float, default=0.1, help="used when the source has no test split")
     parser.add_argument("--image-size", type=int, default=28)
     parser.add_argument("--channels", type=int, default=1, choices=(1, 3))
-    parser.add_argument("--limit", type=int, help="at most this many images per source split (quick runs)")
+    parser.add_argument("--limit", type=int, help=params.PARAMETERS["limit"].help)
     parser.add_argument("--min-shards", type=int, default=2, help="training workers that will read each split")
     parser.add_argument("--classes", help="comma-separated allowed classes, in label order (default: any)")
     parser.add_argument("--workers", type=int, help="CPUs to decode with (default: the CPUs this process may use)")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     def step():
         result = preprocess(args.source, args.output_dir, validation_fraction=args.validation_fraction,
                             test_fraction=args.test_fraction, image_size=args.image_size, channels=args.channels,
-                            limit=args.limit, min_shards=args.min_shards, classes=args.classes, workers=args.workers,
+                            limit=args.limit or None, min_shards=args.min_shards, classes=args.classes, workers=args.workers,
                             runner=args.runner)
         if args.card:
             with data.gfile().GFile(args.card, "w") as f:

@@ -75,7 +75,8 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                dataflow_jobs=None) -> PreprocessResult:
     """Reads `source` and writes the dataset directory `output_dir` (see components/data.py for its layout).
 
-    `limit` caps images per source split (per class folder for folders, rows for manifests) for quick runs;
+    `limit` caps the images read, for quick runs: per class folder of a folder source, per split of an idx or tfds
+    source, the first rows of a manifest;
     `min_shards` is the number of readers that will share a split (training workers), so each gets at least
     one shard; `classes` (comma-separated or a list) is the allowed class list, in label order; `workers` is
     the number of CPUs to decode with (default: those this process may use; see `decode_plan`).

@@ -11,8 +11,9 @@ run's summary for training.json's "gpu_usage".
 
 The reader is injected (`GpuReader`): `NvmlReader` talks to the driver through `pynvml` (the `nvidia-ml-py`
 package, imported when the sampler starts); tests hand the sampler a reader with scripted values. Where NVML
-cannot be used (no `pynvml`, no NVIDIA driver, no GPU visible: a CPU machine) the sampler says once in the log why
-GPU utilization is not recorded and records nothing. Nothing here ever fails training: a reader that breaks
+cannot be used (no `pynvml`, no NVIDIA driver, no GPU visible) where the framework trains on a GPU, the sampler says
+once in the log why GPU utilization is not recorded and records nothing; training on the CPU asks NVML nothing and
+says nothing (`start_for_training`). Nothing here ever fails training: a reader that breaks
 mid-run is logged once and the samples so far are kept.
 
 Which GPUs: those the framework sees. NVML ignores CUDA_VISIBLE_DEVICES, so `visible_devices` maps it onto
@@ -447,14 +448,19 @@ class TensorBoardScalars:
             self._writer = None
 
 
-def start_for_training(tensorboard_dir: str | None, *, chief: bool,
+ON_THE_CPU = "trained on the CPU"  # the reason recorded where the framework was given no GPU
+
+
+def start_for_training(tensorboard_dir: str | None, *, chief: bool, gpus: int = 1,
                        reader_factory: Callable[[], GpuReader] = NvmlReader.open,
                        interval_seconds: float = INTERVAL_SECONDS) -> GpuUsageSampler:
     """The sampler a training loop starts: on the chief, with TensorBoard scalars when it writes TensorBoard logs;
-    on the other workers an idle one (only the chief records, as it alone writes logs and training.json)."""
-    if not chief:
+    on the other workers an idle one (only the chief records, as it alone writes logs and training.json). `gpus`
+    is how many GPUs the framework trains on: with none (a CPU machine, a local run) nothing is expected, so NVML
+    is not asked and the log says nothing; training.json records ON_THE_CPU as the reason."""
+    if not chief or gpus < 1:
         sampler = GpuUsageSampler(reader_factory, interval_seconds=interval_seconds)
-        sampler.reason = "recorded by the chief only"
+        sampler.reason = ON_THE_CPU if chief else "recorded by the chief only"
         return sampler
     writer = TensorBoardScalars(tensorboard_dir) if tensorboard_dir else None
     return GpuUsageSampler(reader_factory, interval_seconds=interval_seconds, writer=writer).start()

@@ -127,6 +127,7 @@ class TrainingLoop:
         self.recalibrated_at = -1  # the step whose weights the BatchNormalization statistics were estimated for
         self.recalibration = None  # the training images that estimate them (run_epochs), when the model has any
         self.gpu_sampler = None  # GPU utilization over run_epochs (gpu_usage.py)
+        self.gpus = 0  # the GPUs this process trains on (Backend.start)
 
     def run(self) -> TrainResult:
         # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
@@ -154,6 +155,7 @@ class TrainingLoop:
         train_dir, online_policy = augment_lib.train_files(settings.dataset_dir, settings.augmented_dir)
 
         runtime = backend.start(role)
+        self.gpus = runtime.accelerators
         replicas = runtime.replicas
         global_batch = recipe.batch_size * replicas
         train_count = data.read_manifest(train_dir)["splits"]["train"]["count"]
@@ -306,7 +308,7 @@ class TrainingLoop:
         # Every worker would estimate statistics on its own images and the replicas would disagree: one worker only.
         self.recalibration = backend.recalibration_batches(settings.dataset_dir) \
             if plan.role.workers == 1 and batchnorm.trainable_batchnorm(self.model) else None
-        self.gpu_sampler = gpu_usage.start_for_training(settings.tensorboard_dir, chief=chief)
+        self.gpu_sampler = gpu_usage.start_for_training(settings.tensorboard_dir, chief=chief, gpus=self.gpus)
         start = time.monotonic()
         self.last_save = time.monotonic()
         with PreemptionWatch() as watch, self.gpu_sampler:

@@ -11,17 +11,23 @@ from components import data
 from components.train import models
 
 
-def check_gpus_visible(gpus: list, device_dir: str = "/dev") -> None:
-    """Fails fast when the pod was given GPUs (the device plugin mounts /dev/nvidiaN) but TensorFlow sees none:
-    a driver/CUDA mismatch in the image would otherwise train on the CPU of a GPU node, silently and slowly."""
+# What to run in the TensorFlow image to see the GPUs as TensorFlow sees them (the other backends pass their own).
+TF_GPU_PROBE = "python3 -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\""
+
+
+def check_gpus_visible(gpus: list, device_dir: str = "/dev", *, framework: str = "TensorFlow",
+                       probe: str = TF_GPU_PROBE) -> None:
+    """Fails fast when the pod was given GPUs (the device plugin mounts /dev/nvidiaN) but `framework` sees none:
+    a driver/CUDA mismatch in the image would otherwise train on the CPU of a GPU node, silently and slowly. (A
+    driver older than the framework's CUDA is caught before, by name: components/gpu_driver.py.)"""
     try:
         devices = [n for n in os.listdir(device_dir) if n.startswith("nvidia") and n[len("nvidia"):].isdigit()]
     except OSError:
         return
     if devices and not gpus:
         raise RuntimeError(f"This machine has GPU devices ({', '.join(sorted(devices))} in {device_dir}) but "
-                           "TensorFlow sees none: the image's CUDA/cuDNN does not match the node's driver. Check "
-                           "with: python3 -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"")
+                           f"{framework} sees none: the image's CUDA/cuDNN does not match the node's driver. Check "
+                           f"with: {probe}")
 
 
 def cpu_has_bf16() -> bool:

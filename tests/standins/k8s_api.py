@@ -9,7 +9,9 @@ as the API server writes them (shared stand-in base, base.py).
 
 Endpoints, as the `kubernetes` Python client calls them:
 
-    POST   /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs             create (201; 409 AlreadyExists; 422 Invalid)
+    POST   /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs             create (201; 409 AlreadyExists; 422 Invalid;
+                                                                    ?dryRun=All: the job as the webhooks left it,
+                                                                    nothing kept)
     GET    /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      read, with .status (404 NotFound)
     DELETE /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      delete (200 Status), stops its pods
     POST/GET/DELETE /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]  the same for PyTorchJobs (422:
@@ -34,7 +36,8 @@ Succeeded, Failed. A PyTorchJob runs the same way with a Master instead of a Chi
 v1.9.4 PyTorch controller instead of TF_CONFIG (`PyTorchJob`). Behind the TrainJob and JobSet endpoints run the
 "trainer" and "JobSet" controllers of trainer.py and jobsets.py; `preempt(namespace, pod)` shuts a JobSet pod's node
 down as a Spot VM preemption does. With `kueue_flavors`, Kueue admits queued TrainJobs to a ResourceFlavor first
-(kueue.py). With `admission_plugins`, the API server's mutating plugins (admission.py: GKE's
+(kueue.py); with `kueue_frameworks`, the kinds Kueue's configuration manages (default: v0.19.2's, which leave out
+TFJob and PyTorchJob), whose queued jobs its webhook suspends (kueue.py). With `admission_plugins`, the API server's mutating plugins (admission.py: GKE's
 ExtendedResourceToleration) change each JobSet pod as it is created.
 """
 
@@ -50,7 +53,8 @@ from typing import Callable
 from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
 from tests.standins.jobsets import (DNS1035, JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid,
                                     jobset_problems)
-from tests.standins.kueue import QUEUE_LABEL, admit_trainjob
+from tests.standins.kueue import (DEFAULT_FRAMEWORKS, QUEUE_LABEL, admit_operator_job, admit_trainjob,
+                                  default_operator_job)
 from tests.standins.trainer import (FRAMEWORK_POLICIES, SIMULATED_POLICIES, TRAINER_GROUP, TRAINER_VERSION,
                                     TrainJobRun, runtime_problems, trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
@@ -77,7 +81,7 @@ class TFJob:
         self.lock = threading.Lock()
         self.deleted = threading.Event()
         self._condition("Created", f"{self.kind}Created", f"{self.kind} {namespace}/{self.name} is created.")
-        if run_containers:
+        if run_containers and not body["spec"].get("runPolicy", {}).get("suspend"):  # suspended: Kueue's to start
             threading.Thread(target=self._operate, daemon=True).start()
 
     def _condition(self, kind: str, reason: str, message: str) -> None:
@@ -265,11 +269,13 @@ class KubernetesStandIn(StandIn):
     name = "Kubernetes"
 
     def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None,
-                 admission_plugins: tuple[str, ...] = ()):
+                 admission_plugins: tuple[str, ...] = (), kueue_frameworks: frozenset[str] = DEFAULT_FRAMEWORKS):
         super().__init__()
         self.run_containers = run_containers
         self.admission_plugins = tuple(admission_plugins)  # mutating plugins run on each pod created (admission.py)
         self.kueue_flavors = kueue_flavors or {}  # Kueue's LocalQueue name -> its ResourceFlavor's spec (kueue.py)
+        self.kueue_frameworks = frozenset(kueue_frameworks)  # the kinds Kueue's configuration manages (kueue.py)
+        self.dry_runs: list[dict] = []  # TFJobs and PyTorchJobs as a server-side dry run answered them
         self.jobs: dict[tuple[str, str], TFJob] = {}
         self.pytorchjobs: dict[tuple[str, str], PyTorchJob] = {}
         self.trainjobs: dict[tuple[str, str], TrainJobRun] = {}
@@ -351,10 +357,24 @@ class KubernetesStandIn(StandIn):
         name = body["metadata"]["name"]
         if (namespace, name) in self.jobs:
             raise ApiError("ALREADY_EXISTS", f'tfjobs.kubeflow.org "{name}" already exists')
+        if self._kueue_webhook(request, body, "TFJob"):
+            return 201, self.dry_runs[-1]
         self.created_bodies.append(json.loads(json.dumps(body)))
         job = TFJob(body, namespace, self.run_containers, lambda: self.now(0))
         self.jobs[(namespace, name)] = job
         return 201, job.snapshot()
+
+    def _kueue_webhook(self, request: Request, body: dict, kind: str) -> bool:
+        """Kueue's webhook on a Training Operator v1 job (kueue.py), then, on a dry run (`dryRun=All`), the answer
+        kept in `dry_runs` and True: the API server persists nothing. On a real create, a job Kueue suspended is
+        admitted at once when its queue is one of `kueue_flavors`, and stays suspended (no pods) otherwise."""
+        suspended = default_operator_job(body, kind, self.kueue_frameworks)
+        if request.arg("dryRun") == "All":
+            self.dry_runs.append(json.loads(json.dumps(body)))
+            return True
+        if suspended and body["metadata"]["labels"][QUEUE_LABEL] in self.kueue_flavors:
+            admit_operator_job(body)
+        return False
 
     def _read(self, request: Request) -> dict:
         job = self.jobs.get((request.params["namespace"], request.params["name"]))
@@ -382,6 +402,8 @@ class KubernetesStandIn(StandIn):
             raise invalid("PyTorchJob", GROUP, name, problems)
         if (namespace, name) in self.pytorchjobs:
             raise ApiError("ALREADY_EXISTS", f'pytorchjobs.{GROUP} "{name}" already exists')
+        if self._kueue_webhook(request, body, "PyTorchJob"):
+            return 201, self.dry_runs[-1]
         self.created_bodies.append(json.loads(json.dumps(body)))
         job = PyTorchJob(body, namespace, self.run_containers, lambda: self.now(0))
         self.pytorchjobs[(namespace, name)] = job

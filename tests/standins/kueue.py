@@ -20,6 +20,19 @@ CRD of tests/schemas/ that it patches:
 Admission here is immediate (no quota, no waiting in the queue): the TrainJob is created admitted, with Kueue's
 patch filled and `suspend: false`. `KubernetesStandIn(kueue_flavors={QUEUE: FLAVOR_SPEC})` admits the TrainJobs
 labelled with that queue to a flavor with that spec (`{"nodeLabels": {...}, "tolerations": [...]}`).
+
+Which kinds Kueue manages is its configuration's `integrations.frameworks` (`KubernetesStandIn(kueue_frameworks=)`;
+default DEFAULT_FRAMEWORKS, v0.19.2's config/components/manager/controller_manager_config.yaml:46-64, where
+`kubeflow.org/tfjob` and `kubeflow.org/pytorchjob` are commented out since kubernetes-sigs/kueue#12606). For a
+Training Operator v1 job (`default_operator_job`): Kueue registers its webhook either way, the real one for an
+enabled integration and a noop one for a disabled one (pkg/controller/jobframework/setup.go:76-111,
+pkg/util/webhook/noop_webhook.go:37-40). The real one's `Default` (jobframework/base_webhook.go:69-82) suspends a
+job that names a queue (`ApplyDefaultForSuspend`, defaults.go:36-46; `WorkloadShouldBeSuspended`,
+utils.go:147-150): `KubeflowJob.Suspend` sets `spec.runPolicy.suspend: true` (kubeflow/kubeflowjob/
+kubeflowjob_controller.go:54-56). Its webhooks declare `sideEffects=None` (tfjob_controller.go:50,
+pytorchjob_controller.go:50), so the API server calls them on a server-side dry run too. Admission
+(`RunWithPodSetsInfo`, kubeflowjob_controller.go:58-59) sets `suspend: false`; the flavor's node labels and
+tolerations are not modelled for these kinds.
 """
 
 from __future__ import annotations
@@ -28,6 +41,11 @@ import copy
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PATCH_MANAGER = "kueue.x-k8s.io/manager"
+DEFAULT_FRAMEWORKS = frozenset({
+    "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice",
+    "jobset.x-k8s.io/jobset", "workload.codeflare.dev/appwrapper", "trainer.kubeflow.org/trainjob", "pod",
+    "deployment", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset"})
+OPERATOR_FRAMEWORKS = {"TFJob": "kubeflow.org/tfjob", "PyTorchJob": "kubeflow.org/pytorchjob"}
 
 
 def admit_trainjob(body: dict, runtime: dict, flavor: dict) -> None:
@@ -44,3 +62,19 @@ def admit_trainjob(body: dict, runtime: dict, flavor: dict) -> None:
         {"manager": KUEUE_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
             "replicatedJobs": replicated_jobs}}}})
     spec["suspend"] = False
+
+
+def default_operator_job(body: dict, kind: str, frameworks: frozenset[str] | set[str]) -> bool:
+    """Kueue's mutating webhook on a Training Operator v1 job of `kind` (see the module docstring): suspends it when
+    the integration is among `frameworks` and the job names a queue. Returns whether it did."""
+    if OPERATOR_FRAMEWORKS[kind] not in frameworks or not body.get("metadata", {}).get("labels", {}).get(QUEUE_LABEL):
+        return False
+    run_policy = body.setdefault("spec", {}).setdefault("runPolicy", {})
+    if not run_policy.get("suspend"):
+        run_policy["suspend"] = True
+    return True
+
+
+def admit_operator_job(body: dict) -> None:
+    """Kueue's admission of a suspended Training Operator v1 job (RunWithPodSetsInfo): it runs."""
+    body["spec"]["runPolicy"]["suspend"] = False

@@ -13,6 +13,8 @@ components/train/gpu_usage.py makes:
   (lines 1386 and 3993).
 - `nvmlDeviceGetPowerUsage` returns milliwatts as an int (line 3962) and raises NVMLError_NotSupported (code 3)
   on a card that does not report its power.
+- `nvmlSystemGetDriverVersion()` returns the driver's version as str ("580.95.05": `@convertStrBytes`, lines
+  3255-3261), what components/gpu_driver.py reads.
 - `NVMLError(value)`: `str()` is the code's text; `NVMLError(3)` is an `NVMLError_NotSupported` (`__new__` at lines
   1062-1071 and the classes `_extractNVMLErrorsAsClasses` makes, 1087-1110).
 """
@@ -22,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
-MESSAGES = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
-            NVML_ERROR_GPU_IS_LOST: "GPU is lost"}
+MESSAGES = {NVML_ERROR_UNINITIALIZED: "Uninitialized", NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found", NVML_ERROR_GPU_IS_LOST: "GPU is lost"}
 
 
 class NVMLError(Exception):
@@ -72,9 +75,10 @@ class NvmlStandIn:
 
     NVMLError = NVMLError
 
-    def __init__(self, gpus: list[Gpu], *, library: bool = True):
+    def __init__(self, gpus: list[Gpu], *, library: bool = True, driver_version: str = "580.95.05"):
         self.gpus = gpus
         self.library = library
+        self.driver_version = driver_version
         self.initialized = 0  # nvmlInit minus nvmlShutdown
         self.power_reads = 0
 
@@ -85,6 +89,11 @@ class NvmlStandIn:
 
     def nvmlShutdown(self):
         self.initialized -= 1
+
+    def nvmlSystemGetDriverVersion(self):
+        if self.initialized < 1:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return self.driver_version
 
     def nvmlDeviceGetCount(self):
         return len(self.gpus)

@@ -19,6 +19,7 @@ import zlib
 
 import numpy as np
 
+from components import gpu_driver
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
 from components.train.model import check_gpus_visible, write_keras_model
@@ -26,6 +27,17 @@ from components.train.model import check_gpus_visible, write_keras_model
 log = logging.getLogger(__name__)
 
 COORDINATOR_ENV, PROCESSES_ENV, PROCESS_ID_ENV = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+
+
+def cuda_version() -> str | None:
+    """The CUDA JAX's GPU plugin was built for ("13.0"), read without a GPU as images/gpu_libs.py reads it at build
+    time; None without the plugin (a CPU install)."""
+    try:
+        from jax_cuda13_plugin import _versions
+    except ImportError:
+        return None
+    cuda = _versions.cuda_runtime_build_version()  # 13000
+    return f"{cuda // 1000}.{cuda % 1000 // 10}"
 
 
 class Backend(base.Backend):
@@ -53,6 +65,7 @@ class Backend(base.Backend):
     def start(self, role):
         import jax
 
+        gpu_driver.check_driver(cuda_version(), framework=f"JAX {jax.__version__}")  # before CUDA starts
         if self.processes > 1:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
             jax.distributed.initialize(os.environ[COORDINATOR_ENV], self.processes, self.process_id)
@@ -61,7 +74,7 @@ class Backend(base.Backend):
 
         devices = jax.devices()
         gpus = [d for d in devices if d.platform == "gpu"]
-        check_gpus_visible(gpus)
+        check_gpus_visible(gpus, framework="JAX", probe="python3 -c \"import jax; print(jax.devices())\"")
         self.gpus = gpus
         distribution = keras.distribution.DataParallel(devices=devices)
         keras.distribution.set_distribution(distribution)

@@ -4,6 +4,7 @@ The default framework, and what the training step did before there was a choice.
 
 from __future__ import annotations
 
+from components import gpu_driver
 from components.train import batchnorm
 from components.train.cluster import ClusterRole, choose_strategy, cluster_role, strategy_name
 from components.train.frameworks import base
@@ -78,6 +79,9 @@ class Backend(base.Backend):
     def start(self, role: ClusterRole) -> base.Runtime:
         import tensorflow as tf
 
+        build = tf.sysconfig.get_build_info()
+        gpu_driver.check_driver(build.get("cuda_version") if build.get("is_cuda_build") else None,
+                                framework=f"TensorFlow {tf.__version__}")  # before CUDA starts
         # The strategy first: MultiWorkerMirroredStrategy must configure the runtime before any other TF op.
         self.strategy = choose_strategy(self.tf_config)
         self.gpus = tf.config.list_physical_devices("GPU")

@@ -36,7 +36,7 @@ import tempfile
 
 import numpy as np
 
-from components import data
+from components import data, gpu_driver
 from components.train import models
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable
@@ -77,8 +77,10 @@ class Backend(base.Backend):
         import torch
         import torch.distributed as dist
 
+        gpu_driver.check_driver(torch.version.cuda, framework=f"torch {torch.__version__}")  # before CUDA starts
         gpus = torch.cuda.device_count()
-        check_gpus_visible(list(range(gpus)))
+        check_gpus_visible(list(range(gpus)), framework="PyTorch",
+                           probe="python3 -c \"import torch; print(torch.cuda.device_count(), torch.version.cuda)\"")
         if gpus:
             local_rank = int(os.environ.get(LOCAL_RANK_ENV, "0"))
             self.device = torch.device("cuda", local_rank % gpus)
