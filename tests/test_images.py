@@ -296,10 +296,31 @@ def test_entrypoint_is_left_to_kfp_and_cmd_is_the_console_script(name):
         assert boot.returncode == 0, boot.stderr
         ran = subprocess.run(["sh", script, "echo", "a command"], capture_output=True, text=True)
         assert ran.stdout == "a command\n"
+        # Beam's boot runs without a venv of its own, which it could not create under root's /opt/apache
+        assert ("ENV", "RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT=1") in steps
     else:
         assert not entrypoints, "KFP sets each step's command; an ENTRYPOINT would wrap it"
     cmd = json.loads(next(a for k, a in steps if k == "CMD"))
     assert cmd[0] in pyproject()["project"]["scripts"], f"CMD runs {cmd[0]!r}, which the project does not install"
+
+
+def test_dataflow_boot_flags_go_to_beams_boot_with_a_semi_persist_dir_the_user_can_write(tmp_path):
+    """Dataflow runs the CPU image as its user (10001) with Beam's boot flags; a --semi_persist_dir that user
+    cannot write (Dataflow maps it from the worker VM) is swapped for one in its home, with a line in the log."""
+    boot = tmp_path / "boot"
+    boot.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    boot.chmod(0o755)
+    script = os.path.join(ROOT, "images", "cpu", "entrypoint.sh")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "BEAM_BOOT": str(boot)}
+    flags = ["--id=sdk-0-0", "--logging_endpoint=localhost:12370", "--semi_persist_dir=/proc/not-writable"]
+    ran = subprocess.run(["sh", script, *flags], capture_output=True, text=True, env=env, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [flags[0], flags[1], f"--semi_persist_dir={tmp_path}/home/beam-semi-persist"]
+    assert ran.stderr.strip().endswith(f"cannot write to --semi_persist_dir=/proc/not-writable; using "
+                                       f"{tmp_path}/home/beam-semi-persist")
+    writable = [flags[0], f"--semi_persist_dir={tmp_path / 'persist'}"]
+    ran = subprocess.run(["sh", script, *writable], capture_output=True, text=True, env=env, timeout=30)
+    assert ran.stdout.splitlines() == writable and not ran.stderr and (tmp_path / "persist" / "staged").is_dir()
 
 
 def test_no_secrets_or_build_time_credentials():
