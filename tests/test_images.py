@@ -72,9 +72,11 @@ def stages(path: str = DOCKERFILE) -> dict[str, tuple[str, list[tuple[str, str]]
     return found
 
 
-def target(name: str) -> list[tuple[str, str]]:
-    """The instructions that make the image of a target: its stage's, after those of the stages it is FROM."""
-    by_name, chain = stages(), []
+def target(name: str | None = None, path: str = DOCKERFILE) -> list[tuple[str, str]]:
+    """The instructions that make the image of a target (default: the last stage): its stage's, after those of
+    the stages it is FROM (whose USER, ENV and files it inherits)."""
+    by_name, chain = stages(path), []
+    name = list(by_name)[-1] if name is None else name
     while name in by_name:
         parent, steps = by_name[name]
         chain = [("FROM", parent)] + steps + chain
@@ -209,9 +211,8 @@ DIGEST_PINNED = re.compile(r"\S+@sha256:[0-9a-f]{64}")
 def test_every_image_reference_is_pinned_by_digest():
     """Every FROM of every Dockerfile under images/, and every image a COPY --from copies out of."""
     unpinned = []
-    for path in [os.path.join(ROOT, "images", "Dockerfile"), *glob.glob(os.path.join(ROOT, "images", "*", "Dockerfile"))]:
-        if not os.path.exists(path):
-            continue
+    paths = [os.path.join(ROOT, "images", "Dockerfile"), *glob.glob(os.path.join(ROOT, "images", "*", "Dockerfile"))]
+    for path in [p for p in paths if os.path.exists(p)]:
         names = set()
         for keyword, args in instructions(path):
             words = args.split()
