@@ -11,7 +11,7 @@ BENCH ?=
 FRAMEWORK ?= tensorflow
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser gpu-wheels run test audit compile bench bench-gpu bench-gpu-bundle clean framework
+.PHONY: help install data photos browser gpu-wheels run test lock audit compile bench bench-gpu bench-gpu-bundle clean framework
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -84,7 +84,10 @@ run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (F
 test: install browser photos $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-audit: $(BIN)/pipectl ## pip-audit over every image's resolved requirements (asks api.osv.dev; Cloud Build runs it)
+lock: $(BIN)/pipectl ## resolve every image's requirements from PyPI into images/locks/IMAGE.txt, with hashes (uv)
+	$(BIN)/python images/locks.py
+
+audit: $(BIN)/pipectl ## pip-audit over every image's lock (asks api.osv.dev; Cloud Build runs it)
 	$(BIN)/python images/audit.py
 
 bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes

@@ -5,7 +5,8 @@ picks the three images of the run from the pinned ones, and the KFP driver start
 from another step's output: kubeflow/pipelines backend/src/v2/driver/driver.go:449 at 2.17.0,
 resolvePodSpecInputRuntimeParameter in resolve.go:818). TensorFlow keeps the CPU image for evaluation and the
 TensorFlow GPU image for training and batch prediction, as before. PyTorch and JAX run all three in the
-TensorFlow-free image (images/torch, named REPO/torch: torch and JAX, both for CUDA 13, and Keras; no TensorFlow):
+TensorFlow-free image (images/Dockerfile's torch target, named REPO/torch: torch and JAX, both for CUDA 13, and
+Keras; no TensorFlow):
 their training writes what only torch (TorchScript) or Keras on its own backend loads, and evaluation and batch
 prediction read the test split and the images there with the TensorFlow-free readers, model.keras on Keras' backend
 of that image.
@@ -17,7 +18,8 @@ import dataclasses
 
 from components.params import FRAMEWORKS
 
-# The frameworks whose three steps run in the TensorFlow-free image (images/torch), which carries both.
+# The frameworks whose three steps run in the TensorFlow-free image (images/Dockerfile's torch target), which
+# carries both.
 TENSORFLOW_FREE = ("torch", "jax")
 
 

@@ -1,17 +1,17 @@
-"""Audit the images' resolved requirements for known vulnerabilities: pip-audit over exactly what each image's pip
-installs, resolved from pyproject.toml (the extras each Dockerfile names) as that pip resolves it, from PyPI.
+"""Audit the images' locked requirements for known vulnerabilities: pip-audit over exactly the pins each image
+installs (images/locks/IMAGE.txt, installed with --require-hashes --no-deps; `make lock` writes them).
 
     python images/audit.py                      # every image (`make audit`; Cloud Build's audit step)
-    python images/audit.py --image gpu --pins-dir build/pins
+    python images/audit.py --image gpu
     python images/audit.py --pins requirements.txt
 
-For each image the requirements (images/requirements.py) are resolved with `pip install --dry-run --report`
-(metadata only: the GBs of CUDA wheels are not downloaded), pinned to name==version, and handed to pip-audit,
-which looks every pin up in OSV's database (api.osv.dev; PIP_AUDIT_OSV_URL points it elsewhere). A known
-vulnerability fails the audit and is named: image, package, version, advisory and the versions that fix it.
-The exceptions are the advisories in images/audit-ignore.toml, each with the package it is for and why it cannot
-be fixed yet; an advisory is ignored only for that package, and an entry that matches nothing any more is named
-as stale. A package the service could not be asked about is an error, never a pass.
+Each lock is first checked against pyproject.toml (images/locks.py: a lock out of step is an error, not an
+audit), then its pins (name==version) are handed to pip-audit, which looks every pin up in OSV's database
+(api.osv.dev; PIP_AUDIT_OSV_URL points it elsewhere). Nothing is resolved here: what is audited is what the
+images install. A known vulnerability fails the audit and is named: image, package, version, advisory and the
+versions that fix it. The exceptions are the advisories in images/audit-ignore.toml, each with the package it
+is for and why it cannot be fixed yet; an advisory is ignored only for that package, and an entry that matches
+nothing any more is named as stale. A package the service could not be asked about is an error, never a pass.
 
 Exit status: 0 when nothing unignored is found, 1 when something is, 2 when the audit itself could not run.
 """
@@ -31,13 +31,11 @@ import tomllib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import requirements  # noqa: E402  (images/requirements.py, the Dockerfiles' reader of pyproject.toml)
+import locks  # noqa: E402  (images/locks.py: the images' locks and their check against pyproject.toml)
+import requirements  # noqa: E402
 
 sys.path.pop(0)
 
-# The extras each image installs, as its Dockerfile's `requirements.py pyproject.toml --extra ...` names them
-# (tests/test_images.py keeps the two in step).
-IMAGES = {"cpu": ["cpu", "beam"], "gpu": ["gpu"], "torch": ["torch", "jax-cuda"]}
 IGNORE_FILE = os.path.join(HERE, "audit-ignore.toml")
 
 
@@ -87,21 +85,12 @@ def read_ignores(path: str = IGNORE_FILE) -> list[Ignore]:
     return ignores
 
 
-def resolve(image: str, pyproject: str = os.path.join(ROOT, "pyproject.toml")) -> list[str]:
-    """name==version of everything the image's pip installs for its requirements (the project itself aside)."""
-    lines = requirements.read_requirements(pyproject, IMAGES[image])
-    with tempfile.TemporaryDirectory() as work:
-        report = os.path.join(work, "report.json")
-        # --isolated: PyPI as the image's pip sees it, not this machine's pip configuration or local wheels.
-        result = subprocess.run([sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check",
-                                 "--no-input", "install", "--dry-run", "--quiet", "--ignore-installed", "--report",
-                                 report, "--target", os.path.join(work, "target"), *lines],
-                                capture_output=True, text=True, timeout=1200)
-        if result.returncode != 0:
-            raise AuditError(f"{image}: pip could not resolve its requirements:\n{_last_lines(result.stderr)}")
-        with open(report) as f:
-            installs = json.load(f)["install"]
-    return sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in installs)
+def locked_pins(image: str) -> list[str]:
+    """name==version of everything the image installs (its lock), once the lock is known to match pyproject.toml."""
+    problems = locks.disagreements(image)
+    if problems:
+        raise AuditError(f"{image}: " + "; ".join(problems) + ": run `make lock`")
+    return [pin.requirement() for pin in locks.read(image).pins]
 
 
 def _last_lines(text: str, count: int = 8) -> str:
@@ -137,9 +126,8 @@ def audit(image: str, pins: list[str]) -> list[Finding]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image", action="append", choices=sorted(IMAGES), help="default: every image")
-    parser.add_argument("--pins", metavar="FILE", help="audit these name==version pins instead of resolving an image")
-    parser.add_argument("--pins-dir", metavar="DIR", help="also write each image's resolved pins to DIR/IMAGE.txt")
+    parser.add_argument("--image", action="append", choices=sorted(locks.IMAGES), help="default: every image")
+    parser.add_argument("--pins", metavar="FILE", help="audit these name==version pins instead of an image's lock")
     parser.add_argument("--ignore-file", default=IGNORE_FILE, help="the commented exceptions (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
@@ -148,16 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.pins:
             with open(args.pins) as f:
                 findings += audit(os.path.basename(args.pins), [line.strip() for line in f if line.strip()])
-        for image in ([] if args.pins else args.image or list(IMAGES)):
-            pins = resolve(image)
-            if args.pins_dir:
-                os.makedirs(args.pins_dir, exist_ok=True)
-                with open(os.path.join(args.pins_dir, f"{image}.txt"), "w") as f:
-                    f.write("\n".join(pins) + "\n")
+        for image in ([] if args.pins else args.image or list(locks.IMAGES)):
+            pins = locked_pins(image)
             image_findings = audit(image, pins)
             findings += image_findings
-            print(f"{image}: {len(pins)} packages audited, {len(image_findings)} known vulnerabilities")
-    except (AuditError, requirements.RequirementsError, OSError, tomllib.TOMLDecodeError) as e:
+            print(f"{image}: {len(pins)} packages audited (images/locks/{image}.txt), "
+                  f"{len(image_findings)} known vulnerabilities")
+    except (AuditError, locks.LockError, requirements.RequirementsError, OSError, tomllib.TOMLDecodeError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2
     failing = [f for f in findings if not any(ignore.matches(f) for ignore in ignores)]
@@ -173,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"VULNERABLE {finding.line()}")
     if failing:
         packages = sorted({f"{f.package} {f.version}" for f in failing})
-        print(f"audit failed: known vulnerabilities in {', '.join(packages)}: upgrade them in pyproject.toml, or, "
-              f"when a pin outside this project holds them back, add a commented entry to "
-              f"{os.path.relpath(args.ignore_file, ROOT)}", file=sys.stderr)
+        print(f"audit failed: known vulnerabilities in {', '.join(packages)}: relock with `make lock` (after raising "
+              f"their range in pyproject.toml where it holds them back), or, when a pin outside this project holds "
+              f"them back, add a commented entry to {os.path.relpath(args.ignore_file, ROOT)}", file=sys.stderr)
         return 1
     print("audit passed: no known vulnerabilities" + (" outside the commented exceptions" if findings else ""))
     return 0

@@ -17,6 +17,13 @@ missing is reported as waiting for the driver. It then compares the CUDA and cuD
 framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
 version; JAX's CUDA plugin's ``_versions``) with the sonames that loaded. Exit status 0 when all holds, 1 with what failed, 2 on bad usage.
 
+``fit tensorflow`` trains a small Conv2D model for one epoch with ``model.fit()`` under XLA (as training does on a
+GPU): TensorFlow 2.21 with cuDNN 9.5 loaded every library and then failed there, in XLA's autotuner ("Autotuner
+could not find any supported configs", aws/deep-learning-containers #6417, #6418). At build time there is no
+GPU, so it runs on the CPU and proves only that the step runs at all; ``fit tensorflow --require-gpu`` on a GPU
+node (docs/cluster-setup.md, "First GPU run") runs it on the GPU, through cuDNN, and fails when TensorFlow
+registers no GPU.
+
 The library lists follow each framework's own loader: TensorFlow's DsoLoader
 (third_party/xla/xla/tsl/platform/default/dso_loader.cc: cudart, cublas, cublasLt, cufft, cusolver,
 cusparse, cupti, cudnn, nccl) plus what cuDNN and cuSOLVER load in turn (cudnn's own sub-libraries, nvrtc,
@@ -200,6 +207,37 @@ def check(framework: str, sites: list[str] | None = None, env: dict[str, str] | 
     return Report(framework, lib_dirs, libraries, versions, missing)
 
 
+def fit_conv2d(require_gpu: bool) -> str:
+    """One epoch of a Conv2D + bias + ReLU model with fit() under XLA: the fused cuDNN convolution XLA's autotuner
+    has to find a config for on a GPU. Returns the line to print; raises CheckError when it cannot run."""
+    import numpy as np
+    import tensorflow as tf
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if require_gpu and not gpus:
+        raise CheckError("TensorFlow registers no GPU here (is this a GPU node, and did `gpu_libs.py check tensorflow` "
+                         "pass?): the Conv2D fit() check needs one")
+    rng = np.random.default_rng(0)
+    images, labels = rng.random((64, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, 64)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
+                              keras.layers.MaxPooling2D(), keras.layers.Conv2D(16, 3, activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    try:
+        loss = model.fit(images, labels, batch_size=32, epochs=1, verbose=0).history["loss"][-1]
+    except Exception as e:  # XLA's autotuner and cuDNN fail here with an InternalError naming the HLO
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckError(f"Conv2D fit() failed on {gpus[0].name if gpus else 'the CPU'}: {first[:300]}") from e
+    if not np.isfinite(loss):
+        raise CheckError(f"Conv2D fit() gave a loss of {loss}")
+    where = f"on {len(gpus)} GPU(s)" if gpus else "on the CPU (no GPU here: run it with --require-gpu on a GPU node)"
+    return f"Conv2D fit() under XLA: ok {where}, loss {loss:.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     register.add_argument("conf", help="e.g. /etc/ld.so.conf.d/nvidia-wheels.conf; run ldconfig after")
     run = commands.add_parser("check", help="load every CUDA library the framework loads, by soname")
     run.add_argument("framework", choices=sorted(LIBRARIES))
+    fit_parser = commands.add_parser("fit", help="train a small Conv2D model with fit() under XLA (on the GPU if any)")
+    fit_parser.add_argument("framework", choices=["tensorflow"])
+    fit_parser.add_argument("--require-gpu", action="store_true", help="fail when the framework registers no GPU")
     for sub in (register, run):
         sub.add_argument("--site", action="append", metavar="DIR",
                          help="site-packages folder holding nvidia/ (default: this interpreter's)")
@@ -219,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.conf, "w") as f:
                 f.write("".join(f"{d}\n" for d in lib_dirs))
             print(f"{args.conf}: {len(lib_dirs)} folders")
+            return 0
+        if args.command == "fit":
+            print(fit_conv2d(args.require_gpu))
             return 0
         report = check(args.framework, args.site)
     except CheckError as e:

@@ -1,23 +1,19 @@
-"""Print the requirements an image installs, read from pyproject.toml: the one place the pins live.
+"""Print the requirements an image is locked from, read from pyproject.toml: the one place the ranges live.
 
-Used by the Dockerfiles before the sources are copied, so the dependency layer is rebuilt only when
-pyproject.toml changes:
+    python3 images/requirements.py pyproject.toml --extra cpu --extra beam
 
-    python3 requirements.py pyproject.toml --extra cpu --extra beam > requirements.txt
-    python3 requirements.py pyproject.toml --extra gpu > requirements.txt
-
-``--forbid DIST`` fails when DIST is installed (after the install: nothing may have pulled tensorflow-cpu
-next to the GPU image's tensorflow, nor any TensorFlow into the torch image). Needs Python 3.11+ (tomllib)
-and no third-party package. images/audit.py reads the same requirements to audit them.
+images/locks.py resolves these lines into each image's lock (images/locks/IMAGE.txt) and checks the lock
+against them; images/audit.py names them when it explains a lock. Needs Python 3.11+ (tomllib) and no
+third-party package.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import re
 import sys
 import tomllib
+
 
 class RequirementsError(Exception):
     """The pyproject and the image disagree; the message says what to change."""
@@ -40,25 +36,12 @@ def read_requirements(pyproject_path: str, extras: list[str]) -> list[str]:
     return lines
 
 
-def installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pyproject", help="path of pyproject.toml")
     parser.add_argument("--extra", action="append", default=[], help="optional-dependency group to include")
-    parser.add_argument("--forbid", action="append", default=[], metavar="DIST",
-                        help="fail if this distribution is installed")
     args = parser.parse_args(argv)
     try:
-        present = [dist for dist in args.forbid if installed_version(dist) is not None]
-        if present:
-            raise RequirementsError(f"{', '.join(present)} must not be installed in this image: a dependency pulled "
-                                    f"it in next to the image's own framework build")
         lines = read_requirements(args.pyproject, args.extra)
     except RequirementsError as e:
         print(f"requirements.py: error: {e}", file=sys.stderr)

@@ -47,8 +47,9 @@ class Images:
     # What serves registered models on Vertex AI (the register step's `serving_image`): TensorFlow Serving, copied
     # into the image repository by Cloud Build (components/registry/vertex.py); empty: the registry's default.
     serving: str = ""
-    # The TensorFlow-free image (images/torch: torch and JAX): training, evaluation and batch prediction of runs with
-    # framework torch or jax, on KFP backends (components/step_images.py); empty: such runs are refused at their start.
+    # The TensorFlow-free image (images/Dockerfile's torch target: torch and JAX): training, evaluation and batch
+    # prediction of runs with framework torch or jax, on KFP backends (components/step_images.py); empty: such
+    # runs are refused at their start.
     torch: str = ""
 
     def pinned(self) -> dict[str, str]:

@@ -1,8 +1,8 @@
-"""images/audit.py: the images' requirements resolved from PyPI as their pip resolves them, and pip-audit (the real
-one) asking OSV about every pin. OSV is the stand-in of tests/standins/osv.py, holding a real advisory
+"""images/audit.py: the images' locks (images/locks/IMAGE.txt, what the images install) and pip-audit (the real one)
+asking OSV about every pin. OSV is the stand-in of tests/standins/osv.py, holding a real advisory
 (GHSA-9wx4-h78v-vm56: requests before 2.32.0), so that a known vulnerability is found, fails the audit and is
-named, and an ignore entry lets through only its own package. `make audit` and Cloud Build's audit step ask
-api.osv.dev itself.
+named, and an ignore entry lets through only its own package. Nothing here asks PyPI: `make audit` and Cloud
+Build's audit step ask api.osv.dev itself.
 """
 
 from __future__ import annotations
@@ -117,28 +117,32 @@ def test_the_repositorys_ignore_list_is_well_formed():
         assert ignore.reason and ignore.package and re.fullmatch(r"(GHSA|PYSEC|CVE)-[\w-]+", ignore.advisory)
 
 
-def test_the_audited_extras_are_those_the_dockerfiles_install():
-    for image, extras in audit.IMAGES.items():
-        with open(os.path.join(ROOT, "images", image, "Dockerfile")) as f:
-            dockerfile = f.read()
-        installed = re.search(r"requirements\.py pyproject\.toml((?: --extra [\w-]+)+) > requirements\.txt", dockerfile)
-        assert installed, f"images/{image}/Dockerfile: no requirements.py --extra call"
-        assert installed.group(1).split()[1::2] == extras, image
-
-
-def test_an_image_is_audited_as_its_pip_resolves_it(osv, tmp_path):
-    """The torch image (the TensorFlow-free one, torch and JAX): every package its pip would install is asked
-    about."""
-    result = run_audit(osv.url, "--image", "torch", "--pins-dir", str(tmp_path))
+def test_an_image_is_audited_as_its_lock_pins_it(osv):
+    """The torch image (the TensorFlow-free one, torch and JAX): every package its lock pins is asked about, and
+    nothing is resolved (the lock is what the image installs)."""
+    result = run_audit(osv.url, "--image", "torch")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    pins = (tmp_path / "torch.txt").read_text().split()
-    names = {p.split("==")[0].lower() for p in pins}
+    pins = [pin.requirement() for pin in audit.locks.read("torch").pins]
+    names = {p.split("==")[0] for p in pins}
     assert {"torch", "keras", "kfp", "google-cloud-aiplatform", "requests", "urllib3"} <= names
     assert {"jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt"} <= names, "JAX for CUDA 13 rides along"
-    assert not any(p.lower().startswith("torch==") and "+cpu" in p for p in pins), "PyPI's torch, not a local build"
     assert not names & {"tensorflow", "tensorflow-cpu"}
-    vertex = next(p for p in pins if p.lower().startswith("google-cloud-aiplatform=="))
+    vertex = next(p for p in pins if p.startswith("google-cloud-aiplatform=="))
     assert vertex.split("==")[1].startswith("1."), f"{vertex}: not the Vertex SDK major version the tests run"
-    asked = {r.body["package"]["name"] for r in osv.requests if r.rpc == "query"}
-    assert asked == {re.sub(r"[-_.]+", "-", n) for n in names}
-    assert f"torch: {len(pins)} packages audited, 0 known vulnerabilities" in result.stdout
+    asked = {(r.body["package"]["name"], r.body["version"]) for r in osv.requests if r.rpc == "query"}
+    assert asked == {tuple(p.split("==")) for p in pins}, "every pin, at the version the lock holds"
+    assert f"torch: {len(pins)} packages audited (images/locks/torch.txt), 0 known vulnerabilities" in result.stdout
+
+
+def test_a_lock_out_of_step_with_pyproject_is_an_error_not_an_audit(osv, tmp_path, monkeypatch):
+    """A lock that no longer matches pyproject.toml would audit something the next build does not install."""
+    lock = audit.locks.read("gpu")
+    stale = tmp_path / "gpu.txt"
+    text = open(audit.locks.lock_path("gpu")).read()
+    tensorflow = next(p for p in lock.pins if p.name == "tensorflow")
+    stale.write_text(text.replace(f"tensorflow=={tensorflow.version} ", "tensorflow==2.20.0 "))
+    monkeypatch.setattr(audit.locks, "lock_path", lambda image: str(stale))
+    with pytest.raises(audit.AuditError) as failure:
+        audit.locked_pins("gpu")
+    assert "pins tensorflow==2.20.0, outside pyproject.toml's tensorflow[and-cuda]==2.21.*" in str(failure.value)
+    assert str(failure.value).endswith("run `make lock`")

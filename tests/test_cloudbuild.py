@@ -190,19 +190,27 @@ def test_step_scripts_pass_shellcheck(tmp_path):
     assert result.returncode != 0 and "SC2086" in result.stdout  # unquoted variables are caught
 
 
+def kaniko_args(step: dict, values: dict) -> dict[str, str]:
+    assert KANIKO.fullmatch(step["name"]), "the maintained kaniko fork, pinned by digest"
+    args = [substitute(a, values) for a in step["args"]]
+    return dict(arg.split("=", 1) if "=" in arg else (arg, "") for arg in args)
+
+
 def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads():
     build = load(MAIN)
     steps, values = steps_by_id(build), substitutions(build)
     for kind in ("cpu", "gpu", "torch", "tensorflow-serving"):
-        step = steps[f"build-{kind}" if kind != "tensorflow-serving" else "build-serving"]
-        assert KANIKO.fullmatch(step["name"]), "the maintained kaniko fork, pinned by digest"
-        args = dict(arg.split("=", 1) for arg in (substitute(a, values) for a in step["args"]))
+        args = kaniko_args(steps[f"build-{kind}" if kind != "tensorflow-serving" else "build-serving"], values)
         if kind == "tensorflow-serving":  # FROM only: nothing runs, nothing to cache
             assert "--cache" not in args and args["--dockerfile"] == "images/serving/Dockerfile"
-        else:
+            assert "--target" not in args
+        else:  # one Dockerfile, a target per image
+            assert args["--dockerfile"] == "images/Dockerfile" and args["--target"] == kind
             assert args["--cache"] == "true" and args["--cache-repo"] == values["_IMAGE_REPO"] + "/cache"
             # the cache's meaning, kept: two weeks, uncompressed layers, redo snapshots (as with kaniko v1.24.0)
             assert (args["--cache-ttl"], args["--compressed-caching"], args["--snapshot-mode"]) == ("336h", "false", "redo")
+        # Docker Hub's images through Google's mirror, falling back to Docker Hub (no --skip-default-registry-fallback)
+        assert args["--registry-mirror"] == "mirror.gcr.io" and "--skip-default-registry-fallback" not in args
         assert args["--destination"] == f"{values['_IMAGE_REPO']}/{kind}:{BUILTINS['SHORT_SHA']}"
         assert os.path.exists(os.path.join(ROOT, args["--dockerfile"]))
         assert args["--context"] == "dir:///workspace"
@@ -215,6 +223,16 @@ def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads(
         "nothing is published before the audit passes and every image is pushed"
     assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-serving",
                                                        "build-torch", "compile", "publish"]
+
+
+def test_every_target_cloud_build_names_is_a_stage_of_the_dockerfile():
+    with open(os.path.join(ROOT, "images", "Dockerfile")) as f:
+        stages = {line.split()[3] for line in f if line.startswith("FROM ") and len(line.split()) == 4}
+    for path in (MAIN, PR):
+        build = load(path)
+        targets = [kaniko_args(step, substitutions(build))["--target"] for step in build["steps"]
+                   if "kaniko" in step["name"] and "--dockerfile=images/Dockerfile" in step["args"]]
+        assert targets == ["cpu", "gpu", "torch"] and set(targets) <= stages, (path, targets, stages)
 
 
 def test_the_serving_image_copied_is_the_version_the_registry_runs():
@@ -239,8 +257,8 @@ def test_the_audit_step_audits_every_image_after_the_tests(path):
     assert steps["audit"]["script"].splitlines()[-1].strip() == ".venv/bin/python images/audit.py"
 
 
-def test_python_steps_use_the_cpu_images_pinned_python():
-    with open(os.path.join(ROOT, "images", "cpu", "Dockerfile")) as f:
+def test_python_steps_use_the_images_pinned_python():
+    with open(os.path.join(ROOT, "images", "Dockerfile")) as f:
         base = next(line.split()[1] for line in f if line.startswith("FROM "))
     for path in (MAIN, PR):
         for step in load(path)["steps"]:
@@ -335,7 +353,7 @@ def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
     assert result.stdout.splitlines() == [
         "trigger image-classification-main cloudbuild.yaml", "trigger image-classification-pr cloudbuild-pr.yaml",
         "build ['test', 'audit', 'build-cpu', 'build-gpu', 'build-serving', 'build-torch', 'compile', 'publish']",
-        "build ['test', 'audit', 'compile']"]
+        "build ['test', 'audit', 'build-cpu', 'build-gpu', 'build-torch', 'compile']"]
 
     broken = load(TRIGGERS["main"])
     broken["github"]["pushes"] = broken["github"].pop("push")
@@ -429,15 +447,22 @@ def test_compile_refuses_a_missing_digest(kfp_api, workspace):
     assert not (workspace / "pipeline.yaml").exists()
 
 
-def test_pr_check_only_tests_audits_and_compiles(workspace):
+def test_pr_check_tests_audits_builds_without_pushing_and_compiles(workspace):
     build, main = load(PR), load(MAIN)
-    assert [step["id"] for step in build["steps"]] == ["test", "audit", "compile"]
+    assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-torch",
+                                                       "compile"]
     assert steps_by_id(build)["test"]["script"] == steps_by_id(main)["test"]["script"]
     assert "make test" in steps_by_id(build)["test"]["script"]
     assert not {"artifacts", "availableSecrets", "images"} & set(build)
-    assert not any("kaniko" in step["name"] for step in build["steps"])
+    values, main_values_ = substitutions(build), substitutions(main)
+    for kind in ("cpu", "gpu", "torch"):
+        pr_args, main_args = (kaniko_args(steps_by_id(b)[f"build-{kind}"], v)
+                              for b, v in ((build, values), (main, main_values_)))
+        assert "--no-push" in pr_args and "--no-push-cache" in pr_args and "--destination" not in pr_args
+        pushing = {"--destination", "--digest-file"}
+        assert {k: v for k, v in pr_args.items() if k not in {"--no-push", "--no-push-cache"}} == \
+            {k: v for k, v in main_args.items() if k not in pushing}, f"{kind}: built as main builds it"
 
-    values = substitutions(build)
     compiled = run_step(steps_by_id(build)["compile"], workspace, values)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     repo, tag = values["_IMAGE_REPO"], BUILTINS["SHORT_SHA"]

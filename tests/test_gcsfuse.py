@@ -12,7 +12,7 @@ import yaml
 from pipelines import cli, config, training
 from tests.conftest import REPO_ROOT
 from tests.standins.validation import resource_problems
-from tests.test_images import stage  # the Dockerfile parser the image tests use
+from tests.test_images import DOCKERFILE, TARGETS, target  # the Dockerfile parser the image tests use
 
 MANIFEST = os.path.join(REPO_ROOT, "manifests", "gcsfuse", "training-data.yaml")
 DATA_STEPS = {"preprocess-op", "augment-op", "train-op", "evaluate-op", "predict-op"}
@@ -84,11 +84,12 @@ def test_the_volume_and_claim_are_valid_and_bound_to_each_other():
     assert volume["spec"]["capacity"]["storage"] == claim["spec"]["resources"]["requests"]["storage"]
 
 
-def dockerfile_user(path: str) -> tuple[int, int]:
-    """The uid and gid the image's containers run as: the last USER of the Dockerfile's final stage (root, 0:0, when
-    it has none). Only numeric `uid:gid` is taken: the mount options need numbers, runAsNonRoot can only verify a
-    numeric user, and a USER without a group would take it from the image's /etc/passwd."""
-    users = [args for keyword, args in stage(path) if keyword == "USER"]
+def dockerfile_user(path: str, name: str | None = None) -> tuple[int, int]:
+    """The uid and gid the image's containers run as: the last USER of the target (default: the final stage) or of
+    a stage it is built FROM (root, 0:0, when there is none). Only numeric `uid:gid` is taken: the mount options
+    need numbers, runAsNonRoot can only verify a numeric user, and a USER without a group would take it from the
+    image's /etc/passwd."""
+    users = [args for keyword, args in target(name, path) if keyword == "USER"]
     if not users:
         return 0, 0
     match = re.fullmatch(r"(\d+):(\d+)", users[-1])
@@ -110,6 +111,7 @@ def test_the_dockerfile_user_is_read_from_the_final_stage(tmp_path):
 
     assert user("FROM a AS build\nUSER 5:5\nFROM b\nRUN useradd \\\n --uid 7 x\n# USER 0:0\nUSER 7:8\n") == (7, 8)
     assert user("FROM a\nUSER 10001:10001\nFROM b\n") == (0, 0)  # the final stage runs as root
+    assert user("FROM a AS base\nUSER 10001:10001\nFROM base AS cpu\nRUN true\n") == (10001, 10001)  # inherited
     for name in ("app", "10001", "app:app"):
         with pytest.raises(ValueError, match="not a numeric uid:gid"):
             user(f"FROM b\nUSER {name}\n")
@@ -119,11 +121,10 @@ def test_the_volume_is_owned_by_the_user_the_images_run_as():
     """The sidecar mounts the bucket as 0:0 with default_permissions unless uid/gid say otherwise (gcs-fuse-csi-driver
     v1.24.4: pkg/sidecar_mounter/sidecar_mounter_config.go:232-233, pkg/util/util.go:455-462), and KFP gives the
     steps' pods no fsGroup: the owner must be the images' own user, with write permission."""
-    dockerfiles = sorted(glob.glob(os.path.join(REPO_ROOT, "images", "*", "Dockerfile")))
-    assert {os.path.basename(os.path.dirname(path)) for path in dockerfiles} >= {"cpu", "gpu"}
-    users = {}
-    for path in dockerfiles:
+    users = {f"images/Dockerfile --target {name}": dockerfile_user(DOCKERFILE, name) for name in TARGETS}
+    for path in sorted(glob.glob(os.path.join(REPO_ROOT, "images", "*", "Dockerfile"))):  # TensorFlow Serving's copy
         users[os.path.relpath(path, REPO_ROOT)] = dockerfile_user(path)
+    assert len(users) == 4
     options = mount_options(cluster_objects()["PersistentVolume"])
     owner = (int(options["uid"]), int(options["gid"]))
     assert owner != (0, 0)

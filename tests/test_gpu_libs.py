@@ -12,6 +12,7 @@ Deselect with -m "not gpu_wheels".
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -85,6 +86,25 @@ def test_check_says_what_to_do_without_nvidia_wheels(tmp_path):
     assert result.returncode == 2 and "the NVIDIA wheels are not installed" in result.stderr
 
 
+def test_the_conv2d_fit_check_trains_here_and_refuses_without_a_gpu_when_one_is_required():
+    """The GPU image's build runs `gpu_libs.py fit tensorflow` (no GPU there: the CPU); the first GPU run runs it
+    with --require-gpu on a node. This machine has TensorFlow (the [cpu] extra) and no GPU."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    ran = subprocess.run([sys.executable, CHECK, "fit", "tensorflow"], capture_output=True, text=True, timeout=600,
+                         env=env, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    line = ran.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"Conv2D fit\(\) under XLA: ok on the CPU \(no GPU here: run it with --require-gpu on a GPU "
+                        r"node\), loss \d+\.\d{3}", line), line
+    required = subprocess.run([sys.executable, CHECK, "fit", "tensorflow", "--require-gpu"], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=ROOT)
+    assert required.returncode == 2 and not required.stdout
+    assert required.stderr.strip().splitlines()[-1] == (
+        "gpu_libs.py: error: TensorFlow registers no GPU here (is this a GPU node, and did `gpu_libs.py check "
+        "tensorflow` pass?): the Conv2D fit() check needs one")
+
+
 # ----------------------------------------------------------------------------------------------- scratch installs
 
 # The folders TensorFlow 2.21's RUNPATH misses (cusolver, nvjitlink, curand, nvrtc); for torch, which has no
@@ -95,7 +115,7 @@ LEFT_OUT = {"tensorflow": {"cusolver": "libcusolver.so.11", "nvjitlink": "libnvJ
             "jax": {"cudnn": "libcudnn.so.9", "cu13": "libcublas.so.13"}}
 
 
-@pytest.fixture(scope="module", params=sorted(gpu_wheels.EXTRAS))
+@pytest.fixture(scope="module", params=sorted(gpu_wheels.IMAGES))
 def scratch(request):
     return request.param, gpu_wheels.prepare(request.param)
 
