@@ -2,7 +2,7 @@
 
 A framework built for a newer CUDA than the node's driver supports does not fail: it sees no GPU, logs a warning
 deep in its start-up, and the step trains or predicts on the node's CPU, or fails later with a message that names
-neither the driver nor the fix. The images for PyTorch and JAX (images/torch) are built for CUDA 13, which needs
+neither the driver nor the fix. The image for PyTorch and JAX (target torch) is built for CUDA 13, which needs
 driver 580 or newer; GKE's `default` driver has been the older R535 branch (rapidsai/deployment#656). So the
 training and prediction steps read the driver's version through NVML before the framework touches the GPU, and
 stop in one line naming the driver, the minimum and the node pool flag that fixes it (`check_driver`).

@@ -107,7 +107,7 @@ def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_
 def step_images_op(framework: str, images: dict) -> NamedTuple("StepImages", train=str, evaluate=str, predict=str):
     """Picks the images that run training, evaluation and batch prediction for the run's framework from the
     pipeline's pinned images (cpu, gpu, torch): PyTorch and JAX run all three in the TensorFlow-free image
-    (images/torch), TensorFlow as before."""
+    (images/Dockerfile, target torch), TensorFlow as before."""
     import collections
 
     from components.step_images import step_images
