@@ -153,6 +153,29 @@ def test_why_a_torch_trainjob_sets_its_processes_and_no_pet_variables():
                         "['PET_NNODES']"]
 
 
+@pytest.mark.parametrize("resources, procs", [
+    ({"requests": {"cpu": "4", "nvidia.com/gpu": 2}}, "auto"),  # a GPU request alone (no limit) counts
+    ({"limits": {"cpu": "4", "amd.com/gpu": 1}}, "auto"),  # any resource name containing "gpu"
+    ({"requests": {"cpu": "4", "nvidia.com/gpu": 0}, "limits": {"nvidia.com/gpu": 2}}, "auto"),  # limits, else
+    ({"requests": {"cpu": "3500m"}, "limits": {"cpu": "8", "google.com/tpu": 4}}, "4"),  # no GPU: the CPU request
+    ({"limits": {"cpu": "2"}}, "2"),  # no request: the CPU limit
+])
+def test_trainers_torch_plugin_counts_gpus_from_requests_then_limits(resources, procs):
+    """With numProcPerNode left out ("auto"), Trainer v2.3.0's torch plugin keeps "auto" (torchrun's: one process
+    per GPU) where GetNumGPUPerNode (pkg/runtime/runtime.go:279-298) finds a GPU: in the requests, else in the
+    limits, under any resource name containing "gpu"; otherwise one process per CPU."""
+    job = launch.TrainingJob(name="train-1", image="img", command=setup("torch").node_command(TRAIN), workers=1,
+                             framework="torch", cpu="4")
+    manifest = launch.trainjob_manifest(job, "ml", runtime="torch-multinode")
+    del manifest["spec"]["trainer"]["numProcPerNode"]
+    manifest["spec"]["trainer"]["resourcesPerNode"] = resources
+    assert crd_problems(manifest) == []
+    jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="torch"))
+    assert problems == []
+    env = {v["name"]: v.get("value") for v in node_container(jobset)["env"]}
+    assert env["PET_NPROC_PER_NODE"] == procs
+
+
 def test_a_jax_trainjob_and_jobset_get_jax_distributeds_variables():
     manifest = launch.trainjob_manifest(framework_job("jax", 2), "ml", runtime="jax-multinode")
     assert crd_problems(manifest) == [] and "numProcPerNode" not in manifest["spec"]["trainer"]
