@@ -309,8 +309,11 @@ def test_act_as_refusal_names_service_account_user_and_the_command(standin, vert
 
 def test_quota_refusals_are_retried(standin, vertex_package, clock):
     standin.fail_next(429, count=2, rpc="CreatePipelineJob")
-    run = connect(standin, clock).submit(vertex_package, pipeline_root=ROOT, job_id="after-quota")
-    assert run.job_id == "after-quota" and clock.sleeps == [2.0, 4.0]
+    draws = []
+    run = connect(standin, clock, uniform=lambda low, high: draws.append((low, high)) or high / 2).submit(
+        vertex_package, pipeline_root=ROOT, job_id="after-quota")
+    # each wait is the jitter's draw under a ceiling doubling from 2 s (here the draw is half of it)
+    assert run.job_id == "after-quota" and draws == [(0.0, 2.0), (0.0, 4.0)] and clock.sleeps == [1.0, 2.0]
     assert len(standin.pipeline_jobs()) == 1
 
 
