@@ -450,14 +450,17 @@ print(json.dumps({{"tensorflow": "tensorflow" in sys.modules, "keras_backend": k
     assert got["predicted_dir"] == "gs://bucket/root/image-classification/run/predict-op/1/.data/predictions"
     assert got["keras_predicted"] == 3 * len(names) and 0.0 <= got["keras_accuracy"] <= 1.0
     assert "Evaluation report" in (tmp_path / "report.html").read_text()
-    # The shards' predictions are the model's on the same pixels, in the shards' order.
+    # Each record's prediction from the shards is the model's on that record's pixels, here: record by record, by
+    # the uri each record carries (a sorted list of classes would not see two images' answers swapped).
     rows = [json.loads(line) for line in open(tmp_path / "from-shards" / "predictions.jsonl")]
-    images, _ = data.load_split_arrays(small_dataset, "test")
-    classifier = data.load_classifier(model_dir)
-    expected = classifier.predict_proba(images).argmax(1)
+    uris, images = [], []
+    for image, _, uri in data.read_split(small_dataset, "test", with_uri=True).as_numpy_iterator():
+        uris.append(uri.decode())
+        images.append(image)
+    expected = data.load_classifier(model_dir).predict_proba(np.stack(images)).argmax(1)
     by_uri = {row["uri"]: row["class_index"] for row in rows}
-    assert len(by_uri) == 1500
-    assert sorted(by_uri.values()) == sorted(expected.tolist())
+    assert len(by_uri) == len(rows) == len(set(uris)) == 1500
+    assert by_uri == dict(zip(uris, expected.tolist()))
 
 
 def test_a_model_trained_on_jax_is_evaluated_and_predicted_in_the_pytorch_image(small_dataset, tmp_path):
