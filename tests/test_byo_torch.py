@@ -29,10 +29,11 @@ from components import data, train
 from components.register import describe_lineage, register
 from components.registry import LocalRegistry, identity, model_digest, model_lineage
 from components.registry.vertex import FRAMEWORK_LABEL, SERVING_FORMAT_LABEL, ServingFormatUnsupported
+from tests.conftest import require_framework
 from tests.test_fault_tolerance import Attempt
 from tests.test_registry_vertex import MODEL, gcs, make_registry, sleeps, vertex  # noqa: F401
 
-torch = pytest.importorskip("torch")
+torch = require_framework("torch")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_SHAPE = [28, 28, 1]
@@ -467,7 +468,7 @@ def test_a_model_trained_on_jax_is_evaluated_and_predicted_in_the_pytorch_image(
     """A run on jax evaluates and predicts in the PyTorch image (torch and JAX, no TensorFlow): its model.keras,
     saved on Keras' JAX backend, loads there on the image's KERAS_BACKEND (torch) and gives JAX's probabilities, and
     evaluation scores it as TensorFlow does here."""
-    pytest.importorskip("jax")
+    require_framework("jax")
     from components.evaluate import evaluate
 
     manifest = data.read_manifest(small_dataset)
