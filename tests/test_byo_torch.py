@@ -449,7 +449,15 @@ print(json.dumps({{"tensorflow": "tensorflow" in sys.modules, "keras_backend": k
     assert got["champion"] == pytest.approx(here.champion.accuracy, abs=1e-9)
     assert got["samples"] == 3 * len(names) and (got["shards"], got["shard_errors"]) == (1500, 0)
     assert got["predicted_dir"] == "gs://bucket/root/image-classification/run/predict-op/1/.data/predictions"
-    assert got["keras_predicted"] == 3 * len(names) and 0.0 <= got["keras_accuracy"] <= 1.0
+    assert got["keras_predicted"] == 3 * len(names)
+    # The Keras model's accuracy there is what Keras itself gives here (on TensorFlow) for the same file and split;
+    # two near-ties may fall the other way between the backends.
+    import keras
+
+    test_images, test_labels = data.load_split_arrays(small_dataset, "test")
+    keras_model = keras.saving.load_model(str(tmp_path / "keras" / "model.keras"))
+    keras_here = float((keras_model.predict(test_images.astype("float32"), verbose=0).argmax(1) == test_labels).mean())
+    assert got["keras_accuracy"] == pytest.approx(keras_here, abs=2 / len(test_labels))
     assert "Evaluation report" in (tmp_path / "report.html").read_text()
     # Each record's prediction from the shards is the model's on that record's pixels, here: record by record, by
     # the uri each record carries (a sorted list of classes would not see two images' answers swapped).
