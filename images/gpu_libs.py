@@ -17,8 +17,8 @@ missing is reported as waiting for the driver. The dynamic linker names only the
 find, so a library whose load fails on libcuda.so.1 is loaded again with a stand-in libcuda.so.1 last on the
 linker's path (an empty shared object with that soname, written here by ``write_shared_object``: the slim
 images have no compiler) and lazy binding (the driver's functions are bound at their first call, which never
-comes): only then does a second missing library, or anything else wrong, show. It then compares the CUDA and cuDNN major versions the
-framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
+comes): only then does a second missing library, or anything else wrong, show. It then compares the CUDA and
+cuDNN major versions the framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
 version; JAX's CUDA plugin's ``_versions``) with the sonames that loaded. Exit status 0 when all holds, 1 with what failed, 2 on bad usage.
 
 The library lists follow each framework's own loader: TensorFlow's DsoLoader

@@ -106,7 +106,8 @@ def _framework_env(policy: str, trainjob: dict, nodes: int, resources: dict) -> 
                 {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{master}:{TRAINER_PORT}"}]
     trainer = trainjob["spec"].get("trainer") or {}
     procs = trainer.get("numProcPerNode", "auto")  # torch.go:121-124
-    if procs == "auto" and not _gpus_per_node(resources):  # torch.go:131-135, getNumCPUPerNode: the request, else the limit
+    # torch.go:131-135: no GPU, so one process per CPU (getNumCPUPerNode: the request, else the limit)
+    if procs == "auto" and not _gpus_per_node(resources):
         cpu = (resources.get("requests") or {}).get("cpu") or (resources.get("limits") or {}).get("cpu") or 0
         procs = max(1, _quantity_value(cpu))
     return [{"name": "PET_NNODES", "value": str(nodes)}, {"name": "PET_NPROC_PER_NODE", "value": str(procs)},
