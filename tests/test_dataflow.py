@@ -8,7 +8,9 @@ import threading
 
 import pytest
 
-pytest.importorskip("apache_beam")
+from tests.conftest import require_framework
+
+require_framework("apache_beam")
 
 from components import data, params  # noqa: E402
 from components import preprocess as pp  # noqa: E402

@@ -21,7 +21,7 @@ import pytest
 from components import data, train
 from components.train import frameworks
 from components.train.model import cpu_has_bf16, precision_for
-from tests.conftest import accuracy_of
+from tests.conftest import accuracy_of, require_framework
 from tests.test_distributed import free_ports
 from tests.test_fault_tolerance import Attempt
 
@@ -58,7 +58,7 @@ def test_auto_precision_on_a_cpu_and_an_asked_policy_is_honoured(framework):
     """One rule on every framework (model.precision_for): bf16/fp16 on GPUs that compute it fast; on a CPU float32,
     except TensorFlow's bf16 where the CPU has native bf16 (its oneDNN kernels are faster in it; torch's and JAX's
     are slower)."""
-    pytest.importorskip(framework)
+    require_framework(framework)
     out = run_python(f"from components.train import frameworks\nframeworks.use({framework!r})\n"
                      f"backend = frameworks.backend_class({framework!r})(None)\nbackend.start(backend.role(None))\n"
                      f"print(repr(backend.gpu_capability()), '|', backend.resolve_precision('auto'), "
@@ -100,7 +100,7 @@ print(role.task, "threads", backend.input.train.workers, backend.input.train._po
 def test_processes_on_one_machine_share_its_cpus_for_their_input(framework, small_dataset, tmp_path):
     """Two processes of a job on this machine (real torchrun; two jax.distributed processes) each decode on its
     share of the CPUs, not on all of them (which oversubscribed the machine twice), and say so once."""
-    pytest.importorskip(framework)
+    require_framework(framework)
     from components.images import available_cpus
 
     (tmp_path / "input_share.py").write_text(INPUT_SHARE)
@@ -136,7 +136,7 @@ def test_processes_on_one_machine_share_its_cpus_for_their_input(framework, smal
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_trained_on_torch_or_jax_served_by_tensorflow_with_the_same_predictions(framework, small_dataset, tmp_path):
-    pytest.importorskip(framework)
+    require_framework(framework)
     model_dir = str(tmp_path / "model")
     attempt = Attempt(["--framework", framework, "--dataset-dir", small_dataset, "--model-dir", model_dir,
                        "--epochs", "2", "--batch-size", "32", "--tensorboard-dir", str(tmp_path / "logs")])
@@ -168,7 +168,7 @@ def test_two_torch_processes_interrupted_resume_to_the_exact_step_count(small_da
     """Two processes on gloo: SIGTERM on rank 1 (both save at the same step and exit EXIT_RETRY), then SIGKILL on
     rank 1 (rank 0 loses its peer in the all-reduce: EXIT_RETRY, resumed from the last periodic checkpoint), then
     both run to the end: exactly epochs x steps_per_epoch steps, a mid-epoch resume, and a working model."""
-    pytest.importorskip("torch")
+    require_framework("torch")
     epochs, batch = 6, 16  # six: on an idle machine three epochs ended before the second signal arrived
     args = ["--framework", "torch", "--dataset-dir", small_dataset, "--epochs", str(epochs), "--batch-size",
             str(batch), "--input-mode", "memory", "--model-dir", str(tmp_path / "model"), "--backup-dir",
@@ -225,7 +225,7 @@ def test_two_torch_processes_interrupted_resume_to_the_exact_step_count(small_da
 def test_two_jax_processes_preempted_resume_to_the_exact_step_count(small_dataset, tmp_path):
     """Two JAX processes (jax.distributed, gloo): SIGTERM on process 1, both save at the same step and exit
     EXIT_RETRY; started again, they resume there and take exactly epochs x steps_per_epoch steps."""
-    pytest.importorskip("jax")
+    require_framework("jax")
     epochs, batch = 4, 16  # room for the signal after the first checkpoint on an idle machine
     args = ["--framework", "jax", "--dataset-dir", small_dataset, "--epochs", str(epochs), "--batch-size",
             str(batch), "--input-mode", "memory", "--model-dir", str(tmp_path / "model"), "--backup-dir",
@@ -351,7 +351,7 @@ def test_torch_trains_where_tensorflow_is_not_installed_and_the_savedmodel_is_co
     """TensorFlow made unimportable (a package of that name that raises ImportError comes first on the path):
     training on torch reads the shards, trains, logs and writes model.keras; the SavedModel is left pending, and
     `python -m components.train.export` where TensorFlow is completes it."""
-    pytest.importorskip("torch")
+    require_framework("torch")
     shadow = tmp_path / "no-tensorflow" / "tensorflow"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('TensorFlow is not installed here')\n")

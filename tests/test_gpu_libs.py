@@ -54,6 +54,38 @@ def test_a_library_outside_the_linker_paths_fails_with_the_linkers_error():
     assert gpu_libs.load("libz.so.1").status == "loaded"  # a system library: found through ld.so.cache
 
 
+def test_a_library_waits_for_the_driver_only_when_nothing_else_is_missing(tmp_path):
+    """dlopen names only the first dependency it cannot find: a library that needs libcuda.so.1 and, after it, a
+    library from a folder left out fails on libcuda.so.1 alone. The check loads it again with a stand-in
+    libcuda.so.1, which shows the other one missing. The libraries are real ELF objects the dynamic linker loads,
+    written as the stand-in is."""
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    for soname, needed in (("libneedsdriver.so.1", ("libcuda.so.1", "libz.so.1")),
+                           ("libneedsmore.so.1", ("libcuda.so.1", "libleftout.so.3")),
+                           ("libneedsmorefirst.so.1", ("libleftout.so.3", "libcuda.so.1"))):
+        gpu_libs.write_shared_object(str(folder / soname), soname, needed)
+    env = {"PATH": os.environ.get("PATH", ""), "LD_LIBRARY_PATH": str(folder)}
+    loaded, first_error = gpu_libs._run_loader("libneedsmore.so.1", env)
+    assert not loaded and "libcuda.so.1: cannot open shared object file" in first_error
+    assert "libleftout" not in first_error  # what the check alone saw before it loaded the stand-in
+    assert gpu_libs.load("libneedsdriver.so.1", env).status == "driver"
+    for soname in ("libneedsmore.so.1", "libneedsmorefirst.so.1"):
+        library = gpu_libs.load(soname, env)
+        assert library.status == "failed" and "libleftout.so.3: cannot open shared object file" in library.detail
+    report = gpu_libs.Report("torch", [str(folder)], [gpu_libs.load("libneedsmore.so.1", env)], [], [])
+    assert not report.ok and report.lines()[1].startswith("  FAILED  libneedsmore.so.1")
+
+
+def test_the_stand_in_driver_is_a_shared_object_the_linker_loads(tmp_path):
+    path = tmp_path / "libcuda.so.1"
+    gpu_libs.write_shared_object(str(path), "libcuda.so.1")
+    with open(sys.executable, "rb") as program, open(path, "rb") as stand_in:
+        assert stand_in.read(20)[18:] == program.read(20)[18:]  # this machine's e_machine
+    library = gpu_libs.load("libcuda.so.1", env={"PATH": "", "LD_LIBRARY_PATH": str(tmp_path)})
+    assert library.status == "loaded" and library.detail == str(path)
+
+
 def test_sonames_are_read_from_the_wheel_folders(tmp_path):
     cudnn, runtime = tmp_path / "cudnn" / "lib", tmp_path / "cuda_runtime" / "lib"
     for folder, names in ((cudnn, ["libcudnn.so.9", "libcudnn_ops.so.9", "libcudnn_cnn.so.9"]),

@@ -5,16 +5,14 @@ and the launchers end to end against the stand-ins.
 
 The stand-ins (tests/standins/) follow the controllers' code at their release tags: Trainer v2.3.0's torch and JAX
 plugins (trainer.py), the Training Operator v1.9.4's PyTorchJob env (k8s_api.py), Vertex AI's documented
-CLUSTER_SPEC (vertex_jobs.py). The test environment has no PyTorch, so the nodes run scripts that show what they
-received and meet at the coordinator's address over TCP; where torch is installed, real torchrun processes (gloo)
-form one group across the nodes of a TrainJob, a PyTorchJob and a Vertex AI CustomJob, and where JAX is installed,
-jax.distributed processes across those of a TrainJob, a JobSet and a CustomJob.
+CLUSTER_SPEC (vertex_jobs.py). The nodes run scripts that show what they received and meet at the coordinator's
+address over TCP; then real torchrun processes (gloo) form one group across the nodes of a TrainJob, a PyTorchJob
+and a Vertex AI CustomJob, and jax.distributed processes across those of a TrainJob, a JobSet and a CustomJob
+(torch and JAX: `make test` installs both, and there a missing one fails: tests/conftest.py, require_framework).
 """
 
-import importlib.util
 import json
 import os
-import shutil
 import sys
 import textwrap
 
@@ -24,7 +22,7 @@ import yaml
 from components import launch
 from components.launch.frameworks import TORCHRUN_ENV, setup
 from components.launch.node import framework_env, node_of
-from tests.conftest import REPO_ROOT, vertex_client
+from tests.conftest import REPO_ROOT, require_framework, vertex_client
 from tests.standins.jobsets import jobset_problems
 from tests.standins.k8s_api import KubernetesStandIn
 from tests.standins.kueue import DEFAULT_FRAMEWORKS
@@ -154,6 +152,29 @@ def test_why_a_torch_trainjob_sets_its_processes_and_no_pet_variables():
                         "['PET_NNODES']"]
 
 
+@pytest.mark.parametrize("resources, procs", [
+    ({"requests": {"cpu": "4", "nvidia.com/gpu": 2}}, "auto"),  # a GPU request alone (no limit) counts
+    ({"limits": {"cpu": "4", "amd.com/gpu": 1}}, "auto"),  # any resource name containing "gpu"
+    ({"requests": {"cpu": "4", "nvidia.com/gpu": 0}, "limits": {"nvidia.com/gpu": 2}}, "auto"),  # limits, else
+    ({"requests": {"cpu": "3500m"}, "limits": {"cpu": "8", "google.com/tpu": 4}}, "4"),  # no GPU: the CPU request
+    ({"limits": {"cpu": "2"}}, "2"),  # no request: the CPU limit
+])
+def test_trainers_torch_plugin_counts_gpus_from_requests_then_limits(resources, procs):
+    """With numProcPerNode left out ("auto"), Trainer v2.3.0's torch plugin keeps "auto" (torchrun's: one process
+    per GPU) where GetNumGPUPerNode (pkg/runtime/runtime.go:279-298) finds a GPU: in the requests, else in the
+    limits, under any resource name containing "gpu"; otherwise one process per CPU."""
+    job = launch.TrainingJob(name="train-1", image="img", command=setup("torch").node_command(TRAIN), workers=1,
+                             framework="torch", cpu="4")
+    manifest = launch.trainjob_manifest(job, "ml", runtime="torch-multinode")
+    del manifest["spec"]["trainer"]["numProcPerNode"]
+    manifest["spec"]["trainer"]["resourcesPerNode"] = resources
+    assert crd_problems(manifest) == []
+    jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="torch"))
+    assert problems == []
+    env = {v["name"]: v.get("value") for v in node_container(jobset)["env"]}
+    assert env["PET_NPROC_PER_NODE"] == procs
+
+
 def test_a_jax_trainjob_and_jobset_get_jax_distributeds_variables():
     manifest = launch.trainjob_manifest(framework_job("jax", 2), "ml", runtime="jax-multinode")
     assert crd_problems(manifest) == [] and "numProcPerNode" not in manifest["spec"]["trainer"]
@@ -270,7 +291,6 @@ def test_a_jax_jobsets_nodes_find_the_coordinator(k8s):
     assert outcome.state == "Completed" and lines[0].endswith("coordinator heard 1 of 2")
 
 
-NO_TORCHRUN = not shutil.which("torchrun", path=os.path.dirname(sys.executable))
 TORCH_NODE = [sys.executable, "-m", "components.launch.node", "--framework", "torch", "--"]
 JAX_NODE = [sys.executable, "-m", "components.launch.node", "--framework", "jax", "--"]
 ALLREDUCE = """
@@ -294,10 +314,10 @@ def allreduce_job(tmp_path) -> launch.TrainingJob:
                               framework="torch", placement=placement, env={"PYTHONPATH": str(tmp_path)})
 
 
-@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
 def test_real_torchrun_processes_form_one_group_in_a_trainjob(k8s, tmp_path):
     """torchrun itself, on each node of a torch TrainJob, reads only the PET_* Trainer's torch plugin set, and its
     4 processes (gloo) all-reduce across the 2 nodes."""
+    require_framework("torch")
     nodes = allreduce_job(tmp_path)
     lines = []
     outcome = launch.TrainJobLauncher(launch.kubernetes_client(k8s.url), "ml", poll_seconds=0.05,
@@ -307,9 +327,9 @@ def test_real_torchrun_processes_form_one_group_in_a_trainjob(k8s, tmp_path):
     assert any(line.endswith("rank 0 of 4 local 0 sum 10") for line in lines), lines
 
 
-@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
 def test_real_torchrun_processes_form_one_group_in_a_pytorchjob(tmp_path):
     """The same on a PyTorchJob's replicas, from the variables the Training Operator sets."""
+    require_framework("torch")
     nodes = allreduce_job(tmp_path)
     lines = []
     with KubernetesStandIn() as k8s:
@@ -319,9 +339,9 @@ def test_real_torchrun_processes_form_one_group_in_a_pytorchjob(tmp_path):
     assert any(line.endswith("rank 0 of 4 local 0 sum 10") for line in lines), lines
 
 
-@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
 def test_real_torchrun_processes_form_one_group_on_vertex_ai(tmp_path):
     """The same on a Vertex AI CustomJob's replicas, from CLUSTER_SPEC through the node module."""
+    require_framework("torch")
     nodes = allreduce_job(tmp_path)
     with VertexJobsStandIn() as vertex:
         outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05).run(
@@ -344,11 +364,10 @@ JAX_GROUP = """
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None,
-                    reason="JAX is not installed here (the CPU test environment has no JAX)")
 @pytest.mark.parametrize("launcher", ["trainjob", "jobset"])
 def test_real_jax_processes_form_one_group(k8s, launcher):
     """jax.distributed on each node of a JAX TrainJob (Trainer's jax plugin's variables) or JobSet (ours)."""
+    require_framework("jax")
     nodes = framework_job("jax", 2, command=script(JAX_GROUP))
     lines = []
     kind = launch.TrainJobLauncher if launcher == "trainjob" else launch.JobSetLauncher
@@ -358,9 +377,8 @@ def test_real_jax_processes_form_one_group(k8s, launcher):
     assert any(line.endswith("process 0 of 2 saw [0, 1]") for line in lines), lines
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None,
-                    reason="JAX is not installed here (the CPU test environment has no JAX)")
 def test_real_jax_processes_form_one_group_on_vertex_ai():
+    require_framework("jax")
     with VertexJobsStandIn() as vertex:
         outcome = launch.VertexJobLauncher(vertex_client(vertex.url), "proj", "us-central1", poll_seconds=0.05).run(
             launch.custom_job(framework_job("jax", 2, command=JAX_NODE + ["-c", textwrap.dedent(JAX_GROUP)]),
@@ -529,13 +547,13 @@ def test_the_node_module_leaves_a_single_replica_and_the_platforms_own_variables
     assert bad.returncode == 2 and "the primary pool has exactly one" in bad.stderr
 
 
-@pytest.mark.skipif(NO_TORCHRUN, reason="torch is not installed here (the CPU test environment has no PyTorch)")
 @pytest.mark.parametrize("ending, code", [("sys.exit(2)", 2), ("os.kill(os.getpid(), signal.SIGKILL)", 137),
                                           ("sigterm", 143)])
 def test_a_torch_node_ends_with_the_steps_exit_codes(tmp_path, ending, code):
     """torchrun alone ends with 1 (permanent to the failure rules) whatever stopped it; the node module ends with
     the first failed process's own code (2 bad input; 137 killed: retryable), and 143 after SIGTERM, once its
     processes have written their checkpoint."""
+    require_framework("torch")
     import signal
     import subprocess
     import time

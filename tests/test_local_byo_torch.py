@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.conftest import require_framework
+
+require_framework("torch")
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,6 @@ from components.train.recipes import RECIPES, Recipe
 from tests.conftest import REPO_ROOT
 from tests.test_records import photo
 
-MATE = "/usr/share/backgrounds/mate"
 FULL_POLICY = {"rotation_degrees": 12.0, "shift_fraction": 0.1, "zoom_range": 0.1, "horizontal_flip": True,
                "brightness": 0.1, "contrast": 0.2, "noise_stddev": 0.02, "elastic_alpha": 3.0, "cutout_fraction": 0.2,
                "random_resized_crop": True, "seed": 3}
@@ -169,17 +168,24 @@ def test_stored_encodings_decode_to_tensorflows_pixels(tmp_path, encoding):
         assert difference.max() <= 1 and difference.mean() < 0.01
 
 
-def real_photos() -> list[str]:
-    found = sorted(os.path.join(d, f) for d, _, fs in os.walk(MATE) for f in fs if f.endswith(".jpg"))
-    if not found:
-        pytest.skip(f"no photographs under {MATE} (apt-get install mate-backgrounds, or `make photos`)")
-    return found
+def photo_files(request, photo_set: str, every: int) -> list[str]:
+    """Every `every`-th photo of the food photos (food_photos) or of Debian's photographs (mate_photos): each set is a
+    test of its own, so that one missing set does not drop the other's."""
+    found = request.getfixturevalue(photo_set)
+    if isinstance(found, str):  # a folder of class folders
+        found = sorted(os.path.join(d, f) for d, _, fs in os.walk(found) for f in fs)
+    return found[::every]
 
 
-def test_the_resize_rule_matches_tensorflows_on_real_photos(food_photos):
+@pytest.mark.parametrize("photo_set, every, mean_levels", [
+    ("food_photos", 25, 0.01),  # 307x173: the same pixels but for a few
+    ("mate_photos", 3, 0.15),  # up to 5640x3172, to 64 and 28 px: one level apart on up to about a tenth of them
+])
+def test_the_resize_rule_matches_tensorflows_on_real_photos(request, photo_set, every, mean_levels):
     """data.decode_to_shape's rule (DCT scale, then bilinear; antialiased from a 3x shrink) on the food photos
     (307x173) and Debian's photographs (up to 5640x3172), at the sizes training uses: within one level."""
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(food_photos) for f in fs)[::25] + real_photos()[::3]
+    files = photo_files(request, photo_set, every)
+    assert files
     for shape in ([64, 64, 3], [224, 224, 3], [28, 28, 1]):
         decode = data.file_decoder(tuple(shape))
         means = []
@@ -189,17 +195,21 @@ def test_the_resize_rule_matches_tensorflows_on_real_photos(food_photos):
             difference = np.abs(decode(contents).astype(int) - pixels.decode_to_shape(contents, shape))
             assert difference.max() <= 1, (path, shape)
             means.append(difference.mean())
-        assert np.mean(means) < 0.05
+        assert np.mean(means) < mean_levels, (shape, means)
 
 
-def test_the_crop_of_a_source_file_matches_tensorflows_decode_and_crop(food_photos):
+@pytest.mark.parametrize("photo_set, every, ratios", [
+    ("food_photos", 40, {1}),  # 307x173: every crop is under twice 224, so no DCT scale applies
+    ("mate_photos", 2, {2, 4, 8}),  # up to 5640x3172: these crops all decode at a DCT scale
+])
+def test_the_crop_of_a_source_file_matches_tensorflows_decode_and_crop(request, photo_set, every, ratios):
     """At the crop's full scale (a crop under twice the target: no DCT scale applies) the pixels of
     data.decode_crop_to_shape to a level, but where libjpeg's block edges meet the crop's edge; larger crops decode
     at a DCT scale, which averages what TensorFlow's plain bilinear samples: compared with TensorFlow's crop
     resized with antialiasing, within a few levels on average."""
     import tensorflow as tf
 
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(food_photos) for f in fs)[::40] + real_photos()[::2]
+    files = photo_files(request, photo_set, every)
     rng = np.random.default_rng(2)
     by_ratio: dict[int, list[float]] = {}
     for path in files:
@@ -220,8 +230,8 @@ def test_the_crop_of_a_source_file_matches_tensorflows_decode_and_crop(food_phot
                 crop = tf.io.decode_and_crop_jpeg(contents, box, channels=3, dct_method="INTEGER_ACCURATE")
                 theirs = data.resize_to_shape(crop, [224, 224, 3], antialias=True).numpy()
             by_ratio.setdefault(ratio, []).append(float(np.abs(ours.astype(int) - theirs).mean()))
-    assert len(by_ratio) >= 3
-    assert max(by_ratio[1]) < 0.1
+    assert set(by_ratio) == ratios
+    assert max(by_ratio.get(1, [0.0])) < 0.1
     for ratio, means in by_ratio.items():
         assert np.mean(means) < 5 and max(means) < 12, (ratio, means)
 

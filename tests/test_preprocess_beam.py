@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-pytest.importorskip("apache_beam")
+from tests.conftest import require_framework
+
+require_framework("apache_beam")
 
 from components import data  # noqa: E402
 from components import preprocess as pp  # noqa: E402

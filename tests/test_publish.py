@@ -336,6 +336,8 @@ def test_disable_then_delete_a_schedule_by_name(client, package):
     ("0 0 * * FUNDAY", "not a number or a name"),
     ("@daily", "5 standard fields"),
     ("TZ=Europe/Berlin 0 3 * * *", "no time zone prefix here"),  # KFP runs crons in the server's zone
+    ("0 0 31 2 *", "day of month '31' never comes in month '2'"),  # KFP's cron library would take it, never to run
+    ("0 0 31 APR,JUN,SEP,NOV *", "never comes"),
 ])
 def test_bad_cron_is_rejected_before_any_request(kfp_api, client, package, cron, why):
     kfp_api.requests.clear()  # the client's construction probed /healthz

@@ -22,6 +22,7 @@ from components.registry import identity
 from components.registry.vertex import EXPORT_NO_TENSORFLOW, SERVING_FOLDER, SavedModelUnavailable
 from components.train import export as train_export
 from components.train import model as train_model
+from tests.conftest import require_framework
 from tests.test_registry_vertex import MODEL, gcs, make_registry, sleeps, vertex  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -175,7 +176,7 @@ def test_trained_on_torch_without_tensorflow_then_registered_and_served_by_tenso
     import keras
     import tensorflow as tf
 
-    pytest.importorskip("torch")
+    require_framework("torch")
     shadow = tmp_path / "no-tensorflow" / "tensorflow"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('TensorFlow is not installed here')\n")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
+from components import gcp
 from components.register import register
 from components.registry import CHAMPION, ChampionChanged, LocalRegistry, model_digest
 from components.registry.vertex import (
@@ -71,8 +73,10 @@ def make_registry(vertex, gcs, sleeps, **kwargs) -> VertexRegistry:
     # The registry's behaviour (versions, aliases, digests, labels) is the same whichever container serves; these
     # tests register gs:// URIs that have no files here, which only the prebuilt container (no versioned copy to
     # stage) allows. The default container has its own tests below.
+    # The backoff's jitter draws the top of its range here, so that each wait is the ceiling (1, 2, 4 s...);
+    # tests/test_gcp.py holds the jitter itself.
     options = dict(api_endpoint=vertex.api_endpoint, credentials=AnonymousCredentials(), sleep=sleeps.append,
-                   gcs_fuse_root=str(gcs), serving_image=PREBUILT_TF_IMAGES["cpu"])
+                   uniform=lambda low, high: high, gcs_fuse_root=str(gcs), serving_image=PREBUILT_TF_IMAGES["cpu"])
     options.update(kwargs)
     return VertexRegistry(PROJECT, location, **options)
 
@@ -328,6 +332,25 @@ def test_quota_error_is_retried_with_backoff_then_succeeds(vertex, registry, sle
     assert len(vertex.calls("UploadModel")) == 3
     assert [c.status for c in vertex.calls("UploadModel")] == [429, 429, 200]
     assert len(vertex.versions(MODEL)) == 1
+
+
+def test_quota_retries_wait_a_random_share_of_a_doubling_ceiling(vertex, gcs, sleeps):
+    """Full jitter, as google-api-core's own retries (exponential_sleep_generator): each wait is drawn uniformly
+    between 0 and a ceiling that doubles, so that steps refused together do not all come back at the same second."""
+    source, draws = random.Random(7), []
+
+    def uniform(low, high):
+        draws.append((low, high))
+        return source.uniform(low, high)
+
+    registry = make_registry(vertex, gcs, sleeps, uniform=uniform)
+    vertex.fail_next(429, count=3, rpc="UploadModel")
+    assert upload(registry, "gs://my-bucket/runs/r1/model", DIGEST_1).version == "1"
+    assert draws == [(0.0, 1.0), (0.0, 2.0), (0.0, 4.0)]
+    twin = random.Random(7)
+    assert sleeps == [twin.uniform(0.0, ceiling) for ceiling in (1.0, 2.0, 4.0)]
+    assert len(set(sleeps)) == 3 and all(0 <= wait <= ceiling for wait, ceiling in zip(sleeps, (1.0, 2.0, 4.0)))
+    assert gcp.RetryPolicy().uniform is random.uniform  # what runs outside tests
 
 
 def test_quota_error_while_polling_does_not_upload_twice(vertex, registry, sleeps):

@@ -15,6 +15,7 @@ import pytest
 
 from components import data, gcs, storage
 from components.storage import LocalFiles as fs
+from tests.conftest import require_framework
 from tests.standins.gcs import GcsStandIn
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,7 +201,7 @@ def test_a_process_without_tensorflow_reads_a_dataset_and_loads_models_from_gs(s
                                                                              loopback_only):
     """As in the PyTorch image: the manifest and shards of a dataset, a folder of images, a TorchScript model (a
     registry champion's files) and a Keras model, all on gs://."""
-    pytest.importorskip("torch")
+    require_framework("torch")
     from tests.test_byo_torch import no_tensorflow_env, torchscript_model
 
     root = tmp_path / "gcs" / "bucket"

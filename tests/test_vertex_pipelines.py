@@ -309,8 +309,11 @@ def test_act_as_refusal_names_service_account_user_and_the_command(standin, vert
 
 def test_quota_refusals_are_retried(standin, vertex_package, clock):
     standin.fail_next(429, count=2, rpc="CreatePipelineJob")
-    run = connect(standin, clock).submit(vertex_package, pipeline_root=ROOT, job_id="after-quota")
-    assert run.job_id == "after-quota" and clock.sleeps == [2.0, 4.0]
+    draws = []
+    run = connect(standin, clock, uniform=lambda low, high: draws.append((low, high)) or high / 2).submit(
+        vertex_package, pipeline_root=ROOT, job_id="after-quota")
+    # each wait is the jitter's draw under a ceiling doubling from 2 s (here the draw is half of it)
+    assert run.job_id == "after-quota" and draws == [(0.0, 2.0), (0.0, 4.0)] and clock.sleeps == [1.0, 2.0]
     assert len(standin.pipeline_jobs()) == 1
 
 
@@ -483,7 +486,7 @@ def test_schedule_functions_take_a_custom_name(standin, vertex_package):
 
 @pytest.mark.parametrize("cron", ["0 3 * *", "0 3 * * * *", "@daily", "61 * * * *", "0 24 * * *", "0 3 0 * *",
                                   "0 3 * 13 *", "0 3 * * 8", "*/0 * * * *", "0 5-1 * * *", "TZ=Mars/Olympus 0 3 * * *",
-                                  "0 3 * * FUNDAY", ""])
+                                  "0 3 * * FUNDAY", "", "0 0 31 2 *", "0 0 30-31 FEB *", "0 0 31 4,6,9,11 *"])
 def test_bad_cron_is_refused_before_any_request(standin, vertex_package, cron):
     with pytest.raises(ValueError, match="cron|time zone"):
         connect(standin).schedule(vertex_package, cron=cron, pipeline_root=ROOT)
@@ -491,7 +494,8 @@ def test_bad_cron_is_refused_before_any_request(standin, vertex_package, cron):
 
 
 @pytest.mark.parametrize("cron", ["*/15 * * * *", "0 0 1 JAN *", "TZ=America/New_York 0 3 * * MON-FRI",
-                                  "CRON_TZ=Asia/Tokyo 30 6 1,15 * *", "0 9-17/2 * * 1-5", "0 0 * * 7"])
+                                  "CRON_TZ=Asia/Tokyo 30 6 1,15 * *", "0 9-17/2 * * 1-5", "0 0 * * 7",
+                                  "0 0 29 2 *", "0 0 31 2/2 *", "0 0 31 2 MON"])  # leap days; Dec 31; Mondays
 def test_good_cron_is_accepted_by_us_and_the_api(standin, vertex_package, cron):
     info = connect(standin).schedule(vertex_package, cron=cron, pipeline_root=ROOT)
     assert info.cron == cron and info.next_run_time

@@ -2,8 +2,11 @@
 
 `RetryPolicy.call(what, fn, ...)` runs one API call:
 
-- HTTP 429 / RESOURCE_EXHAUSTED (quota, rate limits) is retried with exponential backoff, waiting at least the
-  delay the server suggests (google.rpc.RetryInfo); a 429 means the request was refused, so every call may be
+- HTTP 429 / RESOURCE_EXHAUSTED (quota, rate limits) is retried with exponential backoff and full jitter (each
+  wait drawn uniformly below the doubling ceiling, as google-api-core's own retries do:
+  google/api_core/retry/retry_base.py:118-121, exponential_sleep_generator, at v2.44.0), so that the many
+  steps a quota refusal stops at once do not all come back at the same second; waiting at least the delay the
+  server suggests (google.rpc.RetryInfo); a 429 means the request was refused, so every call may be
   retried. After `max_attempts` it becomes `QuotaExhausted`, naming the quota page.
 - Transient failures (5xx, deadline exceeded, a dropped connection) are retried the same way, but only for
   calls marked `idempotent` (reads, polls): a create that timed out may have happened. Then `Unavailable`.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import re
 import time
 from typing import Any, Callable
@@ -113,13 +117,15 @@ def permission_message(what: str, error: Any, *, parent: str, credentials: Any =
 
 @dataclasses.dataclass
 class RetryPolicy:
-    """How every Google Cloud call is retried: `max_attempts` tries, waits doubling from `initial_backoff_s`
-    up to `max_backoff_s` (at least the server's suggested delay); `sleep` is injectable so tests never wait."""
+    """How every Google Cloud call is retried: `max_attempts` tries, each wait drawn by `uniform(0, ceiling)`
+    (full jitter) under a ceiling doubling from `initial_backoff_s` up to `max_backoff_s`, and at least the
+    server's suggested delay; `sleep` and `uniform` are injectable so tests never wait and know each wait."""
 
     max_attempts: int = 5
     initial_backoff_s: float = 1.0
     max_backoff_s: float = 32.0
     sleep: Callable[[float], None] = time.sleep
+    uniform: Callable[[float, float], float] = random.uniform
 
     def __post_init__(self):
         if self.max_attempts < 1:
@@ -141,7 +147,7 @@ class RetryPolicy:
                         f"Vertex AI refused to {what} for quota (RESOURCE_EXHAUSTED) {self.max_attempts} times in "
                         f"{parent}; the last answer was: {e.message} Wait and retry, or ask for more Vertex AI "
                         f"quota (IAM & Admin > Quotas, service aiplatform.googleapis.com, region {location}).") from e
-                wait = min(self.max_backoff_s, max(delay, retry_delay(e)))
+                wait = min(self.max_backoff_s, max(self.uniform(0.0, delay), retry_delay(e)))
                 log.warning("Vertex AI quota refusal (%s) on attempt %d/%d to %s; retrying in %.1fs", e.message,
                             attempt, self.max_attempts, what, wait)
             except gexc.Forbidden as e:  # HTTP 403 / PERMISSION_DENIED
@@ -166,7 +172,7 @@ class RetryPolicy:
                 if attempt == self.max_attempts:
                     raise Unavailable(f"Vertex AI did not answer the call to {what} in {parent} after "
                                       f"{self.max_attempts} attempts (the last error: {e}); retry later.") from e
-                wait = delay
+                wait = self.uniform(0.0, delay)
                 log.warning("Vertex AI call to %s failed (%s) on attempt %d/%d; retrying in %.1fs", what, e,
                             attempt, self.max_attempts, wait)
             self.sleep(wait)

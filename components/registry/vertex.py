@@ -44,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -343,6 +344,7 @@ class VertexRegistry(gcp.VertexService):
                  gcs_fuse_root: str = "/gcs", max_attempts: int = 5, initial_backoff_s: float = 1.0,
                  max_backoff_s: float = 32.0, poll_seconds: float = 2.0, upload_timeout_seconds: float = 1800.0,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
+                 uniform: Callable[[float, float], float] = random.uniform,
                  bucket_location: Callable[[str], str | None] | None = None, export_python: str | None = None):
         """
         project, location: where the models live (`projects/{project}/locations/{location}`).
@@ -353,8 +355,8 @@ class VertexRegistry(gcp.VertexService):
             image (`prebuilt_image_for`) keeps the prebuilt TensorFlow 2.15 container.
         gcs_fuse_root: local paths under it are Cloud Storage paths (`/gcs/BUCKET/PATH` is `gs://BUCKET/PATH`
             on Vertex AI Pipelines), so a step can hash the model locally and register its gs:// URI.
-        max_attempts, initial_backoff_s, max_backoff_s, sleep: the retry policy (components/gcp/retry.py);
-            `sleep` is injectable for tests.
+        max_attempts, initial_backoff_s, max_backoff_s, sleep, uniform: the retry policy
+            (components/gcp/retry.py); `sleep` and `uniform` (the backoff's jitter) are injectable for tests.
         poll_seconds, upload_timeout_seconds, monotonic: how the upload's long-running operation is followed.
         bucket_location: optional `bucket name -> location` lookup (e.g. with google-cloud-storage, which needs
             storage.buckets.get); when given, an artifact bucket in another single region is refused before
@@ -367,7 +369,7 @@ class VertexRegistry(gcp.VertexService):
         if not location or location == "global":
             raise ValueError(f"VertexRegistry needs a region such as us-central1 (models are regional), got {location!r}")
         super().__init__(project, location, api_endpoint=api_endpoint, credentials=credentials, transport=transport,
-                         retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep),
+                         retry=gcp.RetryPolicy(max_attempts, initial_backoff_s, max_backoff_s, sleep, uniform),
                          monotonic=monotonic)
         self.serving = serving_container(serving_image or default_serving_image(project, location))
         self.gcs_fuse_root = gcs_fuse_root.rstrip("/") if gcs_fuse_root else ""

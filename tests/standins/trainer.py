@@ -15,7 +15,8 @@ The torch and JAX plugins are followed too (pkg/runtime/framework/plugins/torch/
 jax/jax.go:56-104; constants in pkg/constants/constants.go): the torch webhook refuses a TrainJob whose trainer env
 sets torchrun's reserved PET_* names; the torch plugin gives the `node` container PET_NNODES (numNodes),
 PET_NPROC_PER_NODE (trainer.numProcPerNode, else "auto", which on a node without GPUs becomes its CPU request,
-rounded up as Quantity.Value does), PET_NODE_RANK (the completion index, Downward API), PET_MASTER_ADDR
+rounded up as Quantity.Value does; GPUs are counted as pkg/runtime/runtime.go:279-298 counts them: requests first,
+then limits, any resource name containing "gpu"), PET_NODE_RANK (the completion index, Downward API), PET_MASTER_ADDR
 (`{trainjob}-node-0-0.{trainjob}`), PET_MASTER_PORT (29500) and the port 29500; the JAX plugin JAX_NUM_PROCESSES,
 JAX_PROCESS_ID (the completion index) and JAX_COORDINATOR_ADDRESS (`{trainjob}-node-0-0.{trainjob}:29500`) and the
 same port.
@@ -74,11 +75,25 @@ def _upsert_env(env: list[dict], updates: list[dict]) -> list[dict]:
 
 
 def _quantity_value(quantity) -> int:
-    """A CPU quantity as resource.Quantity.Value() gives it: rounded up to a whole number."""
+    """A quantity as resource.Quantity.Value() gives it: rounded up to a whole number."""
     text = str(quantity)
     if text.endswith("m"):
         return -(-int(text[:-1]) // 1000)
     return int(-(-float(text) // 1))
+
+
+def _gpus_per_node(resources: dict) -> int:
+    """runtime.go:279-298 (GetNumGPUPerNode, numGPU): the requests' count, else the limits'; of the first resource
+    whose name contains "gpu" in any case (nvidia.com/gpu, amd.com/gpu, ...). Go ranges over the map in random
+    order where several such names are set; this takes them in the order given."""
+
+    def count(resource_list: dict | None) -> int:
+        for name, quantity in (resource_list or {}).items():
+            if "gpu" in name.lower():
+                return _quantity_value(quantity)
+        return 0
+
+    return count(resources.get("requests")) or count(resources.get("limits"))
 
 
 def _framework_env(policy: str, trainjob: dict, nodes: int, resources: dict) -> list[dict]:
@@ -91,8 +106,8 @@ def _framework_env(policy: str, trainjob: dict, nodes: int, resources: dict) -> 
                 {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{master}:{TRAINER_PORT}"}]
     trainer = trainjob["spec"].get("trainer") or {}
     procs = trainer.get("numProcPerNode", "auto")  # torch.go:121-124
-    gpus = int((resources.get("limits") or {}).get("nvidia.com/gpu", 0) or 0)
-    if procs == "auto" and not gpus:  # torch.go:131-135, getNumCPUPerNode: the request, else the limit
+    # torch.go:131-135: no GPU, so one process per CPU (getNumCPUPerNode: the request, else the limit)
+    if procs == "auto" and not _gpus_per_node(resources):
         cpu = (resources.get("requests") or {}).get("cpu") or (resources.get("limits") or {}).get("cpu") or 0
         procs = max(1, _quantity_value(cpu))
     return [{"name": "PET_NNODES", "value": str(nodes)}, {"name": "PET_NPROC_PER_NODE", "value": str(procs)},
