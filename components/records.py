@@ -19,9 +19,7 @@ on it), so a parser of our own keeps this path free of any package beyond numpy.
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-import glob as globlib
 import json
 import os
 import struct
@@ -29,7 +27,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from components.storage import DataError, join, locate
+from components.storage import DataError, glob, join, locate
 
 _MASK_DELTA = 0xA282EAD8
 _READ_BUFFER = 4 << 20
@@ -206,17 +204,6 @@ def read_file(uri: str) -> bytes:
 def exists(uri: str) -> bool:
     _check_scheme(uri)
     return _blob(uri).exists() if uri.startswith("gs://") else os.path.exists(uri)
-
-
-def glob(pattern: str) -> list[str]:
-    """Files matching a glob pattern (`*`, `?`, `[...]` in the last parts), local or gs://, sorted."""
-    _check_scheme(pattern)
-    if not pattern.startswith("gs://"):
-        return sorted(globlib.glob(pattern))
-    bucket, _, name = pattern[len("gs://"):].partition("/")
-    prefix = name[:min((name.find(c) for c in "*?[" if c in name), default=len(name))]
-    blobs = _gcs_client().list_blobs(bucket, prefix=prefix)
-    return sorted(f"gs://{bucket}/{blob.name}" for blob in blobs if fnmatch.fnmatchcase(blob.name, name))
 
 
 # ---------------------------------------------------------------------------------------------- TFRecord

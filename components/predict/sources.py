@@ -218,7 +218,7 @@ def iter_uris(source: Source, exclude: str | None = None) -> Iterator[str]:
 
 def tfrecord_shards(source: Source) -> list[str]:
     if GLOB_CHARS.search(source.location):
-        return sorted(data.gfile().glob(source.location))
+        return data.glob(source.location)
     return [source.location]
 
 
