@@ -50,7 +50,7 @@ import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
 from components.storage import (  # noqa: F401 (readers use them as data.join, ...)
-    DataError, gfile, glob, join, locate, tensorflow_or_none)
+    DataError, gfile, glob, glob_regex, join, locate, tensorflow_or_none)
 from components import pixels, records  # TFRecords and record images without TensorFlow (import none of it)
 
 FASHION_MNIST_CLASSES = [

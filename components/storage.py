@@ -1,5 +1,6 @@
-"""Paths that are local or gs:// (through `tf.io.gfile`), and the error for input data that cannot be used. The
-bottom of the data helpers: components/images.py and components/data.py build on it.
+"""Paths that are local or gs:// (through `tf.io.gfile`), the one glob of every step (`glob`: tf.io.gfile.glob's
+answer, with or without TensorFlow), and the error for input data that cannot be used. The bottom of the data
+helpers: components/images.py and components/data.py build on it.
 
 Training on PyTorch or JAX runs where TensorFlow may not be installed (the PyTorch GPU image): that step calls
 `use_tensorflow_io(False)` first, and gfile() is then `LocalFiles`: local paths (a GCS FUSE mount included) with
@@ -161,11 +162,22 @@ def _bracket(pattern: str, start: int) -> tuple[str, int] | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern:
+def glob_regex(pattern: str, recursive: bool = False) -> re.Pattern:
+    """The regex of a glob pattern, matched against a whole path (`match` or `fullmatch`): fnmatch with
+    FNM_PATHNAME, and with `recursive` (batch prediction's input globs, components/predict/sources.py) `**` also
+    crosses folders, `**/` matching zero or more of them, as Python's glob(recursive=True) reads it."""
     out, i = [], 0
     try:
         while i < len(pattern):
             ch = pattern[i]
+            if recursive and pattern.startswith("**/", i):
+                out.append("(?:.*/)?")
+                i += 3
+                continue
+            if recursive and pattern.startswith("**", i):
+                out.append(".*")
+                i += 2
+                continue
             if ch == "*":
                 out.append("[^/]*")
             elif ch == "?":
@@ -184,12 +196,12 @@ def _compiled(pattern: str) -> re.Pattern:
             i += 1
     except _Invalid:
         return re.compile("(?!)")
-    return re.compile("".join(out), re.DOTALL)
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 def match(path: str, pattern: str) -> bool:
     """Whether `path` matches the glob `pattern` as fnmatch(pattern, path, FNM_PATHNAME) says."""
-    return _compiled(pattern).fullmatch(path) is not None
+    return glob_regex(pattern).match(path) is not None
 
 
 def _directory_prefixes(pattern: str) -> list[str]:
