@@ -85,7 +85,7 @@ def test_directories_are_prefixes_as_tf_gfile_sees_them_on_gcs(bucket):
 
 def test_the_stand_in_holds_every_name_gcs_allows(bucket):
     """A marker `e/`, an object `e` beside objects under `e/`, names with empty, "." and ".." segments: each is
-    its own object, listed, read and deleted as Cloud Storage does (cloud.google.com/storage/docs/objects#naming)."""
+    its own object, listed, read and deleted as Cloud Storage does (cloud.google.com/storage/docs/naming-objects)."""
     objects = gcs.client().bucket("bucket")
     for name, contents in [("e/x", b"under"), ("e", b"beside"), ("e/", b""), ("f//g", b"empty segment"),
                            ("f/./h", b"dot"), ("f/../i", b"dots")]:

@@ -3,7 +3,7 @@ writing, copying and deleting objects, over a local folder: gs://BUCKET/NAME is 
 real client at it with `STORAGE_EMULATOR_HOST` (the client then uses anonymous credentials and this endpoint:
 google-cloud-storage 3.17.1, client.py:191-205 and 250-262).
 
-Any object name Cloud Storage allows is held (cloud.google.com/storage/docs/objects#naming: any UTF-8 but CR and
+Any object name Cloud Storage allows is held (cloud.google.com/storage/docs/naming-objects: any UTF-8 but CR and
 LF, so names a folder cannot hold as files are written with those): the folder marker `d/` that TensorFlow's
 makedirs uploads is the file `d/<LF>`, an object `d` beside objects under `d/` is the file `d/<LF><LF>`, and the
 segments "." and ".." are `<LF>.` and `<LF>..`. Names without those are plain files, so a test may lay out or read
@@ -51,12 +51,12 @@ Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1
   14.4; the client's BlobReader reads in ranges and takes 416 as the end of the file, fileio.py:141-157). Every
   download answers `x-goog-hash: crc32c=...` and `x-goog-hash: md5=...` (two headers, of the whole object, as
   Cloud Storage sends them: cloud.google.com/storage/docs/json_api/v1/objects/get "Response" and
-  cloud.google.com/storage/docs/xml-api/reference-headers#xgooghash), `x-goog-generation` and
+  cloud.google.com/storage/docs/hashes-etags#json-api), `x-goog-generation` and
   `x-goog-stored-content-length`: the client checks a whole download against the hash
-  (google/cloud/storage/_media/requests/download.py:173-203 at 3.17.1; a 206 is not checked). `corrupt_next`
+  (google/cloud/storage/_media/requests/download.py:117-184 at 3.17.1; a 206 is not checked). `corrupt_next`
   flips a byte of the next downloads' bodies, to show that check fails.
 - An error the stand-in did not foresee answers 500 with Google's JSON error body (INTERNAL), as the service does,
-  instead of dropping the connection (cloud.google.com/storage/docs/json_api/v1/status-codes#500).
+  instead of dropping the connection (cloud.google.com/storage/docs/json_api/v1/status-codes, 500).
 """
 
 from __future__ import annotations
