@@ -234,7 +234,8 @@ def _server_copy(source: str, target: str, overwrite: bool) -> int:
     except Exception as e:
         if type(e).__name__ != "PreconditionFailed":  # google.api_core.exceptions.PreconditionFailed (412)
             raise
-        if _live_generation(destination) and (destination.crc32c, destination.size) == (blob.crc32c, blob.size):
+        now = _blob(target)  # (a blob that has a generation reads that one, not the live object)
+        if _live_generation(now) and (now.crc32c, now.size) == (blob.crc32c, blob.size):
             return blob.generation  # an earlier try of this copy landed
         if not overwrite:
             raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)") from None

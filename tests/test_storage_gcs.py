@@ -131,6 +131,21 @@ def test_a_publish_by_rename_survives_one_server_error(bucket):
     fs.copy("gs://bucket/ckpt/epoch-2", "gs://bucket/ckpt/backup")
     assert bucket.calls("storage.objects.rewrite")[-1].arg("ifGenerationMatch") == "0"
     assert (bucket.root_path / "ckpt" / "backup").read_bytes() == b"weights of epoch 2"
+    with pytest.raises(FileExistsError, match="gs://bucket/ckpt/backup already exists"):
+        fs.copy("gs://bucket/d/a.txt", "gs://bucket/ckpt/backup")
+    # a rewrite that landed but whose answer was lost: the retry's precondition fails (412), the target holds the
+    # source's bytes, so the publish is done; and the delete of the source, retried the same way, finds it gone
+    with fs.GFile("gs://bucket/ckpt/epoch-3.partial", "wb") as f:
+        f.write(b"weights of epoch 3")
+    before = len(bucket.calls())
+    bucket.lose_answer("storage.objects.rewrite")
+    bucket.lose_answer("storage.objects.delete")
+    fs.rename("gs://bucket/ckpt/epoch-3.partial", "gs://bucket/ckpt/epoch-2", overwrite=True)
+    assert (bucket.root_path / "ckpt" / "epoch-2").read_bytes() == b"weights of epoch 3"
+    assert not fs.exists("gs://bucket/ckpt/epoch-3.partial")
+    calls = [(call.rpc, call.status) for call in bucket.calls()[before:] if call.method != "GET"]
+    assert calls == [("storage.objects.rewrite", 503), ("storage.objects.rewrite", 412),
+                     ("storage.objects.delete", 503), ("storage.objects.delete", 404)]
 
 
 def test_downloads_are_checked_against_x_goog_hash_and_ranged_reads_keep_their_generation(bucket, tmp_path,

@@ -99,6 +99,20 @@ class GcsStandIn(StandIn):
         self.root = str(root)
         self.uploads: dict[str, dict] = {}  # resumable upload sessions: upload_id -> bucket, name, bytes so far
         self.corrupt_next = 0  # the next downloads whose body has a byte flipped (the hash stays the object's)
+        self.lost_answers: dict[str, int] = {}  # rpc -> calls carried out whose answer is then a 503 (lose_answer)
+
+    def lose_answer(self, rpc: str, count: int = 1) -> None:
+        """The next `count` calls of `rpc` are carried out, then answered 503, as when a change lands and its
+        answer does not reach the client: what a retry then finds (fail_next answers before anything changes)."""
+        with self.lock:
+            self.lost_answers[rpc] = self.lost_answers.get(rpc, 0) + count
+
+    def _dispatch(self, request: Request, raw_path: str):
+        answer = super()._dispatch(request, raw_path)
+        if self.lost_answers.get(request.rpc):
+            self.lost_answers[request.rpc] -= 1
+            raise ApiError("UNAVAILABLE", "Backend Error")
+        return answer
 
     def routes(self):
         return [route("GET", rf"/storage/v1/b/{_BUCKET}/o", "storage.objects.list", self._list),
