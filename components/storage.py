@@ -85,17 +85,20 @@ def _uri_files(path: str):
 
 # ---------------------------------------------------------------------------------------------- glob
 #
-# One glob for local and gs:// paths, giving tf.io.gfile.glob's answer whichever framework reads the files:
+# One glob for local and gs:// paths, giving tf.io.gfile.glob's answer whichever framework reads the files (the
+# TensorFlow files named below are under third_party/xla/xla/tsl/platform/ of its repository, formerly
+# tensorflow/tsl/platform/; tests/test_paths_agree.py holds the answers to tf.io.gfile.glob of TensorFlow 2.21 and
+# to the C library's fnmatch):
 # - a path matches as POSIX fnmatch(pattern, path, FNM_PATHNAME) decides, which is TensorFlow's FileSystem::Match
-#   on POSIX (tensorflow/tsl/platform/file_system.cc at v2.21.0, moved to third_party/xla/xla/tsl/platform): `*`,
-#   `?` and `[...]` never match "/", `\` escapes the next character, and a leading "." is matched like any other
-#   character (no FNM_PERIOD: Python's glob.glob skips hidden files, TensorFlow does not);
+#   on POSIX (file_system.cc): `*`, `?` and `[...]` never match "/", `\` escapes the next character, and a leading
+#   "." is matched like any other character (no FNM_PERIOD: Python's glob.glob skips hidden files, TensorFlow
+#   does not);
 # - local paths are expanded level by level from the last folder without a glob character, each child of a matching
-#   folder matched against the pattern cut at that level (GetMatchingPaths, xla/tsl/platform/file_system_helper.cc);
+#   folder matched against the pattern cut at that level (GetMatchingPaths, file_system_helper.cc);
 # - gs:// lists every object under the folder of the pattern's fixed prefix once, adds every parent folder of each
 #   name, leaves out that folder's own marker object (`d/` for `gs://b/d/*`) and matches the full paths
-#   (GcsFileSystem::GetMatchingPaths and AddAllSubpaths, xla/tsl/platform/cloud/gcs_file_system.cc). A marker below
-#   that folder still matches a pattern ending in "/*" (`gs://b/d/*/*` gives `gs://b/d/sub/`), as TensorFlow's does.
+#   (GcsFileSystem::GetMatchingPaths and AddAllSubpaths, cloud/gcs_file_system.cc). A marker below that folder
+#   still matches a pattern ending in "/*" (`gs://b/d/*/*` gives `gs://b/d/sub/`), as TensorFlow's does.
 
 GLOB_CHARS = "*?[\\"  # kGlobbingChars: a pattern's fixed prefix ends before the first of these
 
