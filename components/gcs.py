@@ -12,6 +12,8 @@ named below) and tf.io.gfile's Python layer (tensorflow/python/lib/io/file_io.py
 - globbing is components/storage.py's `glob` (one for local and gs:// paths), over `list_names` here.
 - `copy` and `rename` refuse an existing target unless overwrite=True (file_io.copy_v2/rename_v2); rename is a
   server-side copy and a delete of the source (RenameObject); `rmtree` deletes every object under the prefix.
+  Between gs:// paths both carry generation preconditions, so that the client retries their server errors
+  (`_server_copy`), and a target that appears meanwhile is never replaced without overwrite=True.
 - `makedirs` writes nothing: an object's name makes its directories (TensorFlow uploads an empty `d/` marker; no
   step looks for one).
 - `GFile` reads stream in ranged requests (the client's BlobReader); writes collect in a local temporary file and
