@@ -50,7 +50,7 @@ import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
 from components.storage import (  # noqa: F401 (readers use them as data.join, ...)
-    DataError, gfile, join, locate, tensorflow_or_none)
+    DataError, gfile, glob, glob_regex, join, locate, tensorflow_or_none)
 from components import gpu_driver, pixels, records  # TFRecords and record images without TensorFlow (import none of it)
 
 FASHION_MNIST_CLASSES = [
@@ -268,7 +268,7 @@ def split_files(dataset_dir: str, split: str) -> list[str]:
     manifest = read_manifest(dataset_dir)
     info = manifest["splits"][split]
     base = locate(dataset_dir, info["path"])
-    files = sorted(gfile().glob(join(base, info["pattern"])))
+    files = glob(join(base, info["pattern"]))
     if not files:
         raise DataError(f"No {split} shards found under {base} (pattern {info['pattern']})")
     return files

@@ -9,9 +9,11 @@ named below) and tf.io.gfile's Python layer (tensorflow/python/lib/io/file_io.py
   bucket's root when the bucket exists; `exists` is true for an object or such a directory.
 - `listdir` lists one level (objects.list with delimiter "/"): objects by their names under the directory, and
   subdirectories with a trailing "/" (GetChildrenBounded); `walk` is file_io.walk_v2 over it, top-down.
-- `glob` matches `*`, `?` and `[...]` within one path segment (fnmatch with FNM_PATHNAME: GetMatchingPaths).
+- globbing is components/storage.py's `glob` (one for local and gs:// paths), over `list_names` here.
 - `copy` and `rename` refuse an existing target unless overwrite=True (file_io.copy_v2/rename_v2); rename is a
   server-side copy and a delete of the source (RenameObject); `rmtree` deletes every object under the prefix.
+  Between gs:// paths both carry generation preconditions, so that the client retries their server errors
+  (`_server_copy`), and a target that appears meanwhile is never replaced without overwrite=True.
 - `makedirs` writes nothing: an object's name makes its directories (TensorFlow uploads an empty `d/` marker; no
   step looks for one).
 - `GFile` reads stream in ranged requests (the client's BlobReader); writes collect in a local temporary file and
@@ -24,7 +26,6 @@ client of their own with `set_client`.
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
 import tempfile
@@ -154,29 +155,17 @@ def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
         yield from walk(top.rstrip("/") + "/" + subdir)
 
 
-def _matches(name: str, pattern: str) -> bool:
-    """fnmatch with FNM_PATHNAME: `*`, `?` and `[...]` match within one "/"-separated segment."""
-    names, patterns = name.split("/"), pattern.split("/")
-    return len(names) == len(patterns) and all(map(fnmatch.fnmatchcase, names, patterns))
-
-
-def glob(pattern: str) -> list[str]:
-    """The objects and directories matching the pattern, in name order."""
-    bucket, name = split(pattern)
-    fixed = name[:min((name.find(c) for c in "*?[" if c in name), default=len(name))]
-    if fixed == name:
-        return [pattern] if exists(pattern) else []
-    directory = fixed[:fixed.rfind("/") + 1]
-    paths: set[str] = set()
+def list_names(bucket: str, prefix: str = "") -> Iterator[str]:
+    """The names of every object of the bucket that starts with `prefix`, in name order (objects.list without a
+    delimiter: folder markers such as `d/` included); nothing for a bucket that is not there. components/storage.py
+    globs over it."""
     try:
-        for blob in client().list_blobs(bucket, prefix=directory):
-            parts = blob.name[len(directory):].split("/")
-            paths.update(directory + "/".join(parts[:i]) for i in range(1, len(parts) + 1))  # AddAllSubpaths
+        for blob in client().list_blobs(bucket, prefix=prefix):
+            yield blob.name
     except Exception as e:
         if _not_found(e):
-            return []
+            return
         raise
-    return sorted(f"gs://{bucket}/{path}" for path in paths if path and _matches(path, name))
 
 
 def stat(path: str):
@@ -218,16 +207,50 @@ def _refuse_existing(target: str, overwrite: bool) -> None:
         raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)")
 
 
+def _live_generation(blob) -> int:
+    """The generation of the object now, 0 where there is none (what ifGenerationMatch=0 means)."""
+    try:
+        blob.reload()
+    except Exception as e:
+        if _not_found(e):
+            return 0
+        raise
+    return blob.generation
+
+
+def _server_copy(source: str, target: str, overwrite: bool) -> int:
+    """objects.rewrite of `source` onto `target` (the bytes never leave Cloud Storage); returns the generation
+    copied. Each call carries the preconditions ifGenerationMatch (the target's generation now, 0: it must not
+    exist) and ifSourceGenerationMatch: with them the client retries a 5xx or a dropped connection, which its
+    default for rewrite, DEFAULT_RETRY_IF_GENERATION_SPECIFIED, does only then (google/cloud/storage/blob.py:4045
+    and retry.py:129-133 at 3.17.1); without them one 503 failed a checkpoint's publish. A retry of a rewrite that
+    had already landed finds the target changed (412): it is done where the target now holds the source's bytes."""
+    blob, destination = _blob(source), _blob(target)
+    blob.reload()  # NotFound: the caller's FileNotFoundError
+    expected = _live_generation(destination) if overwrite else 0
+    preconditions = {"if_generation_match": expected, "if_source_generation_match": blob.generation}
+    try:
+        token, _, _ = destination.rewrite(blob, **preconditions)
+        while token is not None:
+            token, _, _ = destination.rewrite(blob, token=token, **preconditions)
+    except Exception as e:
+        if type(e).__name__ != "PreconditionFailed":  # google.api_core.exceptions.PreconditionFailed (412)
+            raise
+        now = _blob(target)  # (a blob that has a generation reads that one, not the live object)
+        if _live_generation(now) and (now.crc32c, now.size) == (blob.crc32c, blob.size):
+            return blob.generation  # an earlier try of this copy landed
+        if not overwrite:
+            raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)") from None
+        raise OSError(f"{target} or {source} changed while {source} was copied onto it: copy again") from None
+    return blob.generation
+
+
 def copy(source: str, target: str, overwrite: bool = False) -> None:
     """One file between gs:// and gs:// (copied by the server) or a local path, either way."""
     _refuse_existing(target, overwrite)
     try:
         if source.startswith("gs://") and target.startswith("gs://"):
-            blob = _blob(source)
-            destination = _blob(target)
-            token, _, _ = destination.rewrite(blob)  # objects.rewrite: the bytes never leave Cloud Storage
-            while token is not None:
-                token, _, _ = destination.rewrite(blob, token=token)
+            _server_copy(source, target, overwrite)
         elif source.startswith("gs://"):
             _blob(source).download_to_filename(target)
         else:
@@ -241,11 +264,22 @@ def copy(source: str, target: str, overwrite: bool = False) -> None:
 
 
 def rename(source: str, target: str, overwrite: bool = False) -> None:
-    """An object to another name: a copy on the server, then the source deleted."""
+    """An object to another name: a copy on the server, then the source deleted, if it is still the version
+    copied (a retried delete that had landed finds it gone, which is what a rename wants)."""
     if not (source.startswith("gs://") and target.startswith("gs://")):
         raise OSError(f"Cannot rename {source} to {target}: both must be on gs:// (copy, then remove, instead)")
-    copy(source, target, overwrite=overwrite)
-    remove(source)
+    _refuse_existing(target, overwrite)
+    try:
+        copied = _server_copy(source, target, overwrite)
+    except Exception as e:
+        if _not_found(e):
+            raise FileNotFoundError(f"{source} does not exist (renaming to {target})") from None
+        raise
+    try:
+        _blob(source).delete(if_generation_match=copied)
+    except Exception as e:
+        if not _not_found(e):
+            raise
 
 
 class _Writer(io.BufferedIOBase):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import math
 import os
 from typing import Iterator
@@ -250,6 +251,63 @@ def _load(img, channels: int, at_least: tuple[int, int]):
     return img
 
 
+def jpeg_orientation(contents: bytes) -> int:
+    """The EXIF orientation of a JPEG's bytes as Pillow's getexif() reads it (1 where there is none), without
+    decoding its pixels: the one orientation rule of training (`_orientation`, on an opened image) and of
+    prediction's fast routes, which pick TensorFlow's decoder only for a JPEG that needs no rotation. The APP1
+    segments before the scan are found here and IFD0 read by `_exif_orientation`; what that leaves to Pillow (a
+    second EXIF segment, XMP where IFD0 has no orientation, an IFD out of the plain) Pillow reads, from the
+    headers only."""
+    found = _jpeg_exif_orientation(contents)
+    if found is not None:
+        return found
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(contents)) as img:
+            return _orientation(img)
+    except Exception:  # not a JPEG Pillow can open: nothing to rotate (the decoder reports what is wrong)
+        return 1
+
+
+_XMP_HEADER = b"http://ns.adobe.com/xap/1.0/\x00"  # what makes an APP1 segment XMP (JpegImagePlugin.APP)
+
+
+def _jpeg_exif_orientation(contents: bytes) -> int | None:
+    """IFD0's orientation from the JPEG's one EXIF segment (Pillow's info["exif"]: JpegImagePlugin.APP), or None
+    where Pillow has to be asked."""
+    exif, xmp, i, n = None, False, 2, len(contents)
+    while True:
+        if i + 4 > n or contents[i] != 0xFF:
+            return None
+        marker = contents[i + 1]
+        if marker == 0xFF:  # a fill byte
+            i += 1
+            continue
+        if marker == 0xDA:  # the scan: every header segment has been seen
+            break
+        if marker == 0x01 or 0xD0 <= marker <= 0xD9:
+            if marker == 0xD9:
+                return None
+            i += 2
+            continue
+        length = int.from_bytes(contents[i + 2:i + 4], "big")
+        segment = contents[i + 4:i + 2 + length]
+        if marker == 0xE1 and segment.startswith(b"Exif\0\0"):
+            if exif is not None:
+                return None  # Pillow joins several EXIF segments
+            exif = segment
+        elif marker == 0xE1 and segment.startswith(_XMP_HEADER):
+            xmp = True
+        i += 2 + length
+    if exif is None:
+        return None if xmp else 1
+    found = _exif_orientation(exif)
+    if found is None or (found == _ABSENT and xmp):
+        return None
+    return 1 if found == _ABSENT else found
+
+
 def _orientation(img) -> int:
     exif = img.info.get("exif")
     if img.format in ("JPEG", "MPO") and isinstance(exif, bytes):
@@ -270,7 +328,8 @@ def _exif_orientation(exif: bytes) -> int | None:
     it, _ABSENT where it has none, or None where the block is anything but plain (PIL then reads it). getexif()
     parses every entry of IFD0 and formats a debug message for each (12 us a photo of npm's food photos, against
     3 here); this reads what decides the one tag: entries PIL stores (a known type; a value beyond 4 bytes only if
-    it lies within the block, else PIL stops there), a SHORT orientation of count 1, no duplicate.
+    it lies within the block, else PIL stops there), a SHORT or LONG orientation of count 1, in either byte order,
+    no duplicate.
     tests/test_data.py compares it with getexif() on plain, big-endian, XMP and damaged blocks."""
     import struct
 
@@ -301,9 +360,10 @@ def _exif_orientation(exif: bytes) -> int | None:
         if size > 4 and 6 + offset + size > end:
             return None  # PIL stops reading IFD0 here
         if tag == 0x0112 and size:
-            if found != _ABSENT or kind != 3 or number != 1:
+            if found != _ABSENT or kind not in (3, 4) or number != 1:
                 return None
-            found = struct.unpack_from(endian + "H", exif, position - 4)[0]
+            # SHORT (3) or LONG (4): either lies in the entry's 4 value bytes, a SHORT in their first two
+            found = struct.unpack_from(endian + ("H" if kind == 3 else "L"), exif, position - 4)[0]
     return found
 
 

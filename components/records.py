@@ -7,29 +7,26 @@ TFRecord framing (tensorflow/core/lib/io/record_writer.cc): each record is
     uint64 length (little-endian) | uint32 masked crc32c of the length | data | uint32 masked crc32c of the data
 
 Both checksums are verified, as tf.data's TFRecordDataset does: a corrupt or truncated shard raises DataError naming
-the file and the byte offset of the bad record. crc32c comes from google-crc32c (installed with the Google Cloud
-libraries; a few tens of KB of C) and, where that is missing, from a numpy implementation that checks many records
-at once (`crc32c_many`).
+the file and the byte offset of the bad record. crc32c is google-crc32c's C extension (a dependency of the project,
+as of google-cloud-storage; 6-14 GB/s, where the numpy implementation this module had ran at 0.15 GB/s).
 
-tf.train.Example is read by a small protobuf wire-format parser (`parse_example`), not by the protobuf package:
-the message is three levels of length-delimited fields whose layout is fixed by tensorflow/core/example/
-{example,feature}.proto, and the GPU machines' PyTorch/JAX installs carry no protobuf (torch and jax do not depend
-on it), so a parser of our own keeps this path free of any package beyond numpy.
+tf.train.Example is parsed by protobuf (its upb runtime; a dependency of the project, as of kfp), with the message
+classes built here from the schema of tensorflow/core/example/{example,feature}.proto, so no TensorFlow is needed.
+Our own records are written by `encode_example`, which writes the wire format directly: faster than protobuf's
+serializer, and byte for byte its deterministic output (tests/test_records.py).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-import glob as globlib
 import json
 import os
 import struct
 from typing import BinaryIO, Iterator
 
-import numpy as np
+import google_crc32c
 
-from components.storage import DataError, join, locate
+from components.storage import DataError, glob, join, locate
 
 _MASK_DELTA = 0xA282EAD8
 _READ_BUFFER = 4 << 20
@@ -38,115 +35,8 @@ _READ_BUFFER = 4 << 20
 # ---------------------------------------------------------------------------------------------- crc32c
 
 
-@functools.cache
-def _crc32c_c():
-    """google-crc32c's C function, or None where only its pure-Python fallback (or nothing) is installed."""
-    try:
-        import google_crc32c
-    except ImportError:
-        return None
-    return google_crc32c.value if google_crc32c.implementation == "c" else None
-
-
-@functools.cache
-def _table() -> np.ndarray:
-    """The byte table of the reflected Castagnoli polynomial 0x82F63B78."""
-    table = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1).astype(np.uint32)
-    return table
-
-
-@functools.cache
-def _python_table() -> tuple[int, ...]:
-    return tuple(int(v) for v in _table())
-
-
-def _crc32c_python(data: bytes) -> int:
-    """For the 8 bytes of a length: a table loop, microseconds where a numpy call costs a hundred."""
-    table, crc = _python_table(), 0xFFFFFFFF
-    for byte in data:
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-@functools.cache
-def _zero_shift(log2_bytes: int) -> np.ndarray:
-    """4x256 tables of the linear map 'feed 2**log2_bytes zero bytes to the register' (applied a byte at a time)."""
-    basis = np.array([1 << bit for bit in range(32)], dtype=np.uint32)
-    if log2_bytes == 0:
-        images = _table()[basis & 0xFF] ^ (basis >> 8)
-    else:
-        half = _zero_shift(log2_bytes - 1)
-        images = _apply_shift(_apply_shift(basis, half), half)
-    tables = np.zeros((4, 256), dtype=np.uint32)
-    values = np.arange(256)
-    for byte in range(4):
-        for bit in range(8):
-            tables[byte] ^= np.where(values >> bit & 1, images[byte * 8 + bit], 0).astype(np.uint32)
-    return tables
-
-
-def _apply_shift(registers: np.ndarray, tables: np.ndarray) -> np.ndarray:
-    return (tables[0][registers & 0xFF] ^ tables[1][(registers >> 8) & 0xFF] ^ tables[2][(registers >> 16) & 0xFF]
-            ^ tables[3][registers >> 24])
-
-
-def crc32c_many(items: list[bytes]) -> list[int]:
-    """crc32c of each of many byte strings: google-crc32c's C extension where it is installed, else numpy, many
-    records at once. The numpy way: every record is cut into chunks of CHUNK bytes (padded with zeros at its front),
-    the registers of all chunks of all records advance together a byte at a time, and each record's chunks are then
-    combined (the register is linear: raw(a + b) = shift(raw(a), len(b)) ^ raw(b), with zero-register shifts as
-    table lookups). Leading zero bytes leave a zero register as it is, and the standard crc is
-    raw(data) ^ crc(len(data) zero bytes)."""
-    native = _crc32c_c()
-    if native is not None:
-        return [native(item) for item in items]
-    if not items:
-        return []
-    lengths = np.array([len(item) for item in items], dtype=np.int64)
-    # about sqrt(longest) bytes a chunk: as many steps a byte at a time as steps combining chunks
-    log2_chunk = int(min(12, max(6, (int(lengths.max()).bit_length() + 1) // 2)))
-    chunk = 1 << log2_chunk
-    counts = np.maximum(1, -(-lengths // chunk))
-    ends = np.cumsum(counts) * chunk
-    padded = np.zeros(int(ends[-1]), dtype=np.uint8)
-    for item, end in zip(items, ends):
-        if item:
-            padded[end - len(item):end] = np.frombuffer(item, dtype=np.uint8)
-    columns = np.ascontiguousarray(padded.reshape(-1, chunk).T)  # byte j of every chunk, contiguous
-    table = _table()
-    registers = np.zeros(columns.shape[1], dtype=np.uint32)
-    index = np.empty(columns.shape[1], dtype=np.uint32)
-    for column in columns:
-        np.bitwise_xor(registers, column, out=index)
-        np.bitwise_and(index, 0xFF, out=index)
-        registers >>= 8
-        registers ^= table.take(index)
-    # Horner over each record's chunks, right-aligned so that every record ends at the last step
-    most = int(counts.max())
-    aligned = np.zeros((len(items), most), dtype=np.uint32)
-    rows = np.repeat(np.arange(len(items)), counts)
-    firsts = np.cumsum(counts) - counts
-    aligned[rows, most - np.repeat(counts, counts) + (np.arange(len(registers)) - np.repeat(firsts, counts))] = registers
-    raw = np.zeros(len(items), dtype=np.uint32)
-    shift = _zero_shift(log2_chunk)
-    for k in range(most):
-        raw = _apply_shift(raw, shift) ^ aligned[:, k]
-    ones = np.full(len(items), 0xFFFFFFFF, dtype=np.uint32)
-    for bit in range(int(lengths.max()).bit_length()):
-        set_here = (lengths >> bit & 1).astype(bool)
-        ones = np.where(set_here, _apply_shift(ones, _zero_shift(bit)), ones)
-    crcs = raw ^ ones ^ np.uint32(0xFFFFFFFF)
-    return [0 if length == 0 else int(crc) for length, crc in zip(lengths, crcs)]
-
-
 def crc32c(data) -> int:
-    data = bytes(data) if isinstance(data, memoryview) else data
-    native = _crc32c_c()
-    if native is not None:
-        return native(data)
-    return _crc32c_python(data) if len(data) <= 64 else crc32c_many([data])[0]
+    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
 
 
 def _mask(crc: int) -> int:
@@ -208,17 +98,6 @@ def exists(uri: str) -> bool:
     return _blob(uri).exists() if uri.startswith("gs://") else os.path.exists(uri)
 
 
-def glob(pattern: str) -> list[str]:
-    """Files matching a glob pattern (`*`, `?`, `[...]` in the last parts), local or gs://, sorted."""
-    _check_scheme(pattern)
-    if not pattern.startswith("gs://"):
-        return sorted(globlib.glob(pattern))
-    bucket, _, name = pattern[len("gs://"):].partition("/")
-    prefix = name[:min((name.find(c) for c in "*?[" if c in name), default=len(name))]
-    blobs = _gcs_client().list_blobs(bucket, prefix=prefix)
-    return sorted(f"gs://{bucket}/{blob.name}" for blob in blobs if fnmatch.fnmatchcase(blob.name, name))
-
-
 # ---------------------------------------------------------------------------------------------- TFRecord
 
 
@@ -228,47 +107,34 @@ def iter_records(uri: str, *, verify: bool = True) -> Iterator[bytes]:
         yield from _iter_stream(f, uri, verify)
 
 
-# Records whose data checksums are verified together (the numpy crc32c works on many at once)
-_CHECK_RECORDS = 8192
-_CHECK_BYTES = 16 << 20
-
-
 def _iter_stream(f: BinaryIO, uri: str, verify: bool) -> Iterator[bytes]:
     offset = 0
-    pending: list[tuple[int, bytes, int]] = []  # (offset, record, stored masked crc) not yet verified
-    pending_bytes = 0
+    masked = _mask
+    value = google_crc32c.value
+    read = f.read
+    unpack = _HEADER.unpack
     while True:
-        header = f.read(12)
+        header = read(12)
         if not header:
-            break
+            return
         if len(header) < 12:
-            yield from _verified(pending, uri, verify)
             raise DataError(f"{uri} is truncated: {len(header)} bytes of a record header at byte {offset}")
-        length, length_crc = struct.unpack("<QI", header)
-        if verify and masked_crc32c(header[:8]) != length_crc:  # before reading `length` bytes it may not hold
-            yield from _verified(pending, uri, verify)
+        length, length_crc = unpack(header)
+        if verify and masked(value(header[:8])) != length_crc:  # before reading `length` bytes it may not hold
             raise DataError(f"{uri} is corrupt: the length of the record at byte {offset} fails its checksum")
-        body = f.read(length + 4)
+        body = read(length + 4)
         if len(body) < length + 4:
-            yield from _verified(pending, uri, verify)
             raise DataError(f"{uri} is truncated: the record at byte {offset} needs {length + 4} bytes after its "
                             f"header, {len(body)} are left")
-        pending.append((offset, body[:length], struct.unpack("<I", body[length:])[0]))
-        pending_bytes += length
-        offset += 12 + length + 4
-        if len(pending) >= _CHECK_RECORDS or pending_bytes >= _CHECK_BYTES:
-            yield from _verified(pending, uri, verify)
-            pending, pending_bytes = [], 0
-    yield from _verified(pending, uri, verify)
-
-
-def _verified(pending: list[tuple[int, bytes, int]], uri: str, verify: bool) -> Iterator[bytes]:
-    crcs = crc32c_many([record for _, record, _ in pending]) if verify else [None] * len(pending)
-    for (offset, record, stored), crc in zip(pending, crcs):
-        if verify and _mask(crc) != stored:
-            raise DataError(f"{uri} is corrupt: the data of the record at byte {offset} ({len(record)} bytes) fails "
+        record = body[:length]
+        if verify and masked(value(record)) != int.from_bytes(body[length:], "little"):
+            raise DataError(f"{uri} is corrupt: the data of the record at byte {offset} ({length} bytes) fails "
                             "its checksum")
+        offset += 16 + length
         yield record
+
+
+_HEADER = struct.Struct("<QI")
 
 
 def interleave(files: list[str], *, cycle_length: int = 8) -> Iterator[bytes]:
@@ -303,94 +169,61 @@ def _take(iterator, count):
 # ---------------------------------------------------------------------------------------------- tf.train.Example
 
 
-def _varint(buffer: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buffer[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
+@functools.cache
+def _example_class():
+    """tf.train.Example as a protobuf message class, from its schema (tensorflow/core/example/feature.proto and
+    example.proto: Example { Features features = 1 }; Features { map<string, Feature> feature = 1 }; Feature {
+    oneof kind { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3 } }, each list
+    `repeated ... value = 1`, the numbers packed). Built in a pool of its own, so that it never clashes with
+    TensorFlow's where both are loaded; the same wire format, so the same parse."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    schema = descriptor_pb2.FileDescriptorProto(name="kfp_image_classification/example.proto", package="tensorflow",
+                                                syntax="proto3")
+
+    def add(parent, name, number, kind, label=field.LABEL_OPTIONAL, type_name=None, oneof_index=None):
+        added = parent.field.add(name=name, number=number, type=kind, label=label)
+        if type_name:
+            added.type_name = type_name
+        if oneof_index is not None:
+            added.oneof_index = oneof_index
+        return added
+
+    for name, kind in (("BytesList", field.TYPE_BYTES), ("FloatList", field.TYPE_FLOAT),
+                       ("Int64List", field.TYPE_INT64)):
+        add(schema.message_type.add(name=name), "value", 1, kind, field.LABEL_REPEATED)
+    feature = schema.message_type.add(name="Feature")
+    feature.oneof_decl.add(name="kind")
+    for number, name in enumerate(("bytes_list", "float_list", "int64_list"), start=1):
+        add(feature, name, number, field.TYPE_MESSAGE, type_name=f".tensorflow.{name.title().replace('_', '')}",
+            oneof_index=0)
+    features = schema.message_type.add(name="Features")
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.options.map_entry = True
+    add(entry, "key", 1, field.TYPE_STRING)
+    add(entry, "value", 2, field.TYPE_MESSAGE, type_name=".tensorflow.Feature")
+    add(features, "feature", 1, field.TYPE_MESSAGE, field.LABEL_REPEATED, ".tensorflow.Features.FeatureEntry")
+    add(schema.message_type.add(name="Example"), "features", 1, field.TYPE_MESSAGE, type_name=".tensorflow.Features")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(schema)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
 
 
-def _fields(buffer: bytes, start: int, end: int) -> Iterator[tuple[int, int, object]]:
-    """(field number, wire type, value) of a message: ints for varints and fixed64/fixed32, (start, end) for
-    length-delimited fields."""
-    pos = start
-    while pos < end:
-        key, pos = _varint(buffer, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buffer, pos)
-        elif wire == 2:
-            size, pos = _varint(buffer, pos)
-            value, pos = (pos, pos + size), pos + size
-        elif wire == 1:
-            value, pos = struct.unpack_from("<Q", buffer, pos)[0], pos + 8
-        elif wire == 5:
-            value, pos = struct.unpack_from("<I", buffer, pos)[0], pos + 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        if pos > end:
-            raise ValueError("field runs past the end of its message")
-        yield number, wire, value
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _feature(buffer: bytes, start: int, end: int) -> list:
-    """A tf.train.Feature: bytes_list = 1, float_list = 2, int64_list = 3 (each `repeated ... value = 1`, the
-    numbers packed or not)."""
-    values: list = []
-    for kind, wire, span in _fields(buffer, start, end):
-        if wire != 2 or kind not in (1, 2, 3):
-            continue
-        for number, value_wire, value in _fields(buffer, *span):
-            if number != 1:
-                continue
-            if kind == 1 and value_wire == 2:
-                values.append(buffer[value[0]:value[1]])
-            elif kind == 2 and value_wire == 5:
-                values.append(struct.unpack("<f", struct.pack("<I", value))[0])
-            elif kind == 2 and value_wire == 2:
-                values.extend(np.frombuffer(buffer[value[0]:value[1]], "<f4").tolist())
-            elif kind == 3 and value_wire == 0:
-                values.append(_signed(value))
-            elif kind == 3 and value_wire == 2:
-                pos, stop = value
-                while pos < stop:
-                    number_value, pos = _varint(buffer, pos)
-                    values.append(_signed(number_value))
-    return values
+def _parsed(record: bytes):
+    try:
+        return _example_class().FromString(record)
+    except Exception as e:  # google.protobuf.message.DecodeError
+        raise DataError(f"A record is not a tf.train.Example ({e})") from None
 
 
 def parse_example(record: bytes) -> dict[str, list]:
-    """A serialized tf.train.Example -> {feature name: its values (bytes, float or int)}.
-
-    Example { Features features = 1 }, Features { map<string, Feature> feature = 1 } (map entries: key = 1,
-    value = 2). Unknown fields are skipped, as protobuf parsers do."""
-    features: dict[str, list] = {}
-    try:
-        for number, wire, span in _fields(record, 0, len(record)):
-            if number != 1 or wire != 2:
-                continue
-            for entry_number, entry_wire, entry in _fields(record, *span):
-                if entry_number != 1 or entry_wire != 2:
-                    continue
-                key, value = "", []
-                for part, part_wire, part_span in _fields(record, *entry):
-                    if part == 1 and part_wire == 2:
-                        key = record[part_span[0]:part_span[1]].decode()
-                    elif part == 2 and part_wire == 2:
-                        value = _feature(record, *part_span)
-                features[key] = value
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
-        raise DataError(f"A record is not a tf.train.Example ({e})") from None
+    """A serialized tf.train.Example -> {feature name: its values (bytes, float or int)}; unknown fields are
+    skipped, and int64s and floats read packed or not, as protobuf reads them."""
+    features = {}
+    for key, feature in _parsed(record).features.feature.items():
+        kind = feature.WhichOneof("kind")
+        features[key] = list(getattr(feature, kind).value) if kind else []
     return features
 
 
@@ -466,12 +299,16 @@ def encode_example(image: bytes, label: int, uri: str) -> bytes:
 
 
 def image_label(record: bytes) -> tuple[bytes, int]:
-    """(image bytes, label) of one of our records (data.encode_example)."""
-    features = parse_example(record)
-    try:
-        return features["image"][0], int(features["label"][0])
-    except (KeyError, IndexError):
-        raise DataError(f"A record lacks its image or label (features: {sorted(features)})") from None
+    """(image bytes, label) of one of our records (data.encode_example): the two features only (a third of the
+    time of parse_example)."""
+    features = _parsed(record).features.feature
+    if "image" in features and "label" in features:  # (indexing a message map would add the key)
+        image, label = features["image"], features["label"]
+        images = image.bytes_list.value
+        labels = label.int64_list.value or getattr(label, label.WhichOneof("kind") or "int64_list").value
+        if images and labels:
+            return images[0], int(labels[0])
+    raise DataError(f"A record lacks its image or label (features: {sorted(features)})")
 
 
 # ---------------------------------------------------------------------------------------------- datasets

@@ -251,7 +251,8 @@ def test_image_size_is_bounded_to_8_512():
 
 def test_records_are_the_bytes_tensorflow_serializes_deterministically():
     """records.encode_example against tf.train.Example's deterministic serialization (map entries sorted by key; the
-    plain one's order changes from process to process), byte for byte, and parsed alike: the sizes that change a varint's length (127/128, 16383/16384 bytes),
+    plain one's order changes from process to process), byte for byte, and parsed alike (by tf.train.Example, by
+    records.parse_example's protobuf and by tf.io.parse_single_example): the sizes that change a varint's length (127/128, 16383/16384 bytes),
     empty and large images, labels up to 2**63 - 1 and negative ones, non-ASCII and long URIs."""
     import tensorflow as tf
 
@@ -275,6 +276,16 @@ def test_records_are_the_bytes_tensorflow_serializes_deterministically():
         assert ours == example.SerializeToString(deterministic=True), (len(image), label, len(uri))
         assert tf.train.Example.FromString(ours) == example
         assert data.encode_example(image, label, uri) == ours
+        # read back by records' protobuf parse (no TensorFlow) as TensorFlow's graph parser reads it
+        parsed = records.parse_example(ours)
+        assert parsed == {"image": [image], "label": [label], "uri": [uri.encode()]}
+        assert records.image_label(ours) == (image, label)
+        if len(image) < 200_000 and len(uri) < 200:  # (the graph parser costs ms a call: a subset)
+            graph = tf.io.parse_single_example(ours, {"image": tf.io.FixedLenFeature([], tf.string),
+                                                      "label": tf.io.FixedLenFeature([], tf.int64),
+                                                      "uri": tf.io.FixedLenFeature([], tf.string)})
+            assert (graph["image"].numpy(), int(graph["label"]), graph["uri"].numpy()) == (
+                parsed["image"][0], parsed["label"][0], parsed["uri"][0])
     raw = rng.integers(0, 256, (28, 28, 1), dtype=np.uint8)
     assert data.encode_example(raw, 3, "r.png") == data.encode_example(raw.tobytes(), 3, "r.png")
     for label in (np.int64(300), np.int32(5), np.uint8(7), np.int64(-3)):  # labels from arrays

@@ -34,8 +34,14 @@ def bucket(tmp_path, loopback_only):
     (root / "bucket" / "d" / "train-00001-of-00002.tfrecord").write_bytes(b"y" * 20)
     (root / "bucket" / "d" / "sub" / "b.bin").write_bytes(bytes(range(256)))
     with GcsStandIn(root) as server:
-        gcs.set_client(gcs_storage.Client(project="test", credentials=AnonymousCredentials(),
-                                          client_options={"api_endpoint": server.url}))
+        client = gcs_storage.Client(project="test", credentials=AnonymousCredentials(),
+                                    client_options={"api_endpoint": server.url})
+        gcs.set_client(client)
+        # The folder markers tf.io.gfile.makedirs("gs://bucket/d/sub") uploads (RecursivelyCreateDir: one empty
+        # `name/` object a level, GcsFileSystem::CreateDir with ifGenerationMatch=0): a bucket as TensorFlow
+        # writes it
+        for marker in ("d/", "d/sub/"):
+            client.bucket("bucket").blob(marker).upload_from_string(b"", if_generation_match=0)
         server.root_path = root / "bucket"
         try:
             yield server
@@ -63,11 +69,133 @@ def test_directories_are_prefixes_as_tf_gfile_sees_them_on_gcs(bucket):
     assert fs.glob("gs://bucket/d/*/*.bin") == ["gs://bucket/d/sub/b.bin"]
     assert fs.glob("gs://bucket/d/train-0000[1]-*") == ["gs://bucket/d/train-00001-of-00002.tfrecord"]
     assert fs.glob("gs://bucket/e/*") == []
+    # the markers: gs://bucket/d/ is no child of gs://bucket/d (GetMatchingPaths lists without the folder's own
+    # marker); one deeper matches a "/"-ending name, as TensorFlow's does (AddAllSubpaths keeps `sub/`)
+    assert fs.glob("gs://bucket/d/*") == ["gs://bucket/d/a.txt", "gs://bucket/d/sub",
+                                          "gs://bucket/d/train-00000-of-00002.tfrecord",
+                                          "gs://bucket/d/train-00001-of-00002.tfrecord"]
+    assert fs.glob("gs://bucket/d/*/*") == ["gs://bucket/d/sub/", "gs://bucket/d/sub/b.bin"]
+    assert fs.glob("gs://bucket/d*") == ["gs://bucket/d"]
     assert fs.stat("gs://bucket/d/sub/b.bin").length == 256 and fs.stat("gs://bucket/d/sub/b.bin").mtime_nsec > 0
     with pytest.raises(FileNotFoundError):
         fs.stat("gs://bucket/d/nothing")
+    inserted = len(bucket.calls("storage.objects.insert"))
     fs.makedirs("gs://bucket/new/dir")  # an object's name makes its directories: nothing is written
-    assert not bucket.calls("storage.objects.insert")
+    assert len(bucket.calls("storage.objects.insert")) == inserted
+
+
+def test_the_stand_in_holds_every_name_gcs_allows(bucket):
+    """A marker `e/`, an object `e` beside objects under `e/`, names with empty, "." and ".." segments: each is
+    its own object, listed, read and deleted as Cloud Storage does (cloud.google.com/storage/docs/naming-objects)."""
+    objects = gcs.client().bucket("bucket")
+    for name, contents in [("e/x", b"under"), ("e", b"beside"), ("e/", b""), ("f//g", b"empty segment"),
+                           ("f/./h", b"dot"), ("f/../i", b"dots")]:
+        objects.blob(name).upload_from_string(contents)
+    assert [blob.name for blob in gcs.client().list_blobs("bucket", prefix="e")] == ["e", "e/", "e/x"]
+    assert [objects.blob(n).download_as_bytes() for n in ("e", "e/x", "e/", "f//g", "f/./h", "f/../i")] == [
+        b"beside", b"under", b"", b"empty segment", b"dot", b"dots"]
+    # as tf.io.gfile on GCS sees them: `e` is a file and a folder; the marker is no child of its folder
+    assert fs.exists("gs://bucket/e") and fs.isdir("gs://bucket/e") and fs.stat("gs://bucket/e").length == 6
+    assert sorted(fs.listdir("gs://bucket")) == ["d/", "e", "e/", "f/"] and fs.listdir("gs://bucket/e") == ["x"]
+    assert list(fs.walk("gs://bucket/e")) == [("gs://bucket/e", [], ["x"])]
+    assert fs.glob("gs://bucket/e*") == ["gs://bucket/e"] and fs.glob("gs://bucket/e/*") == ["gs://bucket/e/x"]
+    assert fs.glob("gs://bucket/f/*/*") == ["gs://bucket/f/../i", "gs://bucket/f/./h", "gs://bucket/f//g"]
+    objects.blob("e").delete()
+    assert [blob.name for blob in gcs.client().list_blobs("bucket", prefix="e")] == ["e/", "e/x"]
+    objects.blob("e").upload_from_string(b"again")
+    assert objects.blob("e").download_as_bytes() == b"again"
+
+
+def test_a_publish_by_rename_survives_one_server_error(bucket):
+    """Renames and copies on gs:// are objects.rewrite, which the client retries (DEFAULT_RETRY_IF_GENERATION_
+    SPECIFIED, blob.py:4045 at 3.17.1) only with a generation precondition: components/gcs.py sends them."""
+    from google.api_core import exceptions
+
+    with fs.GFile("gs://bucket/ckpt/epoch-2.partial", "wb") as f:
+        f.write(b"weights of epoch 2")
+    fs.copy("gs://bucket/d/a.txt", "gs://bucket/ckpt/epoch-2")  # the previous checkpoint to replace
+    # Without a precondition the real client gives up on the first 503: what publishing did before
+    plain = gcs.client().bucket("bucket")
+    bucket.fail_next(503, rpc="storage.objects.rewrite")
+    with pytest.raises(exceptions.ServiceUnavailable):
+        plain.blob("ckpt/other").rewrite(plain.blob("d/a.txt"))
+    before = len(bucket.calls("storage.objects.rewrite"))
+    bucket.fail_next(503, rpc="storage.objects.rewrite")
+    fs.rename("gs://bucket/ckpt/epoch-2.partial", "gs://bucket/ckpt/epoch-2", overwrite=True)
+    assert (bucket.root_path / "ckpt" / "epoch-2").read_bytes() == b"weights of epoch 2"
+    assert not fs.exists("gs://bucket/ckpt/epoch-2.partial")
+    tries = bucket.calls("storage.objects.rewrite")[before:]
+    assert [call.status for call in tries] == [503, 200]
+    assert all(call.arg("ifGenerationMatch") and call.arg("ifSourceGenerationMatch") for call in tries)
+    # a copy to a new name: ifGenerationMatch=0, so it also never replaces one that appeared meanwhile
+    bucket.fail_next(500, rpc="storage.objects.rewrite")
+    fs.copy("gs://bucket/ckpt/epoch-2", "gs://bucket/ckpt/backup")
+    assert bucket.calls("storage.objects.rewrite")[-1].arg("ifGenerationMatch") == "0"
+    assert (bucket.root_path / "ckpt" / "backup").read_bytes() == b"weights of epoch 2"
+    with pytest.raises(FileExistsError, match="gs://bucket/ckpt/backup already exists"):
+        fs.copy("gs://bucket/d/a.txt", "gs://bucket/ckpt/backup")
+    # a rewrite that landed but whose answer was lost: the retry's precondition fails (412), the target holds the
+    # source's bytes, so the publish is done; and the delete of the source, retried the same way, finds it gone
+    with fs.GFile("gs://bucket/ckpt/epoch-3.partial", "wb") as f:
+        f.write(b"weights of epoch 3")
+    before = len(bucket.calls())
+    bucket.lose_answer("storage.objects.rewrite")
+    bucket.lose_answer("storage.objects.delete")
+    fs.rename("gs://bucket/ckpt/epoch-3.partial", "gs://bucket/ckpt/epoch-2", overwrite=True)
+    assert (bucket.root_path / "ckpt" / "epoch-2").read_bytes() == b"weights of epoch 3"
+    assert not fs.exists("gs://bucket/ckpt/epoch-3.partial")
+    calls = [(call.rpc, call.status) for call in bucket.calls()[before:] if call.method != "GET"]
+    assert calls == [("storage.objects.rewrite", 503), ("storage.objects.rewrite", 412),
+                     ("storage.objects.delete", 503), ("storage.objects.delete", 404)]
+
+
+def test_downloads_are_checked_against_x_goog_hash_and_ranged_reads_keep_their_generation(bucket, tmp_path,
+                                                                                         monkeypatch):
+    from google.api_core import exceptions
+
+    fs.copy("gs://bucket/d/sub/b.bin", str(tmp_path / "b.bin"))  # a whole download, checked against crc32c
+    assert (tmp_path / "b.bin").read_bytes() == bytes(range(256))
+    media = bucket.calls("storage.objects.media")[-1]
+    assert media.status == 200
+    bucket.corrupt_next = 1  # a byte flipped on the way: the client's check refuses it
+    with pytest.raises(Exception, match="[Cc]hecksum mismatch"):
+        fs.copy("gs://bucket/d/sub/b.bin", str(tmp_path / "bad.bin"))
+    assert not (tmp_path / "bad.bin").exists()
+    # every ranged read of one GFile asks for the generation it opened: a replaced object is not read half old
+    monkeypatch.setattr(gcs, "_READ_CHUNK", 1 << 16)
+    objects = gcs.client().bucket("bucket")
+    objects.blob("big.bin").upload_from_string(b"a" * (3 << 16))
+    with fs.GFile("gs://bucket/big.bin", "rb") as f:
+        assert f.read(10) == b"a" * 10
+        generation = bucket.calls("storage.objects.media")[-1].arg("generation")
+        assert generation == str(objects.get_blob("big.bin").generation)
+        objects.blob("big.bin").upload_from_string(b"b" * (3 << 16))
+        with pytest.raises(exceptions.NotFound, match=f"big.bin#{generation}"):
+            f.read()
+
+
+def test_an_unforeseen_error_in_the_stand_in_answers_500_and_the_client_retries(tmp_path, loopback_only):
+    """Google's JSON error with 500, as the service answers an internal error, not a dropped connection."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs_storage
+
+    class Failing(GcsStandIn):
+        failures = 1
+
+        def _download(self, request, split, headers):
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("disk went away")
+            return super()._download(request, split, headers)
+
+    (tmp_path / "gcs" / "bucket").mkdir(parents=True)
+    (tmp_path / "gcs" / "bucket" / "x").write_bytes(b"payload")
+    with Failing(tmp_path / "gcs") as server:
+        client = gcs_storage.Client(project="test", credentials=AnonymousCredentials(),
+                                    client_options={"api_endpoint": server.url})
+        assert client.bucket("bucket").blob("x").download_as_bytes() == b"payload"
+        first, second = server.requests_to("GET", "/download/storage/v1/b/bucket/o/x")
+    assert first.status == 500 and second.status == 200
 
 
 def test_reads_stream_in_ranges_and_text_iterates_by_line(bucket, monkeypatch):
@@ -144,6 +272,7 @@ def test_writes_upload_on_close_and_copies_renames_and_removes_as_tf_gfile(bucke
 def test_a_checkpoint_bigger_than_a_multipart_upload_goes_up_resumably(bucket, tmp_path):
     """Over 8 MiB the client uploads in a resumable session (a checkpoint, a TorchScript file, a copy of one)."""
     payload = np.random.default_rng(1).integers(0, 256, (8 << 20) + 123, dtype=np.uint8).tobytes()
+    before = len(bucket.calls("storage.objects.insert"))  # the fixture's folder markers
     with fs.GFile("gs://bucket/ckpt/epoch-1.partial", "wb") as f:
         for start in range(0, len(payload), 1 << 20):
             f.write(payload[start:start + (1 << 20)])
@@ -153,7 +282,7 @@ def test_a_checkpoint_bigger_than_a_multipart_upload_goes_up_resumably(bucket, t
     local.write_bytes(payload[::-1])
     fs.copy(str(local), "gs://bucket/model/model.pt")
     assert (bucket.root_path / "model" / "model.pt").read_bytes() == payload[::-1]
-    uploads = [call for call in bucket.calls("storage.objects.insert") if call.method == "POST"]
+    uploads = [call for call in bucket.calls("storage.objects.insert")[before:] if call.method == "POST"]
     assert [call.arg("uploadType") for call in uploads] == ["resumable", "resumable"]
     assert fs.listdir("gs://bucket/ckpt") == ["epoch-1"]
 

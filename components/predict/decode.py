@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from components import data, pixels, records, storage
+from components.images import jpeg_orientation
 from components.predict.sources import Chunk, Unlisted, _is_remote
 
 log = logging.getLogger(__name__)
@@ -51,38 +52,13 @@ def jpeg_shape(contents: bytes) -> tuple[int, int, int] | None:
     return None
 
 
-def exif_orientation(contents: bytes) -> int:
-    """The EXIF orientation (1-8) of a JPEG's bytes, 1 when it has none: read from the APP1 segment's first IFD,
-    without decoding anything (TensorFlow's decoders do not apply it; files with another orientation go to PIL)."""
-    i, n = 2, len(contents)
-    while i + 4 <= n and contents[i] == 0xFF:
-        marker = contents[i + 1]
-        if marker == 0xDA or 0xD0 <= marker <= 0xD9:
-            return 1
-        length = int.from_bytes(contents[i + 2:i + 4], "big")
-        if marker == 0xE1 and contents[i + 4:i + 10] == b"Exif\0\0":
-            tiff = contents[i + 10:i + 2 + length]
-            order = "little" if tiff[:2] == b"II" else "big"
-            try:
-                ifd = int.from_bytes(tiff[4:8], order)
-                for entry in range(int.from_bytes(tiff[ifd:ifd + 2], order)):
-                    at = ifd + 2 + 12 * entry
-                    if int.from_bytes(tiff[at:at + 2], order) == 0x0112:
-                        return int.from_bytes(tiff[at + 8:at + 10], order) or 1
-            except (IndexError, ValueError):
-                return 1
-            return 1
-        i += 2 + length
-    return 1
-
-
 def tensorflow_reads_alike(contents: bytes) -> bool:
     """Whether TensorFlow's decoders give the pixels PIL's path (data.decode_image) would before resizing: JPEGs
     of 1 or 3 components without EXIF rotation, 8-bit grayscale or RGB PNGs without transparency. These are the
     files preprocess keeps as they are (images.keep_problem)."""
     if contents.startswith(b"\xff\xd8\xff"):
         shape = jpeg_shape(contents)
-        return shape is not None and shape[2] in (1, 3) and exif_orientation(contents) == 1
+        return shape is not None and shape[2] in (1, 3) and jpeg_orientation(contents) == 1
     if contents.startswith(PNG_MAGIC) and len(contents) > 26 and contents[12:16] == b"IHDR":
         depth, colour = contents[24], contents[25]
         data_at = contents.find(b"IDAT")
@@ -176,7 +152,7 @@ class Decoder:
         if contents.startswith(self.png_head):
             return "png"
         if contents.startswith(b"\xff\xd8\xff") and jpeg_shape(contents) == tuple(self.shape):
-            return "jpeg" if exif_orientation(contents) == 1 else "slow"
+            return "jpeg" if jpeg_orientation(contents) == 1 else "slow"
         if self.sources and tensorflow_reads_alike(contents):
             return "source"
         return "slow"

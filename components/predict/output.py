@@ -156,7 +156,7 @@ def read_marker(path: str) -> dict | None:
 def _remove_stale_shards(output_dir: str, chunks: int) -> None:
     """Shards beyond this run's last chunk belong to an earlier, larger input: remove them."""
     pattern = data.join(output_dir, SHARDS, "chunk-*.json")
-    for marker in data.gfile().glob(pattern):
+    for marker in data.glob(pattern):
         index = int(re.search(r"chunk-(\d+)\.json$", marker).group(1))
         if index >= chunks:
             for path in shard_paths(output_dir, index).values():

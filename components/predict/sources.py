@@ -114,32 +114,9 @@ def walk_files(root: str, exclude: str | None = None) -> Iterator[str]:
 
 
 def glob_regex(pattern: str) -> re.Pattern:
-    """A regex for a glob: `*` and `?` stay within a folder, `**` crosses folders, `[...]` is a character set."""
-    out, i = [], 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif ch == "*":
-            out.append("[^/]*")
-            i += 1
-        elif ch == "?":
-            out.append("[^/]")
-            i += 1
-        elif ch == "[" and pattern.find("]", i + 2) > 0:
-            end = pattern.find("]", i + 2)  # a ']' right after '[' (or '[!') belongs to the set
-            body = pattern[i + 1:end]
-            body = "^" + body[1:] if body.startswith("!") else body
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(ch))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
+    """A regex for an input glob: storage's (fnmatch's rule: `*`, `?` and `[...]` stay within a folder), where `**`
+    also crosses folders."""
+    return data.glob_regex(pattern, recursive=True)
 
 
 def _glob_base(pattern: str) -> str:
@@ -218,7 +195,7 @@ def iter_uris(source: Source, exclude: str | None = None) -> Iterator[str]:
 
 def tfrecord_shards(source: Source) -> list[str]:
     if GLOB_CHARS.search(source.location):
-        return sorted(data.gfile().glob(source.location))
+        return data.glob(source.location)
     return [source.location]
 
 

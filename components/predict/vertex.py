@@ -141,7 +141,7 @@ ERROR_STATS_FILES = ("prediction.errors_stats-*",)
 
 
 def _files(results_dir: str, patterns: tuple[str, ...]) -> list[str]:
-    return sorted(path for pattern in patterns for path in data.gfile().glob(data.join(results_dir, pattern)))
+    return sorted(path for pattern in patterns for path in data.glob(data.join(results_dir, pattern)))
 
 
 def _error_stats(paths: list[str]) -> list[tuple[str, int | None]]:

@@ -284,7 +284,7 @@ def gather(output_dir: str, work_dir: str, shards: dict[str, int], class_names: 
 def _drop_empty_shards(output_dir: str, split: str, planned: int, count: int) -> int:
     """Beam writes every planned shard, empty or not; readers should never see an empty one."""
     directory = data.join(output_dir, split)
-    files = sorted(data.gfile().glob(data.join(directory, f"{split}-*-of-{planned:05d}.tfrecord")))
+    files = data.glob(data.join(directory, f"{split}-*-of-{planned:05d}.tfrecord"))
     keep = [f for f in files if data.gfile().stat(f).length > 0] or files[:1]  # an empty split keeps one
     if len(keep) == len(files):
         return len(files)

@@ -1,7 +1,7 @@
 """`make bench`: every benchmark, each side by side with its baseline measured in the same run.
 
 python -m tests.benchmarks [NAME ...]   (names: ingest, augment, train, predict, models, photos, portable_input,
-                                         ceilings, frameworks; default: all;
+                                         shards, ceilings, frameworks; default: all;
                                          `accelerator` needs a GPU and runs only when named)
 """
 
@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos", "portable_input", "ceilings",
+BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos", "portable_input", "shards", "ceilings",
               "frameworks")
 ON_REQUEST = ("accelerator",)
 

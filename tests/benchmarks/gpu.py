@@ -13,7 +13,8 @@ of carried files. So the data is made here, by the preprocess step, and carried:
     frames copied byte for byte, so no TensorFlow and no checksum is needed), so an epoch is long enough to
     measure; the random crop of the training input makes each copy another image;
   - the wheels of Keras and of its dependencies that are not part of torch or JAX (pure Python, and h5py and
-    optree for CPython 3.10 to 3.12), unpacked onto the children's PYTHONPATH when `import keras` fails there.
+    optree for CPython 3.10 to 3.12), and of google-crc32c and protobuf, which the shard reader needs
+    (components/records.py), each unpacked onto the children's PYTHONPATH where its module does not import there.
 
 `run` trains, each in its own process and with a time budget (a run that reaches its budget is stopped, and what
 its finished epochs measured is kept): the reference recipe on Fashion-MNIST for 12 epochs, and mobilenet-v3-small
@@ -45,7 +46,9 @@ BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A1
 TOTAL_BUDGET_SECONDS = 8 * 60
 # What Keras needs besides numpy and ml_dtypes (JAX brings those), carried as wheels.
 KERAS_REQUIREMENTS = ("absl-py", "namex", "rich", "markdown-it-py", "mdurl", "pygments", "packaging")
-BINARY_REQUIREMENTS = ("h5py", "optree")
+# h5py and optree for Keras; google-crc32c and protobuf for the shards (components/records.py checks each record's
+# crc32c and parses tf.train.Example with them; torch and JAX bring neither)
+BINARY_REQUIREMENTS = ("h5py", "optree", "google-crc32c", "protobuf")
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 BUNDLE_MANIFEST = "bundle.json"
 MODELS = ("reference-cnn", "mobilenet-v3-small", "resnet50")
@@ -124,9 +127,12 @@ def fetch_wheels(target: str) -> None:
     keras_version = importlib.metadata.version("keras")
     pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", target]
     subprocess.run([*pip, f"keras=={keras_version}", *KERAS_REQUIREMENTS], check=True)
+    # the shard reader's two at this environment's versions (those the tests ran), Keras' own as pip finds them
+    pinned = [f"{name}=={importlib.metadata.version(name)}" if name in ("google-crc32c", "protobuf") else name
+              for name in BINARY_REQUIREMENTS]
     for version in PYTHON_VERSIONS:
         subprocess.run([*pip, "--python-version", version, "--platform", "manylinux2014_x86_64",
-                        "--platform", "manylinux_2_28_x86_64", *BINARY_REQUIREMENTS], check=True)
+                        "--platform", "manylinux_2_28_x86_64", *pinned], check=True)
 
 
 def _tree_bytes(path: str) -> int:
@@ -137,7 +143,8 @@ def _tree_bytes(path: str) -> int:
 
 # ------------------------------------------------------------------------------------------ the lent machine
 
-IMPORT_NAMES = {"absl_py": "absl", "markdown_it_py": "markdown_it"}  # a wheel's distribution -> its module
+# a wheel's distribution -> its module
+IMPORT_NAMES = {"absl_py": "absl", "markdown_it_py": "markdown_it", "protobuf": "google.protobuf"}
 
 
 def ensure_keras(bundle: str, work: str) -> dict:
@@ -162,8 +169,13 @@ def missing_modules(wheels: str) -> set[str]:
     if not os.path.isdir(wheels):
         return set()
     names = {_distribution(n) for n in os.listdir(wheels) if n.endswith(".whl")}
-    check = ("import importlib.util, json, sys; "
-             "print(json.dumps([n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]))")
+    check = ("import importlib.util, json, sys\n"
+             "def missing(name):\n"
+             "    try:\n"
+             "        return importlib.util.find_spec(name) is None\n"
+             "    except ModuleNotFoundError:  # google.protobuf where no google package is\n"
+             "        return True\n"
+             "print(json.dumps([n for n in sys.argv[1:] if missing(n)]))")
     modules = {IMPORT_NAMES.get(name, name): name for name in names}
     done = subprocess.run([sys.executable, "-c", check, *modules], capture_output=True, text=True, check=True)
     return {modules[module] for module in json.loads(done.stdout)}
@@ -179,7 +191,9 @@ def install_wheels(wheels: str, site: str, distributions: set[str]) -> list[str]
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     names = [name for name in sorted(os.listdir(wheels)) if name.endswith(".whl")
              and _distribution(name) in distributions]
-    chosen = [name for name in names if "-py3-none-any" in name or f"-{tag}-{tag}-" in name]
+    abi3 = {f"-cp3{minor}-abi3-" for minor in range(2, sys.version_info.minor + 1)}  # protobuf's stable-ABI wheels
+    chosen = [name for name in names if "-py3-none-any" in name or f"-{tag}-{tag}-" in name
+              or any(stable in name for stable in abi3)]
     lacking = sorted({_distribution(n) for n in names} - {_distribution(n) for n in chosen})
     if lacking:
         raise SystemExit(f"the carried wheels of {', '.join(lacking)} have no build for this Python ({tag}): make "
