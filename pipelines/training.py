@@ -229,7 +229,9 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
             weights_cache=weights_cache, framework=framework)
         if settings.train_launcher == "pod":
-            train = ops.train_op(**training_inputs, shared_gpu=placement.outputs["shared_gpu"])
+            # On Vertex AI the placement step refuses a shared GPU: the training pod there is told of none.
+            shared = {"shared_gpu": placement.outputs["shared_gpu"]} if settings.target == "kfp" else {}
+            train = ops.train_op(**training_inputs, **shared)
             train.set_display_name("Train").set_cpu_request(TRAIN_NODE_CPU).set_memory_request(TRAIN_NODE_MEMORY)
             on_train_gpu(train, settings, placement, images["train"])
             on_data(train, settings)
