@@ -133,6 +133,8 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
     """Trains the classifier (`network`: the pipeline's `model` parameter) on `framework` (tensorflow: a
     tf.distribute strategy; torch: DDP; jax; components/train/frameworks), from
     `pretrained` weights when given (head first, then fine-tuning); resumes from checkpoints when the task is retried.
+    On a share of one GPU (`shared_gpu`, the GPU check's "time-sharing 4", "mps 2", "mig 1g.10gb") whose memory other
+    pods use too, the framework takes memory as it needs it.
 
     Exits 143 when preempted (SIGTERM: a checkpoint is saved, the retry resumes from it); a permanent failure
     (bad input, NaN loss, a bug) is recorded so that retries fail at once. Returns the wall time of fitting,
@@ -212,7 +214,8 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
     (pytorchjob) running the training image with `framework` (torch: torchrun on every node), follows it, and
     deletes it when the run is cancelled. Each node requests `node_cpu`, `node_memory` and `node_gpus` GPUs (empty:
     none) and gets the node selector and tolerations set on this task (KFP passes them on instead of applying them
-    to this pod). The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
+    to this pod). The job reads and writes the pipeline root directly (gs://); each node is told of a shared GPU
+    (`shared_gpu`) as the training pod is. Returns the job's training seconds.
     """
     import dataclasses
 
