@@ -86,21 +86,27 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
-def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict) -> NamedTuple(
-        "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str, gpu_limit=str):
-    """Checks the run's GPU choice (a known GKE accelerator, a sane count) and turns it into the training pod's
-    node selector, tolerations (accelerator, Spot VMs, node pool) and GPU limit (a string, empty for none: the
-    form the KFP driver reads)."""
+def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict,
+                 gpu_partition: str = "", gpu_sharing: str = "", max_shared_clients: int = 0,
+                 other_nodes: int = 0, created_by: str = "pod") -> NamedTuple(
+        "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str, gpu_limit=str, shared_gpu=str):
+    """Checks the run's GPU choice (a known GKE accelerator, a sane count, a MIG partition or GPU sharing that GKE
+    would schedule for pods that `created_by` (a train launcher) makes on `other_nodes` nodes besides the first)
+    and turns it into the training pod's node
+    selector, tolerations (accelerator, Spot VMs, node pool, shared GPU) and GPU limit (a string, empty for none:
+    the form the KFP driver reads), and what training is told of a shared GPU."""
     import collections
 
-    from components.launch import gpu_placement
+    from components.launch import SharedGpu, gpu_placement
 
     placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
-                              node_pool=node_pool)
+                              node_pool=node_pool, shared=SharedGpu(gpu_partition, gpu_sharing, max_shared_clients),
+                              workers=other_nodes, launcher=created_by)
     Placement = collections.namedtuple("Placement", ["node_selector", "tolerations", "vertex_accelerator",
-                                                     "gpu_limit"])
+                                                     "gpu_limit", "shared_gpu"])
     return Placement(placement.node_selector, placement.tolerations,
-                     known_accelerators.get(placement.accelerator, "") if gpus else "", placement.gpu_limit)
+                     known_accelerators.get(placement.accelerator, "") if gpus else "", placement.gpu_limit,
+                     placement.shared_gpu)
 
 
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
@@ -123,10 +129,12 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
              model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],
              network: str = "reference-cnn", pretrained: str = "none", freeze_epochs: int = -1,
              fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                 framework: str = "tensorflow") -> float:
+             framework: str = "tensorflow", shared_gpu: str = "") -> float:
     """Trains the classifier (`network`: the pipeline's `model` parameter) on `framework` (tensorflow: a
     tf.distribute strategy; torch: DDP; jax; components/train/frameworks), from
     `pretrained` weights when given (head first, then fine-tuning); resumes from checkpoints when the task is retried.
+    On a share of one GPU (`shared_gpu`, the GPU check's "time-sharing 4", "mps 2", "mig 1g.10gb") whose memory other
+    pods use too, the framework takes memory as it needs it.
 
     Exits 143 when preempted (SIGTERM: a checkpoint is saved, the retry resumes from it); a permanent failure
     (bad input, NaN loss, a bug) is recorded so that retries fail at once. Returns the wall time of fitting,
@@ -140,7 +148,7 @@ def train_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str, ep
         dataset.path, model.path, augmented_dir=augmented.path, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, tensorboard_dir=tensorboard.path, model=network, pretrained=pretrained,
         freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
-        weights_cache=weights_cache, framework=framework,
+        weights_cache=weights_cache, framework=framework, shared_gpu=shared_gpu,
         # Keyed by run and task in durable storage, so a retry of this task resumes and a new run starts clean.
         backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name))
     result = attempt(TrainingLoop(settings).run, settings.backup_dir)
@@ -200,13 +208,14 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
                          tensorboard: Output[Artifact], network: str = "reference-cnn", pretrained: str = "none",
                          freeze_epochs: int = -1, fine_tune_layers: int = 0,
                          fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                         framework: str = "tensorflow") -> float:
+                         framework: str = "tensorflow", shared_gpu: str = "") -> float:
     """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
     ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) or PyTorchJob
     (pytorchjob) running the training image with `framework` (torch: torchrun on every node), follows it, and
     deletes it when the run is cancelled. Each node requests `node_cpu`, `node_memory` and `node_gpus` GPUs (empty:
     none) and gets the node selector and tolerations set on this task (KFP passes them on instead of applying them
-    to this pod). The job reads and writes the pipeline root directly (gs://). Returns the job's training seconds.
+    to this pod). The job reads and writes the pipeline root directly (gs://); each node is told of a shared GPU
+    (`shared_gpu`) as the training pod is. Returns the job's training seconds.
     """
     import dataclasses
 
@@ -224,7 +233,7 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
         learning_rate=learning_rate, checkpoint_root=checkpoint_root, pipeline_root=pipeline_root, run_id=run_id,
         task_name=task_name, model=network, pretrained=pretrained, freeze_epochs=freeze_epochs,
         fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache,
-        framework=framework)
+        framework=framework, shared_gpu=shared_gpu)
     log_to_kfp(info, metrics, model)
     return info["train_seconds"]
 

@@ -156,6 +156,13 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
               "Train on Spot VMs (cheaper, preemptible: training resumes from its checkpoints)."),
         Param("train_workers", int, 1, "Machines besides the chief, when compiled with a multi-worker train "
               "launcher.", _at_least(0)),
+        # A share of one GPU on a GKE node pool set up for it (docs/cluster-setup.md): checked with the placement.
+        Param("train_gpu_partition", str, "", "MIG partition size to train on, e.g. 1g.10gb (empty: a whole GPU; "
+              "the node pool's gpu-partition-size, on A100, H100 or H200; one GPU, one node)."),
+        Param("train_gpu_sharing", str, "", "GPU sharing strategy of the node pool to train on: time-sharing or mps "
+              "(empty: a whole GPU; one GPU, one node; mps with the jobset launcher only)."),
+        Param("train_max_shared_clients", int, 0, "With train_gpu_sharing: the node pool's "
+              "max-shared-clients-per-gpu (2-48).", _at_least(0)),
     ),
     # The network and its initial weights (components/train/models.py, pretrained.py, which check them together).
     *_used_by(

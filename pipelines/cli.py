@@ -43,6 +43,14 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predict-accelerator", default=config.DEFAULT_PREDICT_ACCELERATOR,
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--predict-gpus", type=int, default=1)
+    group.add_argument("--predict-gpu-partition", default="",
+                       help="batch prediction on a MIG partition of this size, e.g. 1g.10gb (a GKE node pool with "
+                            "gpu-partition-size; --predict-gpus 1)")
+    group.add_argument("--predict-gpu-sharing", default="", choices=("", *config.SHARING_STRATEGIES),
+                       help="batch prediction on a GPU shared this way (a GKE node pool with gpu-sharing-strategy; "
+                            "--predict-gpus 1); mps is refused: the step's own pod cannot set hostIPC")
+    group.add_argument("--predict-max-shared-clients", type=int, default=0,
+                       help="with --predict-gpu-sharing: the node pool's max-shared-clients-per-gpu")
     group.add_argument("--train-launcher", choices=config.TRAIN_LAUNCHERS, default="pod",
                        help="pod: train in the pipeline task; trainjob: a Kubeflow Trainer v2 TrainJob of chief + "
                             "--train-workers nodes; jobset: the same as a JobSet (no Trainer v2); tfjob, pytorchjob: a "
@@ -82,7 +90,10 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
                            torch=args.torch_image or repo_images.torch)
     return config.PipelineSettings(images=images, target=args.target, train_accelerator=args.train_accelerator,
                                    train_gpus=args.train_gpus, predict_accelerator=args.predict_accelerator,
-                                   predict_gpus=args.predict_gpus, train_launcher=args.train_launcher,
+                                   predict_gpus=args.predict_gpus, predict_gpu_partition=args.predict_gpu_partition,
+                                   predict_gpu_sharing=args.predict_gpu_sharing,
+                                   predict_max_shared_clients=args.predict_max_shared_clients,
+                                   train_launcher=args.train_launcher,
                                    train_namespace=args.train_namespace, train_runtime=args.train_runtime,
                                    kueue_queue=args.kueue_queue, gcs_fuse_pvc=args.gcs_fuse_pvc,
                                    gcs_fuse_mount=args.gcs_fuse_mount)
@@ -173,7 +184,7 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
     output_dir = os.path.abspath(output_dir)
     params = dict(params)
     params.setdefault("registry_root", os.path.join(os.path.dirname(output_dir), "registry"))
-    validate_parameters(params)
+    validate_parameters(params, launcher=(settings or config.PipelineSettings()).train_placement_launcher)
     local_checks.check_local_sources(params)
     os.makedirs(output_dir, exist_ok=True)
     # No task retries here: they exist for preempted GPU nodes, and on this machine a failed step fails for good,
@@ -262,7 +273,8 @@ def print_summary(summary: dict, output_dir: str) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    settings, params = settings_from(args), validate_parameters(given_parameters(args))
+    settings = settings_from(args)
+    params = validate_parameters(given_parameters(args), launcher=settings.train_placement_launcher)
     if params and not args.explain:
         raise ValueError("pipeline parameters are chosen per run; when compiling they only go with --explain")
     training.compile_pipeline(args.output, settings)
@@ -331,7 +343,9 @@ def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
     if per_run_gpu:
         raise ValueError(f"On Vertex AI the training GPU is chosen when compiling: use --train-accelerator and "
                          f"--train-gpus instead of {', '.join('--' + p.replace('_', '-') for p in per_run_gpu)}")
-    params = validate_parameters(vertex.vertex_run_parameters(given, project=project, location=region))
+    params = validate_parameters(vertex.vertex_run_parameters(given, project=project, location=region),
+                                 launcher=dataclasses.replace(settings_from(args), target="vertex")
+                                 .train_placement_launcher)
     return connection, params
 
 
@@ -358,7 +372,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                              **connection)
         print(json.dumps(run.to_json(), indent=2))
         return 0
-    params = validate_parameters(given_parameters(args))
+    params = validate_parameters(given_parameters(args),
+                                 launcher=settings_from(args).train_placement_launcher if args.local else None)
     if args.local:
         output_dir = args.output_dir or os.path.join("runs", _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
         summary = run_local(params, output_dir, settings_from(args), verbose=args.verbose)

@@ -14,6 +14,7 @@ import dataclasses
 # in components/ (one table) and the pipeline reads them from there.
 from components.gcp.accelerators import ACCELERATORS  # noqa: F401
 from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL  # noqa: F401
+from components.launch.placement import SHARING_STRATEGIES, SharedGpu  # noqa: F401
 # The TrainJob's default runtime: the plain ClusterTrainingRuntime shipped in manifests/trainer/.
 from components.launch.trainjob import RUNTIME_NAME as DEFAULT_TRAIN_RUNTIME  # noqa: F401
 # The reference setup: training on a T4 pool, batch prediction on an H100 pool (components/params.py).
@@ -80,6 +81,11 @@ class PipelineSettings:
     train_gpus: int = 1
     predict_accelerator: str = DEFAULT_PREDICT_ACCELERATOR
     predict_gpus: int = 1
+    # A share of one GPU for batch prediction (GKE node pool labels; docs/cluster-setup.md): compile-time, as the
+    # prediction accelerator is. Training's share is chosen per run (train_gpu_partition, train_gpu_sharing).
+    predict_gpu_partition: str = ""
+    predict_gpu_sharing: str = ""
+    predict_max_shared_clients: int = 0
     train_retries: int = 3
     train_launcher: str = "pod"  # see TRAIN_LAUNCHERS
     train_namespace: str = "kubeflow"  # where the training job is created (the pipeline's namespace on Kubeflow)
@@ -113,6 +119,22 @@ class PipelineSettings:
         check_accelerator(self.predict_accelerator)
         if self.train_gpus < 0 or self.predict_gpus < 0:
             raise ValueError("GPU counts must be >= 0")
+        self.predict_shared_gpu.check(self.predict_accelerator, self.predict_gpus, launcher=self.pod_launcher,
+                                      what="batch prediction")
+
+    @property
+    def predict_shared_gpu(self) -> SharedGpu:
+        return SharedGpu(self.predict_gpu_partition, self.predict_gpu_sharing, self.predict_max_shared_clients)
+
+    @property
+    def pod_launcher(self) -> str:
+        """What creates a step's own pod, as the shared GPU checks name it: the KFP driver, or Vertex AI."""
+        return "pod" if self.target == "kfp" else "vertex"
+
+    @property
+    def train_placement_launcher(self) -> str:
+        """What creates the training pods, as the shared GPU checks name it."""
+        return self.train_launcher if self.train_launcher != "pod" else self.pod_launcher
 
     @property
     def by_reference(self) -> bool:

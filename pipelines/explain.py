@@ -93,9 +93,10 @@ def node_pods(manifest: dict) -> list[dict]:
     manifest."""
     def placement(count: int, pod: dict) -> dict:
         container = pod["containers"][0] if pod.get("containers") else {}
-        return {"replicas": count, "resources": container.get("resources", {}),
-                "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
-                "image": container.get("image"), "command": container.get("command")}
+        placed = {"replicas": count, "resources": container.get("resources", {}),
+                  "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
+                  "image": container.get("image"), "command": container.get("command")}
+        return {**placed, "hostIPC": True} if pod.get("hostIPC") else placed
 
     spec = manifest["spec"]
     if manifest["kind"] in ("TFJob", "PyTorchJob"):

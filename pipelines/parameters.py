@@ -33,6 +33,7 @@ def step_vocabularies() -> dict[str, Vocabulary]:
     """The parameters whose vocabulary a step owns, from the step (imported when asked: they are not small)."""
     from components import augment
     from components.gcp.accelerators import ACCELERATORS
+    from components.launch.placement import SHARING_STRATEGIES
     from components.registry import REGISTRIES
     from components.train import models, pretrained, recipes
 
@@ -44,13 +45,15 @@ def step_vocabularies() -> dict[str, Vocabulary]:
         "model": Vocabulary(models.MODELS, models.name_problem, also="module:function"),
         "pretrained": Vocabulary((pretrained.NONE, pretrained.IMAGENET), also="a weights file or a registered model"),
         "train_accelerator_type": Vocabulary(tuple(ACCELERATORS)),  # with the GPU count: components/launch/placement.py
+        "train_gpu_sharing": Vocabulary(SHARING_STRATEGIES, also="empty for a whole GPU"),  # checked there too
         "registry": Vocabulary(REGISTRIES, params.one_of(REGISTRIES)),
     }
 
 
-def problems(values: dict) -> list[str]:
+def problems(values: dict, *, launcher: str | None = None) -> list[str]:
     """Everything wrong with these values: the table's checks, the steps' own, and the checks across parameters
-    (the network and its weights, Dataflow's settings, the training GPUs' placement) when theirs are all given."""
+    (the network and its weights, Dataflow's settings, the training GPUs' placement) when theirs are all given.
+    `launcher`: the train launcher the pipeline was compiled with, where known (a shared GPU's checks need it)."""
     found = params.problems(values, {name: v.check for name, v in step_vocabularies().items() if v.check})
     if {"model", "pretrained", "image_size", "channels", "freeze_epochs", "fine_tune_layers"} <= values.keys() \
             and not any(problem.startswith(("model ", "freeze_epochs ", "fine_tune_layers ")) for problem in found):
@@ -68,19 +71,23 @@ def problems(values: dict) -> list[str]:
         found += dataflow.parameter_problems({name: values.get(name, params.default(name)) for name in names})
     if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
         from components.gcp.accelerators import ACCELERATORS
-        from components.launch.placement import gpu_placement
+        from components.launch.placement import SharedGpu, gpu_placement
 
+        shared = SharedGpu(values.get("train_gpu_partition", ""), values.get("train_gpu_sharing", ""),
+                           values.get("train_max_shared_clients", 0))
         try:
             gpu_placement(values["train_accelerator_type"], values["train_gpu_count"], known_accelerators=ACCELERATORS,
-                          spot=values["train_spot"], node_pool=values["train_node_pool"])
+                          spot=values["train_spot"], node_pool=values["train_node_pool"], shared=shared,
+                          workers=training.placement_workers(launcher, values.get("train_workers", 0)),
+                          launcher=launcher)
         except ValueError as e:
             found.append(str(e))
     return found
 
 
-def validate(values: dict, *, what: str = "parameters") -> None:
+def validate(values: dict, *, what: str = "parameters", launcher: str | None = None) -> None:
     """Raises one ValueError listing every problem of `values` (see `problems`)."""
-    params.validate(values, what=what, found=problems(values))
+    params.validate(values, what=what, found=problems(values, launcher=launcher))
 
 
 # ---------------------------------------------------------------------------------------------- pipectl's flags
@@ -135,9 +142,9 @@ def given_parameters(args: argparse.Namespace) -> dict:
     return {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
 
 
-def validate_parameters(given: dict) -> dict:
+def validate_parameters(given: dict, *, launcher: str | None = None) -> dict:
     """Refuses unknown names, wrong types and out-of-range values before anything runs or is sent; ints given for
-    float parameters become floats."""
+    float parameters become floats. `launcher`: the compiled train launcher, where this pipectl compiles it."""
     known = pipeline_parameters()
     unknown = sorted(set(given) - set(known))
     if unknown:
@@ -149,7 +156,7 @@ def validate_parameters(given: dict) -> dict:
         elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ValueError(f"Parameter {name} must be {expected.__name__}, got {value!r}")
     values = {name: p.default for name, p in known.items()} | given
-    validate(values, what="pipeline parameters")
+    validate(values, what="pipeline parameters", launcher=launcher)
     check_model_builder(values)
     return given
 

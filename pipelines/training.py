@@ -37,6 +37,31 @@ def on_gpu(task: dsl.PipelineTask, settings: config.PipelineSettings, accelerato
     queue_on_kueue(task, settings)
 
 
+def on_shared_gpu(task: dsl.PipelineTask, shared: config.SharedGpu) -> None:
+    """A step's own pod on a share of one GPU (settings.check refused what GKE would not schedule): the node
+    pool's labels, and where other pods use the GPU's memory too, every framework's setting that makes it take
+    memory as it needs it (the run's framework reads its own; components/train/frameworks)."""
+    if not shared:
+        return
+    from kfp import kubernetes
+
+    from components.train.frameworks import shared_gpu_env
+
+    for label, value in shared.node_selector().items():
+        kubernetes.add_node_selector(task, label_key=label, label_value=value)
+    if shared.shares_memory:
+        for name, value in shared_gpu_env().items():
+            task.set_env_variable(name, value)
+
+
+def placement_workers(launcher: str | None, workers):
+    """The machines besides the first that a run of `launcher` trains on, as the placement step checks them: the
+    run's train_workers on a multi-node launcher, none in the training pod, unknown (None) with no launcher."""
+    if launcher is None:
+        return None
+    return 0 if launcher in ("pod", "vertex") else workers
+
+
 def queue_on_kueue(task: dsl.PipelineTask, settings: config.PipelineSettings) -> None:
     """Labels a GPU pod with its Kueue queue, so clusters that queue GPU work admit it in turn."""
     if settings.kueue_queue and settings.target == "kfp":
@@ -144,6 +169,9 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         train_node_pool: str = params.default("train_node_pool"),
         train_spot: bool = params.default("train_spot"),
         train_workers: int = params.default("train_workers"),
+        train_gpu_partition: str = params.default("train_gpu_partition"),
+        train_gpu_sharing: str = params.default("train_gpu_sharing"),
+        train_max_shared_clients: int = params.default("train_max_shared_clients"),
         min_accuracy: float = params.default("min_accuracy"),
         min_class_recall: float = params.default("min_class_recall"),
         tolerance: float = params.default("tolerance"),
@@ -184,8 +212,12 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                              policy=augment_policy, data_root=data_root, by_reference=settings.by_reference)
         on_data(on_cpu(aug.set_display_name("Augment"), settings, "2", "4G"), settings)
 
+        launcher = settings.train_placement_launcher
         placement = ops.placement_op(accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
-                                     node_pool=train_node_pool, known_accelerators=config.ACCELERATORS)
+                                     node_pool=train_node_pool, known_accelerators=config.ACCELERATORS,
+                                     gpu_partition=train_gpu_partition, gpu_sharing=train_gpu_sharing,
+                                     max_shared_clients=train_max_shared_clients,
+                                     other_nodes=placement_workers(launcher, train_workers), created_by=launcher)
         on_cpu(placement.set_display_name("Check GPU choice"), settings, "0.5", "512M")
         images = choose_images(settings, framework)
 
@@ -197,7 +229,9 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers, fine_tune_lr_factor=fine_tune_lr_factor,
             weights_cache=weights_cache, framework=framework)
         if settings.train_launcher == "pod":
-            train = ops.train_op(**training_inputs)
+            # On Vertex AI the placement step refuses a shared GPU: the training pod there is told of none.
+            shared = {"shared_gpu": placement.outputs["shared_gpu"]} if settings.target == "kfp" else {}
+            train = ops.train_op(**training_inputs, **shared)
             train.set_display_name("Train").set_cpu_request(TRAIN_NODE_CPU).set_memory_request(TRAIN_NODE_MEMORY)
             on_train_gpu(train, settings, placement, images["train"])
             on_data(train, settings)
@@ -208,7 +242,8 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
             train = ops.train_cluster_job_op(
                 **training_inputs, launcher=settings.train_launcher, image=images["train"], workers=train_workers,
                 kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime,
-                node_cpu=TRAIN_NODE_CPU, node_memory=TRAIN_NODE_MEMORY, node_gpus=placement.outputs["gpu_limit"])
+                node_cpu=TRAIN_NODE_CPU, node_memory=TRAIN_NODE_MEMORY, node_gpus=placement.outputs["gpu_limit"],
+                shared_gpu=placement.outputs["shared_gpu"])
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
             place_training(train, placement, gpus_on_task=False)
         else:
@@ -238,6 +273,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                                  images=predict_images, data_root=data_root, by_reference=settings.by_reference)
         on_data(predict.set_display_name("Batch predict").set_cpu_request("4").set_memory_request("16G"), settings)
         on_gpu(predict, settings, settings.predict_accelerator, settings.predict_gpus, images["predict"])
+        on_shared_gpu(predict, settings.predict_shared_gpu)
 
         with dsl.If(evaluate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (a pipeline condition)
             register = ops.register_op(

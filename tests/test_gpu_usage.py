@@ -501,3 +501,35 @@ def test_the_run_page_leaves_out_power_where_no_card_reported_it(tmp_path):
     sampler.end_epoch(0, step=5)
     page = page_for(tmp_path, {"gpu_usage": sampler.stop()})
     assert "power" not in page and "<td class='n'>60%</td>" in page
+
+
+def test_on_a_mig_slice_it_says_not_available_and_training_goes_on(caplog):
+    """GKE's MIG pod sees the parent GPU in MIG mode, whose utilization NVML does not report: the sampler says so
+    once and records nothing, where sampling it would fail with Not Supported."""
+    from tests.standins.nvml import NVMLError_NotSupported
+
+    nvml = nvml_with()
+    for gpu in nvml.gpus:
+        gpu.mig = True
+    with pytest.raises(NVMLError_NotSupported):
+        nvml.nvmlDeviceGetUtilizationRates(nvml.gpus[0])  # what sampling would meet
+    sampler = GpuUsageSampler(lambda: gpu_usage.NvmlReader.open({}, nvml=nvml), clock=Clock())
+    with caplog.at_level(logging.INFO, logger=gpu_usage.__name__):
+        assert not sampler.open()
+    assert sampler.reason == gpu_usage.MIG_SLICE
+    assert [m for m in caplog.messages if "not recorded" in m] == [
+        "train: GPU utilization is not recorded: not available on a MIG slice (NVML does not report the "
+        "utilization of a GPU in MIG mode)"]
+    assert nvml.initialized == 0
+
+
+def test_a_mig_instance_named_to_cuda_is_a_mig_slice_and_a_gpu_without_mig_is_sampled():
+    nvml = nvml_with()
+    with pytest.raises(GpuUsageUnavailable, match="not available on a MIG slice"):
+        gpu_usage.NvmlReader.open({"NVIDIA_VISIBLE_DEVICES": "MIG-5c6a1e3e-aaaa-bbbb-cccc-0123456789ab"}, nvml=nvml)
+    assert nvml.initialized == 0
+    for gpu in nvml.gpus:
+        gpu.mig = None  # a card without MIG answers the mode query with Not Supported
+    reader = gpu_usage.NvmlReader.open({"CUDA_VISIBLE_DEVICES": "0"}, nvml=nvml)
+    assert reader.sample(reader.devices()[0]).utilization == 97
+    reader.close()

@@ -130,12 +130,15 @@ def test_everything_but_accelerators_matches_the_kfp_target(packages):
         spec = load_documents(path)[0]
         for executor in spec["deploymentSpec"]["executors"].values():
             executor["container"].get("resources", {}).pop("accelerator", None)
-        # On GKE the training GPU is placed per run (inputs from the GPU-check step); on Vertex when compiling.
+        # On GKE the training GPU is placed per run (inputs from the GPU-check step, a shared GPU's share too); on
+        # Vertex when compiling.
         train = spec["root"]["dag"]["tasks"]["train-op"]
         train["inputs"]["parameters"] = {k: v for k, v in train["inputs"]["parameters"].items()
                                          if not k.startswith("pipelinechannel--")
-                                         and k not in ("accelerator_count", "accelerator_type")}
+                                         and k not in ("accelerator_count", "accelerator_type", "shared_gpu")}
         train["dependentTasks"] = [t for t in train["dependentTasks"] if t != "placement-op"]
+        # The GPU-check step knows what creates the training pod (a shared GPU's checks): the KFP driver or Vertex.
+        spec["root"]["dag"]["tasks"]["placement-op"]["inputs"]["parameters"].pop("created_by")
         # On a KFP backend the data-heavy steps write by reference (components/datadir.py); Vertex mounts artifacts.
         for task in spec["root"]["dag"]["tasks"].values():
             task.get("inputs", {}).get("parameters", {}).pop("by_reference", None)

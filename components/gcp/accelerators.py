@@ -15,6 +15,11 @@ class Accelerator:
     gke: str  # the `cloud.google.com/gke-accelerator` node label value
     vertex: str  # aiplatform_v1.AcceleratorType name
     machines: dict[int, str]  # Vertex AI machine type for N GPUs per replica: the smallest holding that many
+    # MIG partition sizes (empty: no MIG on GKE): GoogleCloudPlatform/container-engine-accelerators'
+    # gpuPartitionSizeMaxCount, whose comments name the accelerator of each size (pkg/gpu/nvidia/mig/mig.go:36-69 at
+    # 992db81257553607f1477945f1b3219632991829); GKE's "Running multi-instance GPUs" lists A100 40GB and 80GB, H100
+    # 80GB and H200 141GB (B200 too, not in this table).
+    mig_profiles: tuple[str, ...] = ()
 
 
 TABLE = (
@@ -22,16 +27,22 @@ TABLE = (
     Accelerator("nvidia-l4", "NVIDIA_L4", {1: "g2-standard-8", 2: "g2-standard-24", 4: "g2-standard-48",
                                            8: "g2-standard-96"}),
     Accelerator("nvidia-tesla-a100", "NVIDIA_TESLA_A100", {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g",
-                                                           8: "a2-highgpu-8g", 16: "a2-megagpu-16g"}),
+                                                           8: "a2-highgpu-8g", 16: "a2-megagpu-16g"},
+                ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")),
     Accelerator("nvidia-a100-80gb", "NVIDIA_A100_80GB", {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g",
-                                                         4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"}),
+                                                         4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"},
+                ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb")),
     Accelerator("nvidia-h100-80gb", "NVIDIA_H100_80GB", {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g",
-                                                         8: "a3-highgpu-8g"}),
-    Accelerator("nvidia-h200-141gb", "NVIDIA_H200_141GB", {8: "a3-ultragpu-8g"}),
+                                                         8: "a3-highgpu-8g"},
+                ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb")),
+    Accelerator("nvidia-h200-141gb", "NVIDIA_H200_141GB", {8: "a3-ultragpu-8g"},
+                ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")),
 )
 
 # GKE accelerator (label value) -> Vertex AI accelerator type: what a pipeline passes as `known_accelerators`.
 ACCELERATORS = {a.gke: a.vertex for a in TABLE}
+# GKE accelerator -> the MIG partition sizes GKE offers on it (only those with MIG).
+MIG_PROFILES = {a.gke: a.mig_profiles for a in TABLE if a.mig_profiles}
 # GKE accelerator -> {GPUs per replica: Vertex AI machine type}.
 VERTEX_MACHINES = {a.gke: dict(a.machines) for a in TABLE}
 VERTEX_CPU_MACHINE = "n1-standard-8"

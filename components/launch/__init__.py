@@ -41,7 +41,7 @@ from components.launch.k8s import CustomResourceLauncher, LogFollower, kubernete
 from components.launch.jobset import JobSetLauncher, jobset_manifest, jobset_status
 from components.launch.frameworks import FRAMEWORKS
 from components.launch.placement import (ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL, NODE_POOL_LABEL,
-                                         SPOT_NODE_LABEL, Placement, gpu_placement, node_resources,
+                                         SPOT_NODE_LABEL, Placement, SharedGpu, gpu_placement, node_resources,
                                          placement_from_task_config)
 from components.launch.pytorchjob import PyTorchJobLauncher, pytorchjob_manifest, pytorchjob_status
 from components.launch.tfjob import CONTAINER_NAME, TFJobLauncher, tfjob_manifest, tfjob_status
@@ -55,7 +55,7 @@ __all__ = [
     "ACCELERATOR_NODE_LABEL", "CONTAINER_NAME", "Cancelled", "CustomResourceLauncher", "FRAMEWORKS", "GPU_RESOURCE",
     "JobOutcome", "JobSetLauncher", "KUBERNETES_LAUNCHERS", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError",
     "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL", "Placement", "PyTorchJobLauncher", "RUNTIME_NAME",
-    "SPOT_NODE_LABEL", "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher",
+    "SPOT_NODE_LABEL", "SharedGpu", "TFJobLauncher", "TrainJobLauncher", "TrainingJob", "VERTEX_MACHINES", "VertexJobLauncher",
     "copy_tree", "custom_job", "gpu_placement", "job_manifests", "job_name", "jobset_manifest", "jobset_status",
     "kubernetes_client", "launch_pipeline_training", "launch_training", "main", "node_resources",
     "placement_from_task_config", "pytorchjob_manifest", "pytorchjob_status", "runtime_manifest", "tfjob_manifest",

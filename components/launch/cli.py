@@ -27,7 +27,7 @@ from components import stepcli
 from components.gcp.accelerators import ACCELERATORS
 from components.launch.job import TrainingJob
 from components.launch.k8s import kubernetes_client
-from components.launch.placement import gpu_placement
+from components.launch.placement import SHARING_STRATEGIES, SharedGpu, gpu_placement
 from components.launch.frameworks import FRAMEWORKS, setup
 from components.launch.training import KUBERNETES_LAUNCHERS, job_manifests
 from components.launch.trainjob import RUNTIME_NAME, TRAINER_RELEASE, TRAINING, runtime_file, runtime_manifest
@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--spot", action="store_true")
     parser.add_argument("--node-pool", default="")
+    parser.add_argument("--gpu-partition", default="", help="MIG partition size of the node pool, e.g. 1g.10gb "
+                                                            "(--gpus 1, --workers 0)")
+    parser.add_argument("--gpu-sharing", default="", choices=("", *SHARING_STRATEGIES),
+                        help="GPU sharing strategy of the node pool (--gpus 1, --workers 0; mps: --launcher jobset)")
+    parser.add_argument("--max-shared-clients", type=int, default=0,
+                        help="with --gpu-sharing: the node pool's max-shared-clients-per-gpu")
     parser.add_argument("--kueue-queue", default="")
     parser.add_argument("--service-account", default="")
     parser.add_argument("--known-accelerators", default=",".join(ACCELERATORS))
@@ -102,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def training_job() -> TrainingJob:
         placement = gpu_placement(args.accelerator, args.gpus, known_accelerators=args.known_accelerators.split(","),
-                                  spot=args.spot, node_pool=args.node_pool)
+                                  spot=args.spot, node_pool=args.node_pool,
+                                  shared=SharedGpu(args.gpu_partition, args.gpu_sharing, args.max_shared_clients),
+                                  workers=args.workers, launcher=args.launcher)
         return TrainingJob(name=args.name, image=args.image, command=setup(args.framework).node_command(command),
                            workers=args.workers, placement=placement, cpu=args.cpu, memory=args.memory,
                            kueue_queue=args.kueue_queue, service_account=args.service_account,

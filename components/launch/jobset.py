@@ -38,7 +38,7 @@ from components import gcp
 from components.launch.frameworks import TRAINER_PORT, jax_env, torch_env
 from components.launch.job import TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
-from components.launch.placement import KUEUE_QUEUE_LABEL
+from components.launch.placement import KUEUE_QUEUE_LABEL, mps_pod_fields
 from components.train.cluster import HOSTS_ENV, INDEX_ENV
 
 log = logging.getLogger(__name__)
@@ -143,12 +143,14 @@ def check_name(job: TrainingJob) -> None:
 
 def jobset_manifest(job: TrainingJob, namespace: str, *, max_restarts: int | None = None) -> dict:
     """The JobSet for `job`, for clusters with JobSet but without Kubeflow Trainer v2: the same pods a TrainJob
-    on the runtime in manifests/trainer/ gets, and the same failure rules."""
+    on the runtime in manifests/trainer/ gets, and the same failure rules. On a GPU shared through MPS the pods
+    also share the node's IPC namespace (`mps_pod_fields`), which a pipeline's own pod cannot."""
     check_name(job)
     container = {"name": NODE, "image": job.image, "command": list(job.command),
                  "env": job.env_list() + node_env(job), "ports": node_ports(job.framework),
                  "resources": job.container_resources()}
-    template = node_job_template(container, pod_spec=job.pod_placement(), pod_labels=job.pod_labels(),
+    pod_spec = {**job.pod_placement(), **mps_pod_fields(job.placement.node_selector)}
+    template = node_job_template(container, pod_spec=pod_spec, pod_labels=job.pod_labels(),
                                  nodes=job.nodes)
     labels = job.pod_labels()
     if job.kueue_queue:

@@ -18,7 +18,7 @@ from components.launch.frameworks import check_framework, setup
 from components.launch.job import LaunchError, TrainingJob, job_name
 from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
 from components.launch.k8s import kubernetes_client
-from components.launch.placement import gpu_placement, placement_from_task_config
+from components.launch.placement import SharedGpu, gpu_placement, placement_from_task_config
 from components.launch.pytorchjob import PyTorchJobLauncher, pytorchjob_manifest
 from components.launch.tfjob import TFJobLauncher, tfjob_manifest
 from components.launch.trainjob import (RUNTIME_NAME, RUNTIMES, TrainJobLauncher, runtime_for, runtime_manifest,
@@ -123,6 +123,9 @@ def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, tas
     else:
         placement, sizes = gpu_placement(launch.accelerator, launch.gpus, known_accelerators=ACCELERATORS,
                                          spot=launch.spot, node_pool=launch.node_pool), {}
+    # Nodes on a share of a GPU (the task's node selector): one GPU on one node, MPS only where hostIPC is set.
+    SharedGpu.from_node_selector(placement.node_selector).check(placement.accelerator, placement.gpus,
+                                                                workers=launch.workers, launcher=launch.launcher)
     # JobSet-based jobs name their pods after themselves: their names leave room for that.
     longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
     return TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
@@ -169,10 +172,11 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
                              task_name: str, model: str = "reference-cnn", pretrained: str = "none",
                              freeze_epochs: int = -1, fine_tune_layers: int = 0,
                              fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                             framework: str = "tensorflow") -> dict:
+                             framework: str = "tensorflow", shared_gpu: str = "") -> dict:
     """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
     replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
-    `{pipeline_root}/jobs/{run_id}/{task_name}`. `framework` trains; `launch` must start its nodes for it."""
+    `{pipeline_root}/jobs/{run_id}/{task_name}`. `framework` trains; `launch` must start its nodes for it.
+    `shared_gpu`: the share of a GPU the node trains on (SharedGpu.describe), for the framework's memory setting."""
     from components.train.faults import backup_dir_for
 
     if framework != launch.framework:
@@ -185,7 +189,7 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
         dataset_uri, model_uri, augmented_dir=augmented_uri, recipe=recipe, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, backup_dir=backup_dir_for(checkpoint_root, pipeline_root, run_id, task_name),
         model=model, pretrained=pretrained, freeze_epochs=freeze_epochs, fine_tune_layers=fine_tune_layers,
-        fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache, **trains_with)
+        fine_tune_lr_factor=fine_tune_lr_factor, weights_cache=weights_cache, shared_gpu=shared_gpu, **trains_with)
     return launch_training(settings, launch, model_path=model_path, tensorboard_path=tensorboard_path,
                            staging_dir=f"{pipeline_root.rstrip('/')}/jobs/{run_id}/{task_name}", run_id=run_id,
                            task_name=task_name)

@@ -22,6 +22,12 @@ the PCI bus order (CUDA's own order with CUDA_DEVICE_ORDER=PCI_BUS_ID, and on an
 as a GKE node); as CUDA does, the list ends at the first entry that names no device. Without
 CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES (the container runtime's) is taken when it holds UUIDs; its indices
 or `all` were already applied by the runtime, whose container shows NVML only those devices.
+
+A MIG slice (a GKE node pool with a gpu-partition-size): NVML shows the container the parent GPU, whose utilization
+it does not report in MIG mode (nvmlDeviceGetUtilizationRates returns NVML_ERROR_NOT_SUPPORTED on MIG-enabled GPUs,
+NVML API reference), so the sampler says "not available on a MIG slice" and records nothing. It tells by the GPU's
+MIG mode (nvmlDeviceGetMigMode; pynvml.py:6089-6095 and NVML_DEVICE_MIG_ENABLE at 2795, nvidia-ml-py 13.615.71) or
+a MIG instance named in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ log = logging.getLogger(__name__)
 INTERVAL_SECONDS = 2.0  # NVML's own utilization period is 1/6 s to 1 s, depending on the card; a read is ~0.1 ms
 BUSY_PERCENT = 90  # "seconds at 90% or more": the time the GPU was kept busy
 GIB = float(1 << 30)
+NVML_DEVICE_MIG_ENABLE = 1  # pynvml's, the current mode nvmlDeviceGetMigMode returns for a GPU in MIG mode
+MIG_SLICE = "not available on a MIG slice (NVML does not report the utilization of a GPU in MIG mode)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +131,13 @@ class NvmlReader:
             raise GpuUsageUnavailable(f"NVML did not start ({error}): no NVIDIA driver that this process "
                                       "can reach") from None
         try:
+            if names_mig_instance(environ):
+                raise GpuUsageUnavailable(MIG_SLICE)
             handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
             uuids = [_text(nvml.nvmlDeviceGetUUID(handle)) for handle in handles]
             chosen = visible_devices(uuids, environ)
+            if any(in_mig_mode(nvml, handles[i]) for i in chosen):
+                raise GpuUsageUnavailable(MIG_SLICE)
             if not chosen:
                 raise GpuUsageUnavailable(
                     f"no GPU is visible to this process (NVML sees {len(handles)}; CUDA_VISIBLE_DEVICES="
@@ -157,6 +169,22 @@ class NvmlReader:
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
+
+
+def names_mig_instance(environ: dict | None = None) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES (or, without it, NVIDIA_VISIBLE_DEVICES) starts with a MIG instance's UUID."""
+    environ = os.environ if environ is None else environ
+    devices = environ.get("CUDA_VISIBLE_DEVICES")
+    devices = environ.get("NVIDIA_VISIBLE_DEVICES", "") if devices is None else devices
+    return devices.strip().upper().startswith("MIG-")
+
+
+def in_mig_mode(nvml, handle) -> bool:
+    """Whether the GPU is in MIG mode; False where NVML cannot say (a GPU without MIG answers Not Supported)."""
+    try:
+        return nvml.nvmlDeviceGetMigMode(handle)[0] == NVML_DEVICE_MIG_ENABLE
+    except nvml.NVMLError:
+        return False
 
 
 def _text(value) -> str:

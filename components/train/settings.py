@@ -24,8 +24,8 @@ JIT_CHOICES = ("auto", "on", "off")
 # Recipe fields a run may override; the other recipe knobs (schedule shape, warm-up, ...) come from the preset.
 RECIPE_OVERRIDES = ("epochs", "batch_size", "learning_rate", "scale_lr", "steps_per_execution", "precision",
                     "jit_compile", "seed", "fine_tune_lr_factor")
-# Directories that may be absent: launchers and ops pass "" for "none", which means None here.
-OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir", "weights_cache")
+# Directories (and the shared GPU) that may be absent: launchers and ops pass "" for "none", which means None here.
+OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir", "weights_cache", "shared_gpu")
 
 
 def _option(help: str, **argparse_kwargs) -> dict:
@@ -80,6 +80,9 @@ class TrainSettings:
         "hold the training images in memory, stream them, or choose by size (default: %(default)s)",
         choices=INPUT_MODES))
     tensorboard_dir: str | None = dataclasses.field(default=None, metadata=_option("TensorBoard logs (chief only)"))
+    shared_gpu: str | None = dataclasses.field(default=None, metadata=_option(
+        "the GPU is a share of one, as the placement step describes it (mig 1g.10gb, time-sharing 4, mps 2): on a "
+        "time-shared or MPS GPU the framework takes memory as it needs it instead of most of the GPU's"))
 
     def __post_init__(self):
         for name in OPTIONAL_DIRS:

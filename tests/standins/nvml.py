@@ -15,6 +15,10 @@ components/train/gpu_usage.py makes:
   on a card that does not report its power.
 - `nvmlSystemGetDriverVersion()` returns the driver's version as str ("580.95.05": `@convertStrBytes`, lines
   3255-3261), what components/gpu_driver.py reads.
+- `nvmlDeviceGetMigMode(handle)` returns `[current, pending]` (lines 6089-6095; NVML_DEVICE_MIG_ENABLE = 1 at
+  2795); on a GPU in MIG mode `nvmlDeviceGetUtilizationRates` raises NVMLError_NotSupported (the NVML API reference:
+  "On MIG-enabled GPUs, querying device utilization rates is not currently supported"), and a GPU without MIG
+  answers the mode query with NVMLError_NotSupported.
 - `NVMLError(value)`: `str()` is the code's text; `NVMLError(3)` is an `NVMLError_NotSupported` (`__new__` at lines
   1062-1071 and the classes `_extractNVMLErrorsAsClasses` makes, 1087-1110).
 """
@@ -68,6 +72,7 @@ class Gpu:
     memory_used: int = 0
     power_milliwatts: int | None = None  # None: the card does not report it
     lost: bool = False
+    mig: bool | None = False  # in MIG mode; None: a GPU without MIG (a T4, an L4)
 
 
 class NvmlStandIn:
@@ -111,8 +116,17 @@ class NvmlStandIn:
         if handle.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
 
+    def nvmlDeviceGetMigMode(self, handle):
+        self._check(handle)
+        if handle.mig is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        mode = 1 if handle.mig else 0
+        return [mode, mode]
+
     def nvmlDeviceGetUtilizationRates(self, handle):
         self._check(handle)
+        if handle.mig:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(gpu=handle.utilization, memory=handle.memory_utilization)
 
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):

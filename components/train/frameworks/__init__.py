@@ -48,3 +48,12 @@ def backend_class(name: str):
     """The framework's `base.Backend` implementation; imports that framework's module (and only that one)."""
     check(name)
     return importlib.import_module(f"{__name__}.{name}").Backend
+
+
+def shared_gpu_env() -> dict[str, str]:
+    """Every framework's variables for a GPU whose memory is shared (`base.Backend.SHARED_GPU_ENV`), for a pod
+    whose framework is chosen per run (batch prediction): each framework reads only its own."""
+    env: dict[str, str] = {}
+    for name in FRAMEWORKS:
+        env.update(backend_class(name).SHARED_GPU_ENV)
+    return env

@@ -12,11 +12,18 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import logging
+import os
 from typing import Any, Callable, Iterable, Iterator
 
 from components.train import models
 from components.train.cluster import ClusterRole
 from components.train.model import cpu_has_bf16, precision_for
+
+log = logging.getLogger(__name__)
+# The shares of a GPU whose memory other pods use too (placement.SharedGpu.describe: "time-sharing 4", "mps 2");
+# a MIG slice ("mig 1g.10gb") has memory of its own, which the framework may take as on a whole GPU.
+MEMORY_SHARING = ("time-sharing", "mps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +79,26 @@ class Backend(abc.ABC):
     name: str  # tensorflow, torch, jax: what training.json, the registry and the run page call it
     # auto precision on a CPU with native bf16: whether this framework's CPU kernels train faster in it
     CPU_BF16_FASTER = False
+    # The framework's variables that make it take GPU memory as it needs it, for a GPU whose memory other pods
+    # share (time-sharing has no memory isolation; MPS limits each client to its share): each framework's own.
+    SHARED_GPU_ENV: dict[str, str] = {}
 
     def __init__(self, settings):
         self.settings = settings
+        self.shared_gpu_env = self.share_gpu_memory(getattr(settings, "shared_gpu", None))
+
+    @classmethod
+    def share_gpu_memory(cls, shared_gpu: str | None, environ=None) -> dict[str, str]:
+        """On a GPU whose memory is shared, sets SHARED_GPU_ENV in `environ` (os.environ) before the framework
+        starts CUDA, leaving a value the pod already sets; returns what it set."""
+        environ = os.environ if environ is None else environ
+        if not shared_gpu or shared_gpu.split()[0] not in MEMORY_SHARING:
+            return {}
+        applied = {name: value for name, value in cls.SHARED_GPU_ENV.items() if name not in environ}
+        environ.update(applied)
+        log.info("train: the GPU is shared (%s): %s", shared_gpu,
+                 ", ".join(f"{k}={v}" for k, v in applied.items()) or "the pod's own memory settings kept")
+        return applied
 
     # ------------------------------------------------------------------------------- prepare
 

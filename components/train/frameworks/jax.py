@@ -42,6 +42,9 @@ def cuda_version() -> str | None:
 
 class Backend(base.Backend):
     name = "jax"
+    # JAX's GPU client preallocates 75% of the GPU's memory when it starts; without preallocation it allocates as
+    # needed (https://docs.jax.dev/en/latest/gpu_memory_allocation.html). Read when the GPU client is made.
+    SHARED_GPU_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
     def __init__(self, settings):
         super().__init__(settings)

@@ -52,6 +52,11 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # a peer silent this long i
 
 class Backend(base.Backend):
     name = "torch"
+    # torch allocates as needed already, but its caching allocator keeps freed blocks reserved, and fixed-size
+    # segments fragment, so a process holds more than it uses; expandable segments grow and shrink one mapping per
+    # stream instead, keeping what it holds near what it uses (https://pytorch.org/docs/stable/notes/cuda.html,
+    # "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF"). Read when CUDA's allocator is first used.
+    SHARED_GPU_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
     def __init__(self, settings):
         super().__init__(settings)
