@@ -373,7 +373,7 @@ data.write_json({str(keras_dir / "training.json")!r}, {{"class_names": ["zero", 
 
 def test_the_pytorch_image_has_google_cloud_storage():
     """gs:// in the PyTorch image rests on google-cloud-storage (via google-cloud-aiplatform): its build imports it."""
-    from tests.test_images import DOCKERFILES, instructions
+    from tests.test_images import target
 
-    checks = [args for kind, args in instructions(DOCKERFILES["torch"]) if kind == "RUN" and "python3 -I -c" in args]
+    checks = [args for kind, args in target("torch") if kind == "RUN" and "python3 -I -c" in args]
     assert checks and "google.cloud.storage" in checks[-1]
