@@ -149,7 +149,7 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
         # Where it runs: checked together by components/launch/placement.py.
         Param("train_accelerator_type", str, DEFAULT_TRAIN_ACCELERATOR,
               "GKE accelerator for training (nvidia-tesla-t4, nvidia-l4, nvidia-tesla-a100, nvidia-a100-80gb, "
-              "nvidia-h100-80gb, nvidia-h200-141gb)."),
+              "nvidia-h100-80gb, nvidia-h200-141gb, nvidia-h100-mega-80gb, nvidia-b200)."),
         Param("train_gpu_count", int, 1, "GPUs per training machine (0: train on CPU nodes)."),
         Param("train_node_pool", str, "", "GKE node pool to train on (empty: any pool with the accelerator)."),
         Param("train_spot", bool, False,

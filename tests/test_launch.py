@@ -33,7 +33,7 @@ def script(code: str) -> list[str]:
 
 def test_known_accelerators_are_the_gke_ones():
     assert set(KNOWN) == {"nvidia-tesla-t4", "nvidia-l4", "nvidia-tesla-a100", "nvidia-a100-80gb",
-                          "nvidia-h100-80gb", "nvidia-h200-141gb"}
+                          "nvidia-h100-80gb", "nvidia-h200-141gb", "nvidia-h100-mega-80gb", "nvidia-b200"}
     assert launch.ACCELERATOR_NODE_LABEL == config.ACCELERATOR_NODE_LABEL
     assert launch.GPU_RESOURCE == config.GPU_RESOURCE
     assert launch.KUEUE_QUEUE_LABEL == config.KUEUE_QUEUE_LABEL

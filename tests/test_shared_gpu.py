@@ -35,7 +35,8 @@ def test_mig_is_offered_on_the_accelerators_gke_partitions():
         "nvidia-tesla-a100": ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"),
         "nvidia-a100-80gb": ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"),
         "nvidia-h100-80gb": ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb"),
-        "nvidia-h200-141gb": ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")}
+        "nvidia-h200-141gb": ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
+        "nvidia-b200": ("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb")}
 
 
 def test_a_mig_slice_and_a_time_shared_gpu_select_their_node_pools():
@@ -61,7 +62,7 @@ REFUSALS = [
      "no bandwidth of its own for collectives; got 1 worker(s) besides the chief"),
     (dict(accelerator="nvidia-l4", gpus=1, shared=SharedGpu("1g.10gb")),
      "training on a shared GPU (mig 1g.10gb): nvidia-l4 has no MIG partitions on GKE; MIG runs on "
-     "nvidia-tesla-a100, nvidia-a100-80gb, nvidia-h100-80gb, nvidia-h200-141gb"),
+     "nvidia-tesla-a100, nvidia-a100-80gb, nvidia-h100-80gb, nvidia-h200-141gb, nvidia-b200"),
     (dict(accelerator="nvidia-tesla-a100", gpus=1, shared=SharedGpu("1g.10gb")),
      "training on a shared GPU (mig 1g.10gb): '1g.10gb' is not a MIG partition size of nvidia-tesla-a100; GKE offers "
      "1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb"),

@@ -18,7 +18,7 @@ class Accelerator:
     # MIG partition sizes (empty: no MIG on GKE): GoogleCloudPlatform/container-engine-accelerators'
     # gpuPartitionSizeMaxCount, whose comments name the accelerator of each size (pkg/gpu/nvidia/mig/mig.go:36-69 at
     # 992db81257553607f1477945f1b3219632991829); GKE's "Running multi-instance GPUs" lists A100 40GB and 80GB, H100
-    # 80GB and H200 141GB (B200 too, not in this table).
+    # 80GB, H200 141GB and B200.
     mig_profiles: tuple[str, ...] = ()
 
 
@@ -37,6 +37,12 @@ TABLE = (
                 ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb")),
     Accelerator("nvidia-h200-141gb", "NVIDIA_H200_141GB", {8: "a3-ultragpu-8g"},
                 ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")),
+    # A3 Mega (8 x H100 80GB, GPUDirect-TCPXO) and A4 (8 x B200, GPUDirect RDMA, as A3 Ultra above) come in one
+    # shape each, all 8 GPUs (https://cloud.google.com/compute/docs/accelerator-optimized-machines); GKE's label
+    # values are those of container-engine-accelerators' GPUDirect installers (components/launch/network.py).
+    Accelerator("nvidia-h100-mega-80gb", "NVIDIA_H100_MEGA_80GB", {8: "a3-megagpu-8g"}),
+    Accelerator("nvidia-b200", "NVIDIA_B200", {8: "a4-highgpu-8g"},
+                ("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb")),
 )
 
 # GKE accelerator (label value) -> Vertex AI accelerator type: what a pipeline passes as `known_accelerators`.

@@ -52,6 +52,7 @@ class TrainingJob:
     service_account: str = ""
     grace_seconds: int = 30  # SIGTERM to SIGKILL: time to write the preemption checkpoint
     framework: str = "tensorflow"  # what the nodes train with: how they find each other (frameworks.py)
+    network: str = ""  # GPUDirect: rdma or tcpxo (network.py); empty: the pod network only
 
     def __post_init__(self):
         check_framework(self.framework)

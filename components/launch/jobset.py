@@ -38,6 +38,7 @@ from components import gcp
 from components.launch.frameworks import TRAINER_PORT, jax_env, torch_env
 from components.launch.job import TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
+from components.launch.network import check_network, pod_network
 from components.launch.placement import KUEUE_QUEUE_LABEL, mps_pod_fields
 from components.train.cluster import HOSTS_ENV, INDEX_ENV
 
@@ -113,12 +114,15 @@ def failure_policy(max_restarts: int) -> dict:
 
 
 def node_job_template(container: dict, *, pod_spec: dict | None = None, pod_labels: dict | None = None,
-                      nodes: int | None = None, job_labels: dict | None = None) -> dict:
+                      pod_annotations: dict | None = None, nodes: int | None = None,
+                      job_labels: dict | None = None) -> dict:
     """The `node` replicated job's Job template: Indexed, no pod restarts of its own (the JobSet restarts them
     all), the failure rules above. `nodes` None leaves the count to Trainer v2 (a runtime's template)."""
     pod = {"spec": {"restartPolicy": "Never", "containers": [container], **(pod_spec or {})}}
-    if pod_labels:
-        pod = {"metadata": {"labels": dict(pod_labels)}, **pod}
+    metadata = {key: dict(value) for key, value in (("labels", pod_labels), ("annotations", pod_annotations))
+                if value}
+    if metadata:
+        pod = {"metadata": metadata, **pod}
     spec = {"backoffLimit": 0, "completionMode": "Indexed", "podFailurePolicy": pod_failure_policy(),
             "template": pod}
     if nodes is not None:
@@ -144,14 +148,25 @@ def check_name(job: TrainingJob) -> None:
 def jobset_manifest(job: TrainingJob, namespace: str, *, max_restarts: int | None = None) -> dict:
     """The JobSet for `job`, for clusters with JobSet but without Kubeflow Trainer v2: the same pods a TrainJob
     on the runtime in manifests/trainer/ gets, and the same failure rules. On a GPU shared through MPS the pods
-    also share the node's IPC namespace (`mps_pod_fields`), which a pipeline's own pod cannot."""
+    also share the node's IPC namespace (`mps_pod_fields`), which a pipeline's own pod cannot. On a GPUDirect
+    network (network.py) they carry its interfaces, volumes, NCCL settings and sidecar."""
     check_name(job)
+    check_network(job.network, job.placement, launcher="jobset")
     container = {"name": NODE, "image": job.image, "command": list(job.command),
                  "env": job.env_list() + node_env(job), "ports": node_ports(job.framework),
                  "resources": job.container_resources()}
     pod_spec = {**job.pod_placement(), **mps_pod_fields(job.placement.node_selector)}
+    annotations = {}
+    if job.network:
+        gpudirect = pod_network(job.network)
+        container.update(command=gpudirect.node_command(job.command), env=container["env"] + gpudirect.env,
+                         volumeMounts=gpudirect.mounts)
+        pod_spec["volumes"] = gpudirect.volumes
+        if gpudirect.sidecars:
+            pod_spec["initContainers"] = gpudirect.sidecars
+        annotations = gpudirect.annotations
     template = node_job_template(container, pod_spec=pod_spec, pod_labels=job.pod_labels(),
-                                 nodes=job.nodes)
+                                 pod_annotations=annotations, nodes=job.nodes)
     labels = job.pod_labels()
     if job.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = job.kueue_queue  # Kueue's JobSet integration admits (un-suspends) it

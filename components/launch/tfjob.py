@@ -18,6 +18,7 @@ import logging
 from components import gcp
 from components.launch.job import LaunchError, TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
+from components.launch.network import check_network
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def operator_job_manifest(job: TrainingJob, namespace: str, *, kind: str, contai
     """A Training Operator v1 job, the shape TFJob and PyTorchJob share: one `primary` replica (Chief, Master) and
     `job.workers` Worker replicas of one pod running `container`, `restartPolicy: ExitCode`, the job's labels (and
     its Kueue queue), the run policy; `spec`'s fields (the kind's own) go before the replica specs."""
+    check_network(job.network, job.placement, launcher=kind.lower())
     labels = job.pod_labels()
     pod_spec = {"containers": [container], **job.pod_placement()}
 

@@ -18,11 +18,12 @@ from components.launch.frameworks import check_framework, setup
 from components.launch.job import LaunchError, TrainingJob, job_name
 from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
 from components.launch.k8s import kubernetes_client
+from components.launch.network import check_network
 from components.launch.placement import SharedGpu, gpu_placement, placement_from_task_config
 from components.launch.pytorchjob import PyTorchJobLauncher, pytorchjob_manifest
 from components.launch.tfjob import TFJobLauncher, tfjob_manifest
-from components.launch.trainjob import (RUNTIME_NAME, RUNTIMES, TrainJobLauncher, runtime_for, runtime_manifest,
-                                        trainjob_manifest)
+from components.launch.trainjob import (RUNTIME_NAME, SHIPPED_RUNTIMES, TrainJobLauncher, runtime_for,
+                                        runtime_manifest, runtime_network, trainjob_manifest)
 from components.launch.vertex import VertexJobLauncher, custom_job
 from components.train.settings import TrainSettings
 
@@ -41,8 +42,9 @@ def job_manifests(launcher: str, job: TrainingJob, namespace: str, *, runtime: s
     """What a Kubernetes launcher creates for `job`, last; before it, what the cluster needs that the repository
     ships (the TrainJob's ClusterTrainingRuntime for `job`'s framework, when it is ours), for a dry run to show."""
     if launcher == "trainjob":
-        runtime = runtime_for(job.framework, runtime)
-        shipped = [runtime_manifest(framework=job.framework)] if runtime in RUNTIMES.values() else []
+        runtime = runtime_for(job.framework, runtime, network=job.network)
+        shipped = [runtime_manifest(framework=job.framework, network=runtime_network(runtime))] \
+            if runtime in SHIPPED_RUNTIMES else []
         return [*shipped, trainjob_manifest(job, namespace, runtime)]
     if launcher == "jobset":
         return [jobset_manifest(job, namespace)]
@@ -85,6 +87,7 @@ class LaunchSettings:
     namespace: str = "kubeflow"  # Kubernetes launchers
     runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a shipped name: the framework's, trainjob.py)
     framework: str = "tensorflow"  # what the nodes train with (frameworks.py): their command and how they meet
+    network: str = ""  # GPUDirect network of the nodes (network.py: rdma, tcpxo), checked with the placement
     # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
     # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
     # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
@@ -126,11 +129,13 @@ def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, tas
     # Nodes on a share of a GPU (the task's node selector): one GPU on one node, MPS only where hostIPC is set.
     SharedGpu.from_node_selector(placement.node_selector).check(placement.accelerator, placement.gpus,
                                                                 workers=launch.workers, launcher=launch.launcher)
+    check_network(launch.network, placement, launcher=launch.launcher)
     # JobSet-based jobs name their pods after themselves: their names leave room for that.
     longest = max_name_length(launch.workers + 1) if launch.launcher in ("trainjob", "jobset") else 63
     return TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
                        command=setup(launch.framework).node_command(command), workers=launch.workers,
-                       placement=placement, kueue_queue=launch.kueue_queue, framework=launch.framework, **sizes,
+                       placement=placement, kueue_queue=launch.kueue_queue, framework=launch.framework,
+                       network=launch.network, **sizes,
                        labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
 
 

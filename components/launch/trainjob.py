@@ -34,6 +34,7 @@ from components.launch.frameworks import check_framework
 from components.launch.jobset import (MAX_RESTARTS, NODE, NodePodsLauncher, check_name, cluster_env, jobset_spec,
                                       node_job_template, node_ports, restart_attempt)
 from components.launch.k8s import api_reason
+from components.launch.network import TCPXO, check_network, pod_network
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ RUNTIME_NAME = "tensorflow-multiworker"  # the plain ClusterTrainingRuntime in m
 # runtimes with Trainer's own torch and JAX policies (upstream's torch-distributed and jax-distributed runtimes,
 # manifests/base/runtimes/ at v2.3.0, with the failure rules of jobset.py added).
 RUNTIMES = {"tensorflow": RUNTIME_NAME, "torch": "torch-multinode", "jax": "jax-multinode"}
+# GPUDirect-TCPXO's runtimes (network.py): the framework's, with the tcpxo-daemon sidecar, which a TrainJob's
+# runtime patch cannot add.
+TCPXO_RUNTIMES = {framework: f"{name}-{TCPXO}" for framework, name in RUNTIMES.items()}
+SHIPPED_RUNTIMES = (*RUNTIMES.values(), *TCPXO_RUNTIMES.values())
 FRAMEWORK_LABEL = "kfp-image-classification/framework"  # on the TrainJob: which runtime policy it needs
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job Trainer's trainer step is
 # Who owns our runtime patch: Trainer's webhook wants a domain-prefixed path; the project's name stands in for it.
@@ -65,44 +70,74 @@ TRAINING = {"tensorflow": "TensorFlow multi-worker training", "torch": "PyTorch 
 RUNTIME_GRACE_SECONDS = 30
 
 
-def runtime_file(framework: str = "tensorflow") -> str:
-    return f"manifests/trainer/{RUNTIMES[check_framework(framework)]}.yaml"
+def runtime_file(framework: str = "tensorflow", network: str = "") -> str:
+    return f"manifests/trainer/{runtime_for(framework, network=network)}.yaml"
 
 
-def runtime_for(framework: str, runtime: str = RUNTIME_NAME) -> str:
+def runtime_for(framework: str, runtime: str = RUNTIME_NAME, *, network: str = "") -> str:
     """The ClusterTrainingRuntime a TrainJob of `framework` runs on: a shipped runtime's name stands for the shipped
-    runtime of that framework (so that choosing torch needs no second setting); another name is the user's own."""
-    return RUNTIMES[check_framework(framework)] if runtime in RUNTIMES.values() else runtime
+    runtime of that framework and network (so that choosing torch or TCPXO needs no second setting); another name
+    is the user's own."""
+    shipped = TCPXO_RUNTIMES if network == TCPXO else RUNTIMES
+    return shipped[check_framework(framework)] if runtime in SHIPPED_RUNTIMES else runtime
 
 
-def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framework: str = "tensorflow") -> dict:
+def runtime_network(runtime: str) -> str:
+    """The GPUDirect network a shipped runtime carries itself (tcpxo), empty for the others."""
+    return TCPXO if runtime in TCPXO_RUNTIMES.values() else ""
+
+
+def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framework: str = "tensorflow",
+                     network: str = "") -> dict:
     """The shipped ClusterTrainingRuntime of `framework`: one `node` replicated job, no image or command of its own
     (every TrainJob brings them), the failure rules of jobset.py. TensorFlow's is plain (mlPolicy numNodes only:
     Trainer's PlainML plugin); torch's and JAX's carry Trainer's torch or jax policy, whose plugins give every node
     torchrun's PET_* or jax.distributed's JAX_* and the port 29500 (kubeflow/trainer v2.3.0
     pkg/runtime/framework/plugins/torch/torch.go:145-203, jax/jax.go:76-100), as upstream's torch-distributed and
-    jax-distributed runtimes do."""
-    container = {"name": NODE}
+    jax-distributed runtimes do. With `network` tcpxo, the node pods are also GPUDirect-TCPXO's (network.py):
+    its interfaces, devices, volumes and the tcpxo-daemon sidecar; the TrainJob brings the NCCL settings."""
+    container: dict = {"name": NODE}
     policy: dict = {"numNodes": 1}
     if framework == "tensorflow":
         container["ports"] = node_ports(framework)  # the plugins of torch and JAX add theirs
     else:
         policy[check_framework(framework)] = {}
-    template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"},
-                                 pod_spec={"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS})
+    pod_spec: dict = {"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS}
+    annotations = {}
+    if network:
+        if network != TCPXO:
+            raise ValueError(f"only GPUDirect-TCPXO needs a runtime of its own ({TCPXO}), not {network!r}: a "
+                             "TrainJob carries the others in its runtime patch")
+        gpudirect = pod_network(network)
+        container["volumeMounts"] = gpudirect.mounts
+        pod_spec.update(initContainers=gpudirect.sidecars, volumes=gpudirect.volumes)
+        annotations = gpudirect.annotations
+    template = node_job_template(container, job_labels={ANCESTOR_LABEL: "trainer"}, pod_spec=pod_spec,
+                                 pod_annotations=annotations)
     return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
-            "metadata": {"name": name or RUNTIMES[framework],
+            "metadata": {"name": name or runtime_for(framework, network=network),
                          "labels": {"app.kubernetes.io/part-of": "kfp-image-classification"}},
             "spec": {"mlPolicy": policy, "template": {"spec": jobset_spec(template, max_restarts)}}}
 
 
 def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_NAME) -> dict:
-    """The TrainJob for `job` on the ClusterTrainingRuntime `runtime` (see the module docstring)."""
+    """The TrainJob for `job` on the ClusterTrainingRuntime `runtime` (see the module docstring). On a GPUDirect
+    network (network.py) the nodes get its NCCL settings through `trainer` (a runtime patch may not set the node
+    container's env); RDMA's interfaces and volumes go into the runtime patch, TCPXO's are its runtime's."""
     check_name(job)
+    check_network(job.network, job.placement, launcher="trainjob")
+    if job.network == TCPXO and runtime != TCPXO_RUNTIMES[job.framework]:
+        raise ValueError(f"GPUDirect-TCPXO's tcpxo-daemon sidecar comes with the runtime "
+                         f"{TCPXO_RUNTIMES[job.framework]!r} ({runtime_file(job.framework, TCPXO)}), not "
+                         f"{runtime!r}: a TrainJob's runtime patch cannot add a container")
     # TensorFlow's nodes build TF_CONFIG from our variables; torch's and JAX's get theirs from the runtime's policy
     # (whose webhook refuses a TrainJob that sets the PET_* itself: torch.go:65-77).
     env = job.env_list() + (cluster_env(job.name, job.nodes) if job.framework == "tensorflow" else [])
-    trainer = {"numNodes": job.nodes, "image": job.image, "command": list(job.command), "env": env,
+    command = list(job.command)
+    gpudirect = pod_network(job.network) if job.network else None
+    if gpudirect:
+        env, command = env + gpudirect.env, gpudirect.node_command(command)
+    trainer = {"numNodes": job.nodes, "image": job.image, "command": command, "env": env,
                "resourcesPerNode": job.container_resources()}
     if job.framework == "torch":  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
         trainer["numProcPerNode"] = job.processes_per_node
@@ -113,6 +148,9 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
                          f"{runtime!r} ({RUNTIME_GRACE_SECONDS} s), not {grace} s; use the JobSet launcher for "
                          f"another one.")
     node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": placement}
+    if gpudirect and gpudirect.network != TCPXO:
+        node_pods["metadata"]["annotations"] = gpudirect.annotations
+        placement.update(volumes=gpudirect.volumes, containers=[{"name": NODE, "volumeMounts": gpudirect.mounts}])
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
     labels = {**job.pod_labels(), FRAMEWORK_LABEL: job.framework}
@@ -238,7 +276,8 @@ class TrainJobLauncher(NodePodsLauncher):
         except ApiException as e:
             if e.status == 404:
                 raise LaunchError(f"ClusterTrainingRuntime {name!r} is not installed: apply it with `kubectl apply "
-                                  f"--server-side -f {runtime_file(framework)}` (or name an installed "
+                                  f"--server-side -f {runtime_file(framework, runtime_network(name))}` (or name an "
+                                  f"installed "
                                   f"{'plain' if framework == 'tensorflow' else framework} runtime)") from None
             if e.status == 403:
                 log.warning("launch: cannot read ClusterTrainingRuntime %s (%s); creating the TrainJob unchecked",
@@ -248,7 +287,8 @@ class TrainJobLauncher(NodePodsLauncher):
         errors, warnings = runtime_problems(runtime, framework)
         if errors:
             raise LaunchError(f"ClusterTrainingRuntime {name!r} cannot run {TRAINING[framework]}: "
-                              f"{'; '.join(errors)}. Use {RUNTIMES[framework]!r} ({runtime_file(framework)}).")
+                              f"{'; '.join(errors)}. Use {runtime_for(framework, network=runtime_network(name))!r} "
+                              f"({runtime_file(framework, runtime_network(name))}).")
         for warning in warnings:
             log.warning("launch: ClusterTrainingRuntime %s: %s", name, warning)
 

@@ -7,6 +7,7 @@ import logging
 from components import gcp
 from components.gcp.accelerators import vertex_machine_type
 from components.launch.job import Launcher, TrainingJob
+from components.launch.network import check_network
 from components.launch.placement import DNS_LABEL_CHARS
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,7 @@ def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machi
     CLUSTER_SPEC; a torch or JAX node (node.py) turns CLUSTER_SPEC into their variables."""
     from google.cloud import aiplatform_v1 as v1
 
+    check_network(job.network, job.placement, launcher="vertex-job")
     gpus = job.placement.gpus
     machine = v1.MachineSpec(machine_type=machine_type or vertex_machine_type(job.placement.accelerator, gpus))
     if gpus:
