@@ -293,10 +293,11 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
 
 def with_fixed_framework(pipeline_func, framework: str):
     """The pipeline without its `framework` parameter, training on `framework`: on Vertex AI the images are fixed
-    when compiling, so a run parameter could only contradict them. Vertex AI refuses a parameter that the pipeline
-    does not declare ("The pipeline parameter framework is not found in the pipeline job input definitions"), so
-    no run there can set it and have it ignored; pipectl says why first (pipelines/vertex_checks.py). KFP reads
-    the parameters from the signature and passes them in its order (kfp/dsl/graph_component.py:52-64 at 2.14)."""
+    when compiling, so a run parameter could only contradict them. The Vertex AI SDK refuses a parameter that the
+    pipeline does not declare ("The pipeline parameter framework is not found in the pipeline job input
+    definitions": google-cloud-aiplatform 1.165.1, google/cloud/aiplatform/utils/pipeline_utils.py:240-243), so no
+    run can set it and have it ignored; pipectl says why first (pipelines/vertex_checks.py). KFP reads the
+    parameters from the signature and passes them in its order (kfp 2.17.3, kfp/dsl/graph_component.py:50-64)."""
     signature = inspect.signature(pipeline_func)
     kept = [p for name, p in signature.parameters.items() if name != "framework"]
 

@@ -114,3 +114,12 @@ def test_compile_vertex_fixes_the_framework_and_kfp_keeps_it_per_run(tmp_path, c
     # On a KFP backend the framework stays a run parameter, given when compiling only with --explain.
     assert cli.main(["compile", "--target", "kfp", "--framework", "torch", "-o", str(tmp_path / "kfp.yaml")]) == 2
     assert "chosen per run" in capsys.readouterr().err
+
+
+def test_run_vertex_on_torch_refuses_a_torch_module_for_the_vertex_registry_before_sending(vertex, capsys):
+    pytest.importorskip("torch")
+    assert cli.main(["run", *common(vertex), "--framework", "torch", "--model", "tests.byo_torch:build"]) == 2
+    err = capsys.readouterr().err
+    assert "is a torch.nn.Module, served as TorchScript" in err and "torchscript-on-vertex-ai" in err
+    assert len(err.strip().splitlines()) == 1
+    assert vertex.pipeline_jobs() == []

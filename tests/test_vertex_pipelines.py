@@ -364,8 +364,17 @@ def test_a_run_parameter_contradicting_the_compiled_framework_is_refused_before_
 
 
 def test_vertex_ai_itself_refuses_a_framework_parameter_sent_past_pipectl(standin, framework_packages):
-    """A request made without pipectl's check (another client, the console's form has no such field) gets the
-    service's refusal of an undeclared parameter, never a run that ignores it."""
+    """A run started without pipectl's check cannot set the framework and have it ignored: the Vertex AI SDK's
+    PipelineJob refuses an undeclared parameter (google-cloud-aiplatform 1.165.1,
+    google/cloud/aiplatform/utils/pipeline_utils.py:240-243; run here, it sends nothing), and so does the API as
+    the stand-in models it."""
+    from google.cloud import aiplatform
+
+    with pytest.raises(ValueError, match="The pipeline parameter framework is not found in the pipeline job input "
+                                         "definitions"):
+        aiplatform.PipelineJob(display_name=PIPELINE, template_path=framework_packages["torch"], pipeline_root=ROOT,
+                               parameter_values={"framework": "tensorflow"}, project=PROJECT, location=LOCATION,
+                               credentials=AnonymousCredentials())
     (spec,) = load_documents(framework_packages["torch"])
     job = aiplatform_v1.PipelineJob(display_name=PIPELINE, pipeline_spec=spec,
                                     runtime_config=aiplatform_v1.PipelineJob.RuntimeConfig(
