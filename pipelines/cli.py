@@ -36,7 +36,8 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
                        "tensorflow-serving:VERSION, TensorFlow Serving as Cloud Build copies it; a Vertex AI "
                        "prebuilt image such as us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest keeps it)")
     group.add_argument("--target", choices=config.TARGETS, default="kfp",
-                       help="kfp: GKE node selectors via kfp-kubernetes; vertex: Vertex AI Pipelines")
+                       help="kfp: GKE node selectors via kfp-kubernetes, the framework chosen per run; vertex: "
+                            "Vertex AI Pipelines, the framework (--framework) and with it the images fixed now")
     group.add_argument("--train-accelerator", default=config.DEFAULT_TRAIN_ACCELERATOR,
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--train-gpus", type=int, default=1)

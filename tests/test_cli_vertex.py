@@ -123,3 +123,14 @@ def test_run_vertex_on_torch_refuses_a_torch_module_for_the_vertex_registry_befo
     assert "is a torch.nn.Module, served as TorchScript" in err and "torchscript-on-vertex-ai" in err
     assert len(err.strip().splitlines()) == 1
     assert vertex.pipeline_jobs() == []
+
+
+def test_schedule_vertex_on_jax_runs_the_pytorch_image(vertex, capsys):
+    assert cli.main(["schedule", *common(vertex), "--name", "nightly-jax", "--cron", "0 3 * * *",
+                     "--framework", "jax"]) == 0
+    (schedule,) = vertex.schedules()
+    job = schedule["createPipelineJobRequest"]["pipelineJob"]
+    assert "framework" not in job["runtimeConfig"].get("parameterValues", {})
+    executors = job["pipelineSpec"]["deploymentSpec"]["executors"]
+    assert executors["exec-train-op"]["container"]["image"] == f"{LOCATION}-docker.pkg.dev/p/ml/torch:abc1234"
+    assert executors["exec-evaluate-op"]["container"]["image"] == f"{LOCATION}-docker.pkg.dev/p/ml/torch:abc1234"
