@@ -1,9 +1,10 @@
 """Which image runs training, evaluation and batch prediction, for a run's framework.
 
-The compiled pipeline pins every image (pipelines/config.py); the framework is a run-time parameter, so a small step
-picks the three images of the run from the pinned ones, and the KFP driver starts those steps' pods on them (an image
-from another step's output: kubeflow/pipelines backend/src/v2/driver/driver.go:449 at 2.17.0,
-resolvePodSpecInputRuntimeParameter in resolve.go:818). TensorFlow keeps the CPU image for evaluation and the
+The compiled pipeline pins every image (pipelines/config.py); on a KFP backend the framework is a run-time parameter,
+so a small step picks the three images of the run from the pinned ones, and the KFP driver starts those steps' pods
+on them (an image from another step's output: kubeflow/pipelines backend/src/v2/driver/driver.go:449 at 2.17.0,
+resolvePodSpecInputRuntimeParameter in resolve.go:818). Vertex AI Pipelines runs the images fixed at compile time,
+so there the pipeline calls the same rule when it is compiled, for the framework chosen then. TensorFlow keeps the CPU image for evaluation and the
 TensorFlow GPU image for training and batch prediction, as before. PyTorch and JAX run all three in the
 TensorFlow-free image (images/Dockerfile's torch target, named REPO/torch: torch and JAX, both for CUDA 13, and
 Keras; no TensorFlow):

@@ -36,7 +36,8 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
                        "tensorflow-serving:VERSION, TensorFlow Serving as Cloud Build copies it; a Vertex AI "
                        "prebuilt image such as us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest keeps it)")
     group.add_argument("--target", choices=config.TARGETS, default="kfp",
-                       help="kfp: GKE node selectors via kfp-kubernetes; vertex: Vertex AI Pipelines")
+                       help="kfp: GKE node selectors via kfp-kubernetes, the framework chosen per run; vertex: "
+                            "Vertex AI Pipelines, the framework (--framework) and with it the images fixed now")
     group.add_argument("--train-accelerator", default=config.DEFAULT_TRAIN_ACCELERATOR,
                        choices=sorted(config.ACCELERATORS))
     group.add_argument("--train-gpus", type=int, default=1)
@@ -96,7 +97,18 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
                                    train_launcher=args.train_launcher,
                                    train_namespace=args.train_namespace, train_runtime=args.train_runtime,
                                    kueue_queue=args.kueue_queue, gcs_fuse_pvc=args.gcs_fuse_pvc,
-                                   gcs_fuse_mount=args.gcs_fuse_mount)
+                                   gcs_fuse_mount=args.gcs_fuse_mount,
+                                   framework=compiled_framework(args) if args.target == "vertex" else "")
+
+
+def compiled_framework(args: argparse.Namespace) -> str:
+    """--framework, which Vertex AI takes when compiling (its images are fixed then): empty for the default."""
+    return getattr(args, "param_framework", None) or ""
+
+
+def vertex_settings(args: argparse.Namespace) -> config.PipelineSettings:
+    """The image options compiled for Vertex AI Pipelines, --framework with them."""
+    return dataclasses.replace(settings_from(args), target="vertex", framework=compiled_framework(args))
 
 
 # ---------------------------------------------------------------------------------------------- local run
@@ -275,6 +287,8 @@ def print_summary(summary: dict, output_dir: str) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     params = validate_parameters(given_parameters(args), launcher=settings.train_placement_launcher)
+    if settings.target == "vertex":
+        params.pop("framework", None)  # fixed into the pipeline (settings.framework), no run parameter there
     if params and not args.explain:
         raise ValueError("pipeline parameters are chosen per run; when compiling they only go with --explain")
     training.compile_pipeline(args.output, settings)
@@ -282,7 +296,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print("note: images are the unpinned development defaults; pass --image-repo/--image-tag or "
               "--cpu-image/--gpu-image/--torch-image for a cluster", file=sys.stderr)
     print(f"wrote {args.output} (cpu image {settings.images.cpu}, gpu image {settings.images.gpu}, torch image "
-          f"{settings.images.torch or 'none'})",
+          f"{settings.images.torch or 'none'}"
+          + (f"; framework {settings.compiled_framework}, fixed for Vertex AI" if settings.target == "vertex" else "")
+          + ")",
           file=sys.stderr if args.explain else sys.stdout)
     if args.explain:
         from pipelines import explain
@@ -344,14 +360,12 @@ def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
         raise ValueError(f"On Vertex AI the training GPU is chosen when compiling: use --train-accelerator and "
                          f"--train-gpus instead of {', '.join('--' + p.replace('_', '-') for p in per_run_gpu)}")
     params = validate_parameters(vertex.vertex_run_parameters(given, project=project, location=region),
-                                 launcher=dataclasses.replace(settings_from(args), target="vertex")
-                                 .train_placement_launcher)
+                                 launcher=vertex_settings(args).train_placement_launcher)
     return connection, params
 
 
 def vertex_package(args: argparse.Namespace, directory: str) -> str:
-    settings = dataclasses.replace(settings_from(args), target="vertex")
-    return training.compile_pipeline(os.path.join(directory, "pipeline.yaml"), settings)
+    return training.compile_pipeline(os.path.join(directory, "pipeline.yaml"), vertex_settings(args))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

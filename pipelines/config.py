@@ -19,6 +19,7 @@ from components.launch.placement import SHARING_STRATEGIES, SharedGpu  # noqa: F
 from components.launch.trainjob import RUNTIME_NAME as DEFAULT_TRAIN_RUNTIME  # noqa: F401
 # The reference setup: training on a T4 pool, batch prediction on an H100 pool (components/params.py).
 from components.params import DEFAULT_PREDICT_ACCELERATOR, DEFAULT_TRAIN_ACCELERATOR  # noqa: F401
+from components.params import FRAMEWORKS, default as parameter_default
 # The serving container's version and its name in the image repository: the Vertex registry's (one place).
 from components.registry.vertex import TF_SERVING_IMAGE_NAME, TF_SERVING_VERSION
 
@@ -95,10 +96,20 @@ class PipelineSettings:
     # (manifests/gcsfuse/) and where it is mounted; the run's data_root defaults to a folder of that mount.
     gcs_fuse_pvc: str = ""
     gcs_fuse_mount: str = GCS_FUSE_MOUNT
+    # Vertex AI Pipelines runs the images fixed at compile time, so there the framework (and with it the images of
+    # training, evaluation and batch prediction: components/step_images.py) is chosen when compiling; empty: the
+    # run parameter's default. On a KFP backend a step picks the images per run, and this stays empty.
+    framework: str = ""
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"Unknown target {self.target!r}; known: {', '.join(TARGETS)}")
+        if self.framework and self.framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        if self.framework and self.target != "vertex":
+            raise ValueError(f"On a KFP backend the framework is chosen per run (a step picks its images): pass "
+                             f"--framework {self.framework} to `pipectl run`, or compile with --target vertex, "
+                             "where it is fixed when compiling")
         if self.train_launcher not in TRAIN_LAUNCHERS:
             raise ValueError(f"Unknown train launcher {self.train_launcher!r}; known: {', '.join(TRAIN_LAUNCHERS)}")
         if self.target == "vertex" and self.train_launcher in CLUSTER_LAUNCHERS:
@@ -121,6 +132,11 @@ class PipelineSettings:
             raise ValueError("GPU counts must be >= 0")
         self.predict_shared_gpu.check(self.predict_accelerator, self.predict_gpus, launcher=self.pod_launcher,
                                       what="batch prediction")
+
+    @property
+    def compiled_framework(self) -> str:
+        """The framework fixed into a pipeline for Vertex AI (the run parameter's default unless chosen)."""
+        return self.framework or parameter_default("framework")
 
     @property
     def predict_shared_gpu(self) -> SharedGpu:

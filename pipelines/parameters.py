@@ -191,8 +191,9 @@ def check_model_builder(values: dict) -> None:
         keras.backend.clear_session()
     if models.is_torch_module(built) and values.get("registry") == "vertex":
         raise models.ModelError(f"model {name} is a torch.nn.Module, served as TorchScript, and the Vertex AI "
-                                "registry's serving containers load TensorFlow SavedModels only: use registry local, "
-                                "or a keras.Model builder")
+                                "registry's serving containers load TensorFlow SavedModels only "
+                                "(docs/registry.md#torchscript-on-vertex-ai): use a keras.Model builder, or registry "
+                                "local on a KFP backend or locally")
 
 
 def _checked(backend):

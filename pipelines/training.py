@@ -1,12 +1,14 @@
 """The image-classification pipeline: it only composes the steps and says where each one runs."""
 
 
+import functools
 import inspect
 
 from kfp import compiler, dsl
 from kfp.dsl.pipeline_channel import PipelineChannel  # noqa: F401 (in annotations: a step's output as an image)
 
 from components import ops, params
+from components.step_images import step_images
 from components.params import DEFAULT_SOURCE  # noqa: F401 (installed in the images from Debian's dataset-fashion-mnist)
 from pipelines import config
 
@@ -108,10 +110,10 @@ def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, 
 def choose_images(settings: config.PipelineSettings, framework) -> dict:
     """The images of training, evaluation and batch prediction. On a KFP backend a step picks them for the run's
     framework from the pinned ones (components/step_images.py) and the driver starts those pods on its outputs
-    (pipelines/kfp_driver.py); on Vertex AI, which documents no image taken from a step's output, they are the
-    compiled TensorFlow images."""
+    (pipelines/kfp_driver.py); on Vertex AI, which documents no image taken from a step's output, the same rule
+    picks them here, for the framework fixed when compiling."""
     if settings.target != "kfp":
-        return {"train": settings.images.gpu, "evaluate": settings.images.cpu, "predict": settings.images.gpu}
+        return step_images(settings.compiled_framework, settings.images.pinned()).to_json()
     chosen = ops.step_images_op(framework=framework, images=settings.images.pinned())
     on_cpu(chosen.set_display_name("Choose images"), settings, "0.5", "512M")
     return {role: chosen.outputs[role] for role in ("train", "evaluate", "predict")}
@@ -282,9 +284,29 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, serving_image=settings.images.serving)
             on_cpu(register.set_display_name("Register model"), settings, "1", "2G").set_caching_options(False)
 
-    image_classification.__doc__ = PIPELINE_DOC + "\n\n" + params.docstring_args(
-        inspect.signature(image_classification).parameters)
-    return dsl.pipeline(name=PIPELINE_NAME)(image_classification)
+    pipeline_func = image_classification if settings.target == "kfp" else \
+        with_fixed_framework(image_classification, settings.compiled_framework)
+    pipeline_func.__doc__ = PIPELINE_DOC + "\n\n" + params.docstring_args(
+        inspect.signature(pipeline_func).parameters)
+    return dsl.pipeline(name=PIPELINE_NAME)(pipeline_func)
+
+
+def with_fixed_framework(pipeline_func, framework: str):
+    """The pipeline without its `framework` parameter, training on `framework`: on Vertex AI the images are fixed
+    when compiling, so a run parameter could only contradict them. The Vertex AI SDK refuses a parameter that the
+    pipeline does not declare ("The pipeline parameter framework is not found in the pipeline job input
+    definitions": google-cloud-aiplatform 1.165.1, google/cloud/aiplatform/utils/pipeline_utils.py:240-243), so no
+    run can set it and have it ignored; pipectl says why first (pipelines/vertex_checks.py). KFP reads the
+    parameters from the signature and passes them in its order (kfp 2.17.3, kfp/dsl/graph_component.py:50-64)."""
+    signature = inspect.signature(pipeline_func)
+    kept = [p for name, p in signature.parameters.items() if name != "framework"]
+
+    @functools.wraps(pipeline_func)
+    def fixed(*args, **kwargs):
+        return pipeline_func(**dict(zip((p.name for p in kept), args)), **kwargs, framework=framework)
+
+    fixed.__signature__ = signature.replace(parameters=kept)
+    return fixed
 
 
 def compile_pipeline(output_path: str, settings: config.PipelineSettings | None = None) -> str:

@@ -90,6 +90,19 @@ def pipeline_parameters(spec: dict) -> dict[str, dict]:
     return dict(((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {})
 
 
+def compiled_framework(spec: dict) -> str:
+    """The framework a pipeline compiled for Vertex AI trains on, as its training task receives it (a constant:
+    pipelines/training.py with_fixed_framework); empty when the run chooses it (a `framework` parameter)."""
+    if "framework" in pipeline_parameters(spec):
+        return ""
+    for task in ((spec.get("root") or {}).get("dag") or {}).get("tasks", {}).values():
+        value = ((task.get("inputs") or {}).get("parameters") or {}).get("framework") or {}
+        constant = (value.get("runtimeValue") or {}).get("constant")
+        if isinstance(constant, str):
+            return constant
+    return ""
+
+
 def runtime_config(spec: dict, pipeline_root: str | None, parameter_values: dict | None) -> dict:
     """`runtimeConfig` for the job: the pipeline root and the parameter values, checked against the pipeline's
     inputs (names, types, required ones), as the Vertex AI SDK's runtime-config builder does."""
@@ -100,6 +113,14 @@ def runtime_config(spec: dict, pipeline_root: str | None, parameter_values: dict
     root = check_pipeline_root(root)
     declared = pipeline_parameters(spec)
     values = dict(parameter_values or {})
+    fixed = compiled_framework(spec)
+    if "framework" in values and "framework" not in declared and fixed:
+        if values["framework"] != fixed:
+            raise ValueError(f"This pipeline was compiled for Vertex AI with framework {fixed} (its train, evaluate "
+                             f"and predict images are fixed when compiling), so framework={values['framework']} "
+                             f"cannot apply to the run; compile it with `pipectl compile --target vertex --framework "
+                             f"{values['framework']}` (pipectl run --vertex --framework {values['framework']} does)")
+        del values["framework"]  # what the pipeline already trains on
     unknown = sorted(set(values) - set(declared))
     if unknown:
         raise ValueError(f"Unknown pipeline parameter(s) {unknown}; the pipeline takes: {', '.join(declared)}")
@@ -162,16 +183,9 @@ def make_job_id(pipeline_name: str, now: _dt.datetime | None = None) -> str:
 def vertex_run_parameters(parameter_values: dict | None, *, project: str, location: str) -> dict:
     """This project's pipeline on Vertex AI: the model registry is Vertex AI's, in the run's project and region,
     unless the parameters say otherwise. The local registry is a directory on one machine, and every Vertex AI
-    Pipelines step runs on a VM of its own, so it is refused; so are frameworks torch and jax, whose image only a
-    KFP backend picks per run (components/step_images.py)."""
+    Pipelines step runs on a VM of its own, so it is refused. The framework is fixed when the pipeline is
+    compiled for Vertex AI (`runtime_config` refuses one that contradicts it)."""
     params = dict(parameter_values or {})
-    framework = params.get("framework")
-    if framework in ("torch", "jax"):
-        raise ValueError(f"framework {framework} trains, evaluates and predicts in the PyTorch image (torch and JAX, "
-                         "no TensorFlow), which a KFP backend's image step picks per run; a pipeline for Vertex AI "
-                         "Pipelines keeps the compiled TensorFlow images (Vertex AI documents no image taken from a "
-                         f"step's output), so runs on {framework} there are not supported yet: run them on a KFP "
-                         "backend or locally (--local)")
     params.setdefault("registry", "vertex")
     if params["registry"] == "local":
         raise ValueError("registry=local keeps the model registry in a directory of one machine; on Vertex AI "

@@ -86,8 +86,9 @@ def test_pipectl_checks_a_torch_module_with_torch_and_refuses_it_off_torch():
         model="tests.byo_torch:build_channels_last", framework="torch")
     assert "returned dict, not a keras.Model" in parameter_problem(model="tests.byo_torch:build_not_a_model",
                                                                   framework="torch")
-    assert "Vertex AI registry's serving containers load TensorFlow SavedModels only: use registry local" in \
-           parameter_problem(model=BUILDER, framework="torch", registry="vertex")
+    assert "Vertex AI registry's serving containers load TensorFlow SavedModels only " \
+           "(docs/registry.md#torchscript-on-vertex-ai): use a keras.Model builder, or registry local on a KFP " \
+           "backend or locally" in parameter_problem(model=BUILDER, framework="torch", registry="vertex")
 
 
 def run_step(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
@@ -275,7 +276,8 @@ def test_vertex_refuses_a_torchscript_model_before_uploading(vertex, gcs, sleeps
         message = str(refused.value)
         assert "\n" not in message and message.startswith(f"Not uploading {model_dir} to Vertex AI: it is a "
                                                           "TorchScript model")
-        assert "loads TensorFlow SavedModels only; register it in the local registry" in message
+        assert "loads TensorFlow SavedModels only (why not Triton: docs/registry.md#torchscript-on-vertex-ai); " \
+               "train a keras.Model builder" in message and "register this one in the local registry" in message
     assert vertex.calls("UploadModel") == [] and vertex.model_ids() == []
     assert sorted(os.listdir(model_dir)) == before
 

@@ -84,3 +84,53 @@ def test_run_vertex_refuses_per_run_gke_placement(vertex, capsys):
     err = capsys.readouterr().err
     assert "use --train-accelerator and --train-gpus instead of --train-accelerator-type, --train-spot" in err
     assert vertex.pipeline_jobs() == []
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_run_vertex_on_torch_or_jax_compiles_the_pytorch_image_into_three_steps(vertex, capsys, framework):
+    assert cli.main(["run", *common(vertex), "--framework", framework, "--epochs", "2"]) == 0
+    (job,) = vertex.pipeline_jobs()
+    # The framework is fixed into the pipeline, not sent: the pipeline declares no such parameter on Vertex AI.
+    assert job["runtimeConfig"]["parameterValues"] == {"epochs": 2, "registry": "vertex", "project": PROJECT,
+                                                       "location": LOCATION}
+    spec = job["pipelineSpec"]
+    executors = spec["deploymentSpec"]["executors"]
+    torch_image = f"{LOCATION}-docker.pkg.dev/p/ml/torch:abc1234"
+    assert {executors[f"exec-{s}-op"]["container"]["image"] for s in ("train", "evaluate", "predict")} == {torch_image}
+    assert executors["exec-preprocess-op"]["container"]["image"] == f"{LOCATION}-docker.pkg.dev/p/ml/cpu:abc1234"
+    assert spec["root"]["dag"]["tasks"]["train-op"]["inputs"]["parameters"]["framework"] == {
+        "runtimeValue": {"constant": framework}}
+
+
+def test_compile_vertex_fixes_the_framework_and_kfp_keeps_it_per_run(tmp_path, capsys):
+    import yaml
+
+    out = tmp_path / "vertex-torch.yaml"
+    assert cli.main(["compile", "--target", "vertex", "--framework", "torch", "--torch-image",
+                     "r/torch@sha256:" + "0" * 64, "-o", str(out)]) == 0
+    assert "framework torch, fixed for Vertex AI" in capsys.readouterr().out
+    spec = yaml.safe_load(out.read_text())
+    assert spec["deploymentSpec"]["executors"]["exec-train-op"]["container"]["image"] == "r/torch@sha256:" + "0" * 64
+    # On a KFP backend the framework stays a run parameter, given when compiling only with --explain.
+    assert cli.main(["compile", "--target", "kfp", "--framework", "torch", "-o", str(tmp_path / "kfp.yaml")]) == 2
+    assert "chosen per run" in capsys.readouterr().err
+
+
+def test_run_vertex_on_torch_refuses_a_torch_module_for_the_vertex_registry_before_sending(vertex, capsys):
+    pytest.importorskip("torch")
+    assert cli.main(["run", *common(vertex), "--framework", "torch", "--model", "tests.byo_torch:build"]) == 2
+    err = capsys.readouterr().err
+    assert "is a torch.nn.Module, served as TorchScript" in err and "torchscript-on-vertex-ai" in err
+    assert len(err.strip().splitlines()) == 1
+    assert vertex.pipeline_jobs() == []
+
+
+def test_schedule_vertex_on_jax_runs_the_pytorch_image(vertex, capsys):
+    assert cli.main(["schedule", *common(vertex), "--name", "nightly-jax", "--cron", "0 3 * * *",
+                     "--framework", "jax"]) == 0
+    (schedule,) = vertex.schedules()
+    job = schedule["createPipelineJobRequest"]["pipelineJob"]
+    assert "framework" not in job["runtimeConfig"].get("parameterValues", {})
+    executors = job["pipelineSpec"]["deploymentSpec"]["executors"]
+    assert executors["exec-train-op"]["container"]["image"] == f"{LOCATION}-docker.pkg.dev/p/ml/torch:abc1234"
+    assert executors["exec-evaluate-op"]["container"]["image"] == f"{LOCATION}-docker.pkg.dev/p/ml/torch:abc1234"

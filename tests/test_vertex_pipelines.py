@@ -7,6 +7,7 @@ Nothing is mocked: `aiplatform_v1.PipelineServiceClient` and `ScheduleServiceCli
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import re
 
@@ -16,7 +17,7 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
 
-from pipelines import config, training, vertex
+from pipelines import config, explain, training, vertex, vertex_checks
 from pipelines.vertex import (
     PipelineJobFailed,
     ScheduleNotFound,
@@ -156,6 +157,11 @@ def test_everything_but_accelerators_matches_the_kfp_target(packages):
                                                   if not k.startswith("pipelinechannel--step-images-op-")
                                                   and k != "base_image"}  # the image, as KFP passes it in
                 chosen["dependentTasks"] = [t for t in chosen["dependentTasks"] if t != "step-images-op"]
+        # On GKE the run chooses the framework; on Vertex AI it is fixed when compiling (the default here).
+        if "framework" in spec["root"]["inputDefinitions"]["parameters"]:
+            default = spec["root"]["inputDefinitions"]["parameters"].pop("framework")["defaultValue"]
+            spec["root"]["dag"]["tasks"]["train-op"]["inputs"]["parameters"]["framework"] = {
+                "runtimeValue": {"constant": default}}
         return spec
 
     assert without_accelerators(packages["vertex"]) == without_accelerators(packages["kfp"])
@@ -277,18 +283,105 @@ def test_gke_accelerator_names_are_refused(standin, vertex_package, tmp_path):
     assert standin.requests == []
 
 
-def test_local_registry_and_frameworks_torch_and_jax_are_refused_for_vertex_runs():
+def test_local_registry_is_refused_for_vertex_runs():
     assert vertex.vertex_run_parameters({}, project=PROJECT, location=LOCATION) == {
         "registry": "vertex", "project": PROJECT, "location": LOCATION}
     assert vertex.vertex_run_parameters({"location": "europe-west4"}, project=PROJECT, location=LOCATION)[
         "location"] == "europe-west4"
     with pytest.raises(ValueError, match="registry=local.*--registry vertex"):
         vertex.vertex_run_parameters({"registry": "local"}, project=PROJECT, location=LOCATION)
-    for framework in ("torch", "jax"):  # the GPU image, which Vertex AI Pipelines would train in, has no JAX
-        with pytest.raises(ValueError, match=f"framework {framework} trains, evaluates and predicts in the PyTorch "
-                                             f"image .* runs on {framework} there are not supported yet: run them on "
-                                             "a KFP backend"):
-            vertex.vertex_run_parameters({"framework": framework}, project=PROJECT, location=LOCATION)
+
+
+# ---------------------------------------------------------------------------------------------- torch and JAX
+
+
+TORCH_IMAGE = "us-docker.pkg.dev/test-project/images/torch@sha256:" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def framework_packages(tmp_path_factory) -> dict[str, str]:
+    """The pipeline compiled for Vertex AI with each framework fixed, the PyTorch image pinned by digest."""
+    out = tmp_path_factory.mktemp("frameworks")
+    images = dataclasses.replace(config.Images.from_repo(), torch=TORCH_IMAGE)
+    return {framework: training.compile_pipeline(str(out / f"{framework}.yaml"), config.PipelineSettings(
+        images=images, target="vertex", framework=framework)) for framework in ("torch", "jax")}
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_torch_and_jax_train_evaluate_and_predict_in_the_pytorch_image_on_vertex(framework_packages, packages,
+                                                                                 framework):
+    (spec,) = load_documents(framework_packages[framework])
+    executors = spec["deploymentSpec"]["executors"]
+    for step in ("train-op", "evaluate-op", "predict-op"):
+        assert executors[f"exec-{step}"]["container"]["image"] == TORCH_IMAGE, step
+    for step in ("preprocess-op", "augment-op", "placement-op", "register-op"):
+        assert executors[f"exec-{step}"]["container"]["image"] == config.Images.from_repo().cpu, step
+    # The GPUs are Vertex AI's accelerator types, as on TensorFlow; no image is taken from a step's output.
+    assert executor_resources(spec, "exec-train-op")["accelerator"]["resourceType"] == "NVIDIA_TESLA_T4"
+    assert executor_resources(spec, "exec-predict-op")["accelerator"]["resourceType"] == "NVIDIA_H100_80GB"
+    assert "step-images-op" not in spec["root"]["dag"]["tasks"]
+    # The framework is no run parameter: training receives the compiled one.
+    assert "framework" not in vertex_checks.pipeline_parameters(spec)
+    assert spec["root"]["dag"]["tasks"]["train-op"]["inputs"]["parameters"]["framework"] == {
+        "runtimeValue": {"constant": framework}}
+    assert vertex_checks.compiled_framework(spec) == framework
+    assert vertex_checks.compiled_framework(load_documents(packages["vertex"])[0]) == "tensorflow"
+    assert vertex_checks.compiled_framework(load_documents(packages["kfp"])[0]) == ""
+
+
+def test_explain_shows_the_pytorch_image_on_train_evaluate_and_predict(framework_packages):
+    report = explain.explain(framework_packages["torch"], {})
+    images = {step["task"]: step.get("image") for step in report["steps"]}
+    assert {images[t] for t in ("train-op", "evaluate-op", "predict-op")} == {TORCH_IMAGE}
+    assert images["preprocess-op"] == config.Images.from_repo().cpu
+    assert not [step for step in report["steps"] if "fails" in step]
+
+
+def test_no_vertex_pipeline_compiles_torch_without_the_pytorch_image(tmp_path):
+    images = dataclasses.replace(config.Images.from_repo(), torch="")
+    with pytest.raises(ValueError, match="framework torch trains, evaluates and predicts in the PyTorch image .* "
+                                         "compile it with --torch-image"):
+        training.compile_pipeline(str(tmp_path / "p.yaml"), config.PipelineSettings(
+            images=images, target="vertex", framework="torch"))
+    with pytest.raises(ValueError, match="On a KFP backend the framework is chosen per run"):
+        config.PipelineSettings(target="kfp", framework="torch")
+
+
+def test_a_run_parameter_contradicting_the_compiled_framework_is_refused_before_any_request(
+        standin, framework_packages, vertex_package):
+    pipelines = connect(standin)
+    with pytest.raises(ValueError, match=r"compiled for Vertex AI with framework torch .* framework=tensorflow "
+                                         r"cannot apply .*`pipectl compile --target vertex --framework tensorflow`"):
+        pipelines.submit(framework_packages["torch"], pipeline_root=ROOT, parameter_values={"framework": "tensorflow"})
+    with pytest.raises(ValueError, match=r"compiled for Vertex AI with framework tensorflow .* framework=jax"):
+        pipelines.submit(vertex_package, pipeline_root=ROOT, parameter_values={"framework": "jax"})
+    assert standin.requests == []
+    # The one it was compiled for says nothing new: it is not sent, and the run trains on it.
+    pipelines.submit(framework_packages["torch"], pipeline_root=ROOT, parameter_values={"framework": "torch"})
+    (call,) = standin.calls("CreatePipelineJob")
+    assert "framework" not in call.body["runtimeConfig"].get("parameterValues", {})
+    assert call.body["pipelineSpec"] == load_documents(framework_packages["torch"])[0]
+
+
+def test_vertex_ai_itself_refuses_a_framework_parameter_sent_past_pipectl(standin, framework_packages):
+    """A run started without pipectl's check cannot set the framework and have it ignored: the Vertex AI SDK's
+    PipelineJob refuses an undeclared parameter (google-cloud-aiplatform 1.165.1,
+    google/cloud/aiplatform/utils/pipeline_utils.py:240-243; run here, it sends nothing), and so does the API as
+    the stand-in models it."""
+    from google.cloud import aiplatform
+
+    with pytest.raises(ValueError, match="The pipeline parameter framework is not found in the pipeline job input "
+                                         "definitions"):
+        aiplatform.PipelineJob(display_name=PIPELINE, template_path=framework_packages["torch"], pipeline_root=ROOT,
+                               parameter_values={"framework": "tensorflow"}, project=PROJECT, location=LOCATION,
+                               credentials=AnonymousCredentials())
+    (spec,) = load_documents(framework_packages["torch"])
+    job = aiplatform_v1.PipelineJob(display_name=PIPELINE, pipeline_spec=spec,
+                                    runtime_config=aiplatform_v1.PipelineJob.RuntimeConfig(
+                                        gcs_output_directory=ROOT, parameter_values={"framework": "tensorflow"}))
+    with pytest.raises(google.api_core.exceptions.BadRequest, match="parameter framework is not found"):
+        connect(standin).pipeline_client.create_pipeline_job(
+            parent=f"projects/{PROJECT}/locations/{LOCATION}", pipeline_job=job)
 
 
 def test_permission_denied_names_the_roles(standin, vertex_package):

@@ -538,9 +538,10 @@ class VertexRegistry(gcp.VertexService):
         if serving_format == TORCHSCRIPT:
             raise ServingFormatUnsupported(
                 f"Not uploading {model_dir} to Vertex AI: it is a TorchScript model (a torch.nn.Module trained on "
-                f"PyTorch), and the serving container {self.serving.image_uri} loads TensorFlow SavedModels only; "
-                "register it in the local registry (registry local), or train a keras.Model builder (on any "
-                "framework) for a SavedModel Vertex AI serves.")
+                f"PyTorch), and the serving container {self.serving.image_uri} loads TensorFlow SavedModels only "
+                "(why not Triton: docs/registry.md#torchscript-on-vertex-ai); train a keras.Model builder (on any "
+                "framework, Vertex AI Pipelines included) for a SavedModel Vertex AI serves, or register this one "
+                "in the local registry (registry local) on a KFP backend or locally.")
 
     def _created_by_another_run(self, model: str) -> Any:
         """The model whose id our upload found taken. Another run's first upload holds the id from its request
