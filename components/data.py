@@ -553,6 +553,9 @@ class Classifier:
     class_names: list[str]
     source: str
     device: str = "CPU"  # where it runs, for the log: "CPU", "1 GPU(s)"
+    # The model's content digest (components/registry/identity.py), where the caller knows it: batch prediction
+    # takes it from the model's directory, or from here for a classifier handed in without one.
+    digest: str = ""
 
 
 def _tensorflow_device(tf) -> str:

@@ -520,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", required=True, help="a folder (searched recursively), a glob, a manifest "
                    "(.txt/.csv/.jsonl of uris) or TFRecord shards; local or gs://")
     p.add_argument("--output", required=True, help="output directory for predictions.jsonl/.csv and errors.jsonl; "
-                   "a rerun into the same directory skips what is already predicted")
+                   "a rerun into the same directory with the same model and options skips what is already predicted")
     from components.predict import add_arguments as add_predict_arguments
 
     add_predict_arguments(p)
