@@ -531,7 +531,7 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 from components.images import (  # noqa: E402,F401
     CORRUPT, EMPTY_FILE, IMAGE_EXTENSIONS, IMAGE_FORMATS, MAX_IMAGE_PIXELS, NOT_AN_IMAGE, TOO_LARGE, UNREADABLE,
     UNSUPPORTED_FORMAT, UNSUPPORTED_MODE, ImageError, decode_image, decode_image_file, decode_source, encode_png,
-    available_cpus, count_files, list_files, read_bytes, tile)
+    available_cpus, count_files, list_files, near_key, near_keys, read_bytes, source_near_key, tile)
 
 
 # ---------------------------------------------------------------------------------------------- models

@@ -97,6 +97,69 @@ def decode_image_file(data: bytes, height: int, width: int, channels: int, *,
     return _pixels(img, height, width, channels), source_format
 
 
+# ------------------------------------------------------------------------------------------ near-duplicates
+
+NEAR_GRID = 9  # the thumbnail's side: 8 x 8 differences across and 8 x 8 down
+
+
+@functools.lru_cache(maxsize=256)
+def _box_weights(size: int) -> np.ndarray:
+    """int64 NEAR_GRID x (size - 2 margin): how much of each pixel (after a margin of size // 16 on each side) falls
+    in each of NEAR_GRID equal cells, in units of 1 / NEAR_GRID pixel: a box filter in exact integers, so that the
+    thumbnail is the same on every machine."""
+    margin = size // 16
+    inner = size - 2 * margin
+    weights = np.zeros((NEAR_GRID, inner), np.int64)
+    for cell in range(NEAR_GRID):  # pixel p covers [9p, 9p + 9), cell c covers [c * inner, (c + 1) * inner)
+        low, high = cell * inner, (cell + 1) * inner
+        for pixel in range(low // NEAR_GRID, min(inner, -(-high // NEAR_GRID))):
+            weights[cell, pixel] = max(0, min(high, NEAR_GRID * pixel + NEAR_GRID) - max(low, NEAR_GRID * pixel))
+    return weights
+
+
+@functools.lru_cache(maxsize=16)
+def _cell_weights(height: int, width: int) -> np.ndarray:
+    """float64 (inner pixels) x 81: `_box_weights` of both sides at once (rows x columns, as np.kron lays them)."""
+    return np.kron(_box_weights(height), _box_weights(width)).T.astype(np.float64)
+
+
+def near_keys(pixels: np.ndarray) -> np.ndarray:
+    """Perceptual keys of uint8 images (N x H x W x C, C 1 or 3; or one H x W x C): uint64 each, equal for
+    near-copies. The grayscale image (integer luma weights) less a margin of 1/16 on each side (a corner mark,
+    a few border pixels, a thin frame) is box-filtered to a 9 x 9 thumbnail in exact integer arithmetic; its 64
+    horizontal and 64 vertical differences (is the next cell brighter: dHash across and down) are mixed into 64
+    bits. Re-saves, resizes and small edits keep most differences; among Fashion-MNIST's 60,000 training images,
+    37 share a key with another one, and 8 of its 10,000 test images with a training image, look-alikes more than
+    copies (docs/data-formats.md)."""
+    batch = pixels if pixels.ndim == 4 else pixels[None]
+    # float64 holds these sums exactly (below 2**53 for any image under MAX_IMAGE_PIXELS), in any summation order
+    gray = batch[..., 0].astype(np.float64) if batch.shape[-1] == 1 else \
+        batch.astype(np.float64) @ np.array([299.0, 587.0, 114.0])
+    count, height, width = gray.shape
+    top, left = height // 16, width // 16
+    inner = gray[:, top:height - top, left:width - left]
+    if inner.shape[1] * inner.shape[2] <= 4096:  # small images: one matrix product, every pixel to its 81 cells
+        thumbnails = (inner.reshape(count, -1) @ _cell_weights(height, width)).reshape(count, NEAR_GRID, NEAR_GRID)
+    else:  # N x 9 x 9, every cell of one area
+        rows, columns = _box_weights(height).astype(np.float64), _box_weights(width).astype(np.float64)
+        thumbnails = rows @ inner @ columns.T
+    across = thumbnails[:, :8, 1:] > thumbnails[:, :8, :-1]
+    down = thumbnails[:, 1:, :8] > thumbnails[:, :-1, :8]
+    halves = np.packbits(np.stack([across.reshape(len(batch), 64), down.reshape(len(batch), 64)], axis=1),
+                         axis=2).view(">u8").reshape(len(batch), 2).astype(np.uint64)
+    with np.errstate(over="ignore"):  # splitmix64's finalizer over both halves: wrapping uint64 arithmetic
+        mixed = halves[:, 0] ^ (halves[:, 1] * np.uint64(0x9E3779B97F4A7C15))
+        mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        mixed ^= mixed >> np.uint64(31)
+    return mixed
+
+
+def near_key(pixels: np.ndarray) -> int:
+    """`near_keys` of one H x W x C image, as an int."""
+    return int(near_keys(pixels)[0])
+
+
 @dataclasses.dataclass
 class SourceImage:
     """What preprocess keeps of one image file (see `decode_source`)."""
@@ -106,6 +169,7 @@ class SourceImage:
     source_size: tuple[int, int]  # (height, width) of the file
     reencoded: bytes | None  # None: the file's bytes are stored as they are
     why: str = ""  # why the file was re-encoded (one of REENCODE_REASONS)
+    near_key: int = 0  # near_key of the image as decoded for the check (`source_near_key`)
 
 
 # Why a file is re-encoded instead of stored as it is (the manifest counts each).
@@ -147,10 +211,9 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     source_format, source_size = img.format, (img.height, img.width)
     why = keep_problem(img, max_side)
     if not why:
-        # PIL drafts the largest scale whose size is >= the request: floor(side / 8) asks for 1/8 (a ceil would
-        # get 1/4 for sides that are not multiples of 8, twice the check's cost on a 307x173 photo)
-        img = _conform_mode(_load(img, channels, (max(1, img.width // 8), max(1, img.height // 8))), channels)
-        return SourceImage(sampled_histogram(img, height, width, channels), source_format, source_size, None)
+        img = _check_decode(img, channels)
+        return SourceImage(sampled_histogram(img, height, width, channels), source_format, source_size, None,
+                           near_key=_near_key_of(img, channels))
     divisor = 1
     while divisor < 8 and max(img.size) // (2 * divisor) >= max_side:
         divisor *= 2
@@ -164,7 +227,24 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     else:
         img.save(buffer, "PNG", compress_level=1)
     return SourceImage(sampled_histogram(img, height, width, channels), source_format, source_size,
-                       buffer.getvalue(), why)
+                       buffer.getvalue(), why, near_key=_near_key_of(img, channels))
+
+
+def _check_decode(img, channels: int):
+    """A file kept as it is, decoded for the check: JPEGs at 1/8 scale. PIL drafts the largest scale whose size
+    is >= the request: floor(side / 8) asks for 1/8 (a ceil would get 1/4 for sides that are not multiples of 8,
+    twice the check's cost on a 307x173 photo)."""
+    return _conform_mode(_load(img, channels, (max(1, img.width // 8), max(1, img.height // 8))), channels)
+
+
+def _near_key_of(img, channels: int) -> int:
+    return near_key(np.asarray(img, np.uint8).reshape(img.height, img.width, channels))
+
+
+def source_near_key(data: bytes, channels: int, max_pixels: int = MAX_IMAGE_PIXELS) -> int:
+    """The near_key `decode_source` gives a file it keeps as it is, for a file decoded elsewhere (TensorFlow's
+    exact decoders): from the same check decode, so that a file's key does not depend on which decoder ran."""
+    return _near_key_of(_check_decode(_open(data, max_pixels), channels), channels)
 
 
 @functools.lru_cache(maxsize=256)

@@ -145,6 +145,8 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         "decision": evaluation["decision"] + (f"; at registration: {registered['promotion']}"
                                               if registered and registered["champion_changed"] else ""),
         "registered": registered,
+        # Test images with near-copies in training, as the dataset card says ("" when there are none).
+        "near_duplicates_warning": (manifest.get("near_duplicates") or {}).get("warning", ""),
         # Predictions written by reference (data_root) are where their summary says.
         "predictions": {"path": prediction_summary.get("predictions_jsonl")
                         or os.path.join(predictions, "predictions.jsonl"), "count": prediction_summary["count"],
