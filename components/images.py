@@ -103,24 +103,28 @@ NEAR_GRID = 9  # the thumbnail's side: 8 x 8 differences across and 8 x 8 down
 
 
 @functools.lru_cache(maxsize=256)
-def _box_weights(size: int) -> np.ndarray:
-    """int64 NEAR_GRID x (size - 2 margin): how much of each pixel (after a margin of size // 16 on each side) falls
-    in each of NEAR_GRID equal cells, in units of 1 / NEAR_GRID pixel: a box filter in exact integers, so that the
-    thumbnail is the same on every machine."""
+def _cells(size: int) -> tuple[int, tuple[np.ndarray, ...]]:
+    """For one side of `size` pixels: the margin (size // 16) and, for each of NEAR_GRID equal cells of the rest, in
+    units of 1 / NEAR_GRID pixel (so every weight is an integer), the first and last pixel it touches and how
+    much of each it leaves out / takes: (margin, (first, first_cut, last, last_taken))."""
     margin = size // 16
     inner = size - 2 * margin
-    weights = np.zeros((NEAR_GRID, inner), np.int64)
-    for cell in range(NEAR_GRID):  # pixel p covers [9p, 9p + 9), cell c covers [c * inner, (c + 1) * inner)
-        low, high = cell * inner, (cell + 1) * inner
-        for pixel in range(low // NEAR_GRID, min(inner, -(-high // NEAR_GRID))):
-            weights[cell, pixel] = max(0, min(high, NEAR_GRID * pixel + NEAR_GRID) - max(low, NEAR_GRID * pixel))
-    return weights
+    bounds = np.arange(NEAR_GRID + 1, dtype=np.int64) * inner  # cell c covers [c * inner, (c + 1) * inner)
+    first, first_cut = bounds[:-1] // NEAR_GRID, bounds[:-1] % NEAR_GRID
+    last, last_taken = bounds[1:] // NEAR_GRID, bounds[1:] % NEAR_GRID
+    return margin, (first, first_cut, np.minimum(last, inner - 1), last, last_taken)
 
 
-@functools.lru_cache(maxsize=16)
-def _cell_weights(height: int, width: int) -> np.ndarray:
-    """float64 (inner pixels) x 81: `_box_weights` of both sides at once (rows x columns, as np.kron lays them)."""
-    return np.kron(_box_weights(height), _box_weights(width)).T.astype(np.float64)
+def _box(values: np.ndarray, size: int) -> np.ndarray:
+    """The NEAR_GRID cell sums of `values` along its last axis (of `size` pixels, margin left out), each pixel
+    weighted by how much of it a cell covers (1/NEAR_GRID units): prefix sums and two partial pixels per cell,
+    exact integers."""
+    margin, (first, first_cut, last_clamped, last, last_taken) = _cells(size)
+    inner = values[..., margin:size - margin]
+    prefix = np.zeros(values.shape[:-1] + (inner.shape[-1] + 1,), np.int64)
+    np.cumsum(inner, axis=-1, out=prefix[..., 1:])
+    return (NEAR_GRID * (prefix[..., last] - prefix[..., first]) - first_cut * inner[..., first]
+            + last_taken * inner[..., last_clamped])
 
 
 def near_keys(pixels: np.ndarray) -> np.ndarray:
@@ -132,21 +136,15 @@ def near_keys(pixels: np.ndarray) -> np.ndarray:
     37 share a key with another one, and 8 of its 10,000 test images with a training image, look-alikes more than
     copies (docs/data-formats.md)."""
     batch = pixels if pixels.ndim == 4 else pixels[None]
-    # float64 holds these sums exactly (below 2**53 for any image under MAX_IMAGE_PIXELS), in any summation order
-    gray = batch[..., 0].astype(np.float64) if batch.shape[-1] == 1 else \
-        batch.astype(np.float64) @ np.array([299.0, 587.0, 114.0])
+    gray = batch[..., 0].astype(np.int64) if batch.shape[-1] == 1 else \
+        (batch.astype(np.int64) * np.array([299, 587, 114], np.int64)).sum(axis=-1)
     count, height, width = gray.shape
-    top, left = height // 16, width // 16
-    inner = gray[:, top:height - top, left:width - left]
-    if inner.shape[1] * inner.shape[2] <= 4096:  # small images: one matrix product, every pixel to its 81 cells
-        thumbnails = (inner.reshape(count, -1) @ _cell_weights(height, width)).reshape(count, NEAR_GRID, NEAR_GRID)
-    else:  # N x 9 x 9, every cell of one area
-        rows, columns = _box_weights(height).astype(np.float64), _box_weights(width).astype(np.float64)
-        thumbnails = rows @ inner @ columns.T
+    # across the columns, then down the rows (as the last axis): N x 9 x 9, every cell of one area
+    thumbnails = _box(_box(gray, width).transpose(0, 2, 1), height).transpose(0, 2, 1)
     across = thumbnails[:, :8, 1:] > thumbnails[:, :8, :-1]
     down = thumbnails[:, 1:, :8] > thumbnails[:, :-1, :8]
-    halves = np.packbits(np.stack([across.reshape(len(batch), 64), down.reshape(len(batch), 64)], axis=1),
-                         axis=2).view(">u8").reshape(len(batch), 2).astype(np.uint64)
+    halves = np.packbits(np.stack([across.reshape(count, 64), down.reshape(count, 64)], axis=1),
+                         axis=2).view(">u8").reshape(count, 2).astype(np.uint64)
     with np.errstate(over="ignore"):  # splitmix64's finalizer over both halves: wrapping uint64 arithmetic
         mixed = halves[:, 0] ^ (halves[:, 1] * np.uint64(0x9E3779B97F4A7C15))
         mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

@@ -296,7 +296,7 @@ def _near_keys(pending: list) -> list[int]:
     return keys
 
 
-def _near_groups(near: array.array, keys: array.array) -> tuple[list[int], list[list[int]]]:
+def _near_groups(near: array.array, keys: array.array) -> tuple[array.array, list[list[int]]]:
     """Each kept image's split key (its group's `per_image.near_group_key`; its own content key when no other
     kept image shares its near key), and the groups of two or more as lists of kept-image indices."""
     near_keys = np.frombuffer(near, np.uint64) if len(near) else np.zeros(0, np.uint64)
@@ -305,7 +305,7 @@ def _near_groups(near: array.array, keys: array.array) -> tuple[list[int], list[
     starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]])) if len(ordered) else \
         np.zeros(0, np.int64)
     sizes = np.diff(np.append(starts, len(ordered)))
-    split_keys = list(keys)
+    split_keys = array.array("Q", keys)  # 8 bytes an image, as the content keys
     groups = []
     for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
         members = order[start:start + size].tolist()
