@@ -19,6 +19,7 @@ from components.predict import decode, sources
 from components.predict import predict
 from components.predict.local import describe
 from tests.conftest import vertex_client
+from tests.test_storage_gcs import bucket  # noqa: F401 (the gs:// stand-in fixture)
 
 
 def encode(array: np.ndarray, fmt: str, mode: str | None = None, **options) -> bytes:
@@ -837,3 +838,22 @@ def test_the_gpu_decoder_run_on_the_cpu_approximates_the_rule_and_a_corrupt_file
     assert keys == ["a", "b"] and [k for k, _ in errors] == ["bad"]
     for got, payload in zip(images, (payloads[1], payloads[2])):
         np.testing.assert_array_equal(got, data.file_decoder((64, 64, 3))(payload))  # the CPU's exact pixels
+
+
+def test_a_model_on_gs_has_the_digest_of_its_local_copy(bucket, tiny_model):
+    """The fingerprint's model digest for a gs:// model directory (read through a local copy) is the registry's
+    digest of the same files."""
+    import shutil
+
+    from components import storage
+    from components.predict.output import digest_of
+    from components.registry import model_digest
+
+    shutil.copytree(tiny_model, bucket.root_path / "models" / "tiny")
+    storage.use_tensorflow_io(False)  # gs:// through google-cloud-storage's client, against the stand-in
+    try:
+        assert digest_of("gs://bucket/models/tiny") == model_digest(tiny_model)
+        with pytest.raises(FileNotFoundError, match="gs://bucket/models/none"):
+            digest_of("gs://bucket/models/none")
+    finally:
+        storage.use_tensorflow_io(True)
