@@ -531,7 +531,7 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 from components.images import (  # noqa: E402,F401
     CORRUPT, EMPTY_FILE, IMAGE_EXTENSIONS, IMAGE_FORMATS, MAX_IMAGE_PIXELS, NOT_AN_IMAGE, TOO_LARGE, UNREADABLE,
     UNSUPPORTED_FORMAT, UNSUPPORTED_MODE, ImageError, decode_image, decode_image_file, decode_source, encode_png,
-    available_cpus, count_files, list_files, read_bytes, tile)
+    available_cpus, count_files, list_files, near_key, near_keys, read_bytes, source_near_key, tile)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -553,6 +553,9 @@ class Classifier:
     class_names: list[str]
     source: str
     device: str = "CPU"  # where it runs, for the log: "CPU", "1 GPU(s)"
+    # The model's content digest (components/registry/identity.py), where the caller knows it: batch prediction
+    # takes it from the model's directory, or from here for a classifier handed in without one.
+    digest: str = ""
 
 
 def _tensorflow_device(tf) -> str:

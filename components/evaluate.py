@@ -264,6 +264,12 @@ def evaluate(model_dir: str, dataset_dir: str, *, min_accuracy: float = 0.0, min
     blessed, reasons, decision = decide(scores, class_names, min_accuracy=min_accuracy,
                                         min_class_recall=min_class_recall, champion=champion, tolerance=tolerance,
                                         champion_problem=problem)
+    # Test images with near-copies in training (preprocess could not keep their groups apart: the source's own
+    # test split): the accuracy may be overstated, and the decision line says so wherever it is shown.
+    near_copies = (manifest.get("near_duplicates") or {}).get("warning")
+    if near_copies:
+        reasons.append(f"warning: {near_copies}")
+        decision += f" (warning: {near_copies})"
     predicted = probabilities.argmax(axis=1)
     wrong = np.flatnonzero(predicted != labels)
     wrong = wrong[np.argsort(-probabilities[wrong, predicted[wrong]], kind="stable")][:worst]

@@ -98,6 +98,70 @@ def decode_image_file(data: bytes, height: int, width: int, channels: int, *,
     return _pixels(img, height, width, channels), source_format
 
 
+# ------------------------------------------------------------------------------------------ near-duplicates
+
+NEAR_GRID = 9  # the thumbnail's side: 8 x 8 differences across and 8 x 8 down
+
+
+@functools.lru_cache(maxsize=256)
+def _cells(size: int) -> tuple[int, tuple[np.ndarray, ...]]:
+    """For one side of `size` pixels: the margin (size // 16) and, for each of NEAR_GRID equal cells of the rest, in
+    units of 1 / NEAR_GRID pixel (so every weight is an integer), the first and last pixel it touches and how
+    much of each it leaves out / takes: (margin, (first, first_cut, last, last_taken))."""
+    margin = size // 16
+    inner = size - 2 * margin
+    bounds = np.arange(NEAR_GRID + 1, dtype=np.int64) * inner  # cell c covers [c * inner, (c + 1) * inner)
+    first, first_cut = bounds[:-1] // NEAR_GRID, bounds[:-1] % NEAR_GRID
+    last, last_taken = bounds[1:] // NEAR_GRID, bounds[1:] % NEAR_GRID
+    return margin, (first, first_cut, np.minimum(last, inner - 1), last, last_taken)
+
+
+def _box(values: np.ndarray, size: int, dtype) -> np.ndarray:
+    """The NEAR_GRID cell sums of `values` along its last axis (of `size` pixels, margin left out), each pixel
+    weighted by how much of it a cell covers (1/NEAR_GRID units): prefix sums and two partial pixels per cell,
+    exact integers of `dtype`."""
+    margin, (first, first_cut, last_clamped, last, last_taken) = _cells(size)
+    inner = values[..., margin:size - margin]
+    prefix = np.zeros(values.shape[:-1] + (inner.shape[-1] + 1,), dtype)
+    np.cumsum(inner, axis=-1, dtype=dtype, out=prefix[..., 1:])
+    return (NEAR_GRID * (prefix[..., last] - prefix[..., first]) - first_cut.astype(dtype) * inner[..., first]
+            + last_taken.astype(dtype) * inner[..., last_clamped])
+
+
+def near_keys(pixels: np.ndarray) -> np.ndarray:
+    """Perceptual keys of uint8 images (N x H x W x C, C 1 or 3; or one H x W x C): uint64 each, equal for
+    near-copies. The grayscale image (integer luma weights) less a margin of 1/16 on each side (a corner mark,
+    a few border pixels, a thin frame) is box-filtered to a 9 x 9 thumbnail in exact integer arithmetic; its 64
+    horizontal and 64 vertical differences (is the next cell brighter: dHash across and down) are mixed into 64
+    bits. Re-saves, resizes and small edits keep most differences; among Fashion-MNIST's 60,000 training images,
+    37 share a key with another one, and 8 of its 10,000 test images with a training image, look-alikes more than
+    copies (docs/data-formats.md)."""
+    batch = pixels if pixels.ndim == 4 else pixels[None]
+    count, height, width, channels = batch.shape
+    luma = 1 if channels == 1 else 1000
+    # every sum below is at most 255 x luma x 81 x the pixels inside the margin: int32 where that fits (a third
+    # less time than int64 for 28x28 images)
+    dtype = np.int32 if 255 * luma * 81 * height * width < 2 ** 31 else np.int64
+    gray = batch[..., 0] if channels == 1 else (batch.astype(dtype) * np.array([299, 587, 114], dtype)).sum(axis=-1)
+    # across the columns, then down the rows (as the last axis): N x 9 x 9, every cell of one area
+    thumbnails = _box(_box(gray, width, dtype).transpose(0, 2, 1), height, dtype).transpose(0, 2, 1)
+    across = thumbnails[:, :8, 1:] > thumbnails[:, :8, :-1]
+    down = thumbnails[:, 1:, :8] > thumbnails[:, :-1, :8]
+    halves = np.packbits(np.stack([across.reshape(count, 64), down.reshape(count, 64)], axis=1),
+                         axis=2).view(">u8").reshape(count, 2).astype(np.uint64)
+    with np.errstate(over="ignore"):  # splitmix64's finalizer over both halves: wrapping uint64 arithmetic
+        mixed = halves[:, 0] ^ (halves[:, 1] * np.uint64(0x9E3779B97F4A7C15))
+        mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        mixed ^= mixed >> np.uint64(31)
+    return mixed
+
+
+def near_key(pixels: np.ndarray) -> int:
+    """`near_keys` of one H x W x C image, as an int."""
+    return int(near_keys(pixels)[0])
+
+
 @dataclasses.dataclass
 class SourceImage:
     """What preprocess keeps of one image file (see `decode_source`)."""
@@ -107,6 +171,7 @@ class SourceImage:
     source_size: tuple[int, int]  # (height, width) of the file
     reencoded: bytes | None  # None: the file's bytes are stored as they are
     why: str = ""  # why the file was re-encoded (one of REENCODE_REASONS)
+    near_key: int = 0  # near_key of the image as decoded for the check (`source_near_key`)
 
 
 # Why a file is re-encoded instead of stored as it is (the manifest counts each).
@@ -148,10 +213,9 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     source_format, source_size = img.format, (img.height, img.width)
     why = keep_problem(img, max_side)
     if not why:
-        # PIL drafts the largest scale whose size is >= the request: floor(side / 8) asks for 1/8 (a ceil would
-        # get 1/4 for sides that are not multiples of 8, twice the check's cost on a 307x173 photo)
-        img = _conform_mode(_load(img, channels, (max(1, img.width // 8), max(1, img.height // 8))), channels)
-        return SourceImage(sampled_histogram(img, height, width, channels), source_format, source_size, None)
+        img = _check_decode(img, channels)
+        return SourceImage(sampled_histogram(img, height, width, channels), source_format, source_size, None,
+                           near_key=_near_key_of(img, channels))
     divisor = 1
     while divisor < 8 and max(img.size) // (2 * divisor) >= max_side:
         divisor *= 2
@@ -165,7 +229,24 @@ def decode_source(data: bytes, height: int, width: int, channels: int, *, max_si
     else:
         img.save(buffer, "PNG", compress_level=1)
     return SourceImage(sampled_histogram(img, height, width, channels), source_format, source_size,
-                       buffer.getvalue(), why)
+                       buffer.getvalue(), why, near_key=_near_key_of(img, channels))
+
+
+def _check_decode(img, channels: int):
+    """A file kept as it is, decoded for the check: JPEGs at 1/8 scale. PIL drafts the largest scale whose size
+    is >= the request: floor(side / 8) asks for 1/8 (a ceil would get 1/4 for sides that are not multiples of 8,
+    twice the check's cost on a 307x173 photo)."""
+    return _conform_mode(_load(img, channels, (max(1, img.width // 8), max(1, img.height // 8))), channels)
+
+
+def _near_key_of(img, channels: int) -> int:
+    return near_key(np.asarray(img, np.uint8).reshape(img.height, img.width, channels))
+
+
+def source_near_key(data: bytes, channels: int, max_pixels: int = MAX_IMAGE_PIXELS) -> int:
+    """The near_key `decode_source` gives a file it keeps as it is, for a file decoded elsewhere (TensorFlow's
+    exact decoders): from the same check decode, so that a file's key does not depend on which decoder ran."""
+    return _near_key_of(_check_decode(_open(data, max_pixels), channels), channels)
 
 
 @functools.lru_cache(maxsize=256)

@@ -56,6 +56,8 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
     stats.log_metric("rejected", result.rejected)
     for reason, count in result.rejected_by_reason.items():
         stats.log_metric(f"rejected: {reason}", count)
+    for field in ("groups", "images", "test_images_shared"):
+        stats.log_metric(f"near-duplicate {field.replace('_', ' ')}", result.near_duplicates[field])
     with open(card.path, "w") as f:
         f.write(dataset_card(dataset.path))
     dataset.metadata.update({"class_names": result.class_names, "image_shape": result.image_shape, **result.counts,

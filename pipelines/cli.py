@@ -168,6 +168,8 @@ def collect_summary(run_dir: str, settings: config.PipelineSettings | None = Non
         "decision": evaluation["decision"] + (f"; at registration: {registered['promotion']}"
                                               if registered and registered["champion_changed"] else ""),
         "registered": registered,
+        # Test images with near-copies in training, as the dataset card says ("" when there are none).
+        "near_duplicates_warning": (manifest.get("near_duplicates") or {}).get("warning", ""),
         # Predictions written by reference (data_root) are where their summary says.
         "predictions": {"path": prediction_summary.get("predictions_jsonl")
                         or os.path.join(predictions, "predictions.jsonl"), "count": prediction_summary["count"],
@@ -549,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", required=True, help="a folder (searched recursively), a glob, a manifest "
                    "(.txt/.csv/.jsonl of uris) or TFRecord shards; local or gs://")
     p.add_argument("--output", required=True, help="output directory for predictions.jsonl/.csv and errors.jsonl; "
-                   "a rerun into the same directory skips what is already predicted")
+                   "a rerun into the same directory with the same model and options skips what is already predicted")
     from components.predict import add_arguments as add_predict_arguments
 
     add_predict_arguments(p)

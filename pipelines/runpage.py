@@ -33,7 +33,7 @@ BROWSER_FORMATS = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jp
 # Added to the evaluation report's style (components/evaluate.py), so that the page and the report look alike.
 STYLE = """
 body{max-width:1180px}h2{margin-top:1.8em}.decision{font-size:1.2em}
-td,th{padding:4px 10px;text-align:left}td.n{text-align:right}
+td,th{padding:4px 10px;text-align:left}td.n{text-align:right}.warning{color:#b3261e}
 .state-succeeded{color:#137333}.state-failed{color:#b3261e;font-weight:600}.state-skipped{color:#5f6368}
 iframe.artifact{width:100%;height:640px;border:1px solid #dadce0;border-radius:6px}
 .grid{display:flex;flex-wrap:wrap;gap:8px}
@@ -219,6 +219,15 @@ def _tensorboard(summary: dict) -> str:
             "the model graph).</p>")
 
 
+def near_duplicates_warning(summary: dict) -> str:
+    """Under the decision: test images with near-copies in training, as the dataset card says; "" without."""
+    warning = summary.get("near_duplicates_warning")
+    if not warning:
+        return ""
+    return (f"<p class='warning'><strong>Warning:</strong> {html.escape(warning)} (the dataset card's "
+            "<a href='#dataset'>near-duplicates</a>)</p>")
+
+
 def _steps(summary: dict, output_dir: str) -> str:
     rows = []
     for step in summary.get("steps", []):
@@ -255,6 +264,7 @@ def render(summary: dict, output_dir: str) -> str:
         f"<h1>Local run <code>{esc(os.path.basename(os.path.abspath(output_dir)))}</code></h1>",
         f"<p class='decision {'ok' if summary['blessed'] and not unpromoted else 'no'}'>"
         f"{esc(summary['decision'])}</p>",
+        near_duplicates_warning(summary),
         "<div class='cards'>" + "".join(f"<div class='card'><b>{esc(v)}</b><span>{esc(k)}</span></div>"
                                         for v, k in cards) + "</div>",
         "<nav>" + " &middot; ".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in SECTIONS) + "</nav>",

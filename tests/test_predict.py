@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -18,6 +19,7 @@ from components.predict import decode, sources
 from components.predict import predict
 from components.predict.local import describe
 from tests.conftest import vertex_client
+from tests.test_storage_gcs import bucket  # noqa: F401 (the gs:// stand-in fixture)
 
 
 def encode(array: np.ndarray, fmt: str, mode: str | None = None, **options) -> bytes:
@@ -40,7 +42,9 @@ def rows(path: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def classifier(tiny_model):
-    return data.load_classifier(tiny_model)
+    from components.registry import model_digest
+
+    return dataclasses.replace(data.load_classifier(tiny_model), digest=model_digest(tiny_model))
 
 
 class CountingClassifier:
@@ -57,7 +61,8 @@ class CountingClassifier:
         return self.inner.predict_proba(batch)
 
     def as_classifier(self) -> data.Classifier:
-        return data.Classifier(self, self.inner.image_shape, self.inner.class_names, self.inner.source)
+        return data.Classifier(self, self.inner.image_shape, self.inner.class_names, self.inner.source,
+                               digest=self.inner.digest)
 
 
 @pytest.fixture
@@ -231,7 +236,7 @@ def digit_classifier(shape=(28, 28, 1)) -> data.Classifier:
         out[np.arange(len(batch)), batch[:, 0, 0, 0].astype(int) % 10] = 0.9985
         return out
 
-    return data.Classifier(proba, list(shape), [str(i) for i in range(10)], "test")
+    return data.Classifier(proba, list(shape), [str(i) for i in range(10)], "test", digest="test:first-pixel-mod-10")
 
 
 def test_log_lines_in_the_classic_form_then_bounded(tmp_path, capsys, fashion_arrays):
@@ -291,6 +296,82 @@ def test_restart_after_an_interruption_skips_finished_chunks(image_folder, class
     assert result.count == 44 and result.chunks == 5 and 0 < result.skipped_chunks < 5
     assert again.images == 44 - 10 * result.skipped_chunks
     assert len(rows(os.path.join(out, "predictions.jsonl"))) == 44
+
+
+@pytest.fixture(scope="module")
+def other_model(tiny_model, tmp_path_factory) -> str:
+    """Another model of the same shape and classes: the tiny model with its last layer's biases shifted, so that
+    it answers differently (and has another digest)."""
+    import shutil
+
+    import keras
+
+    out = str(tmp_path_factory.mktemp("other_model"))
+    shutil.copy(os.path.join(tiny_model, "training.json"), out)
+    model = keras.models.load_model(os.path.join(tiny_model, "model.keras"), compile=False)
+    weights = model.get_weights()
+    weights[-1] = weights[-1] + np.linspace(0.0, 3.0, len(weights[-1]), dtype=weights[-1].dtype)
+    model.set_weights(weights)
+    model.save(os.path.join(out, "model.keras"))
+    return out
+
+
+def test_a_rerun_with_another_model_or_other_options_never_mixes(image_folder, tiny_model, other_model, tmp_path):
+    from components.predict.output import PredictionsExist
+    from components.registry import model_digest
+
+    folder = image_folder(per_class=15)  # 45 images, 5 chunks of 10
+    ours, theirs = data.load_classifier(tiny_model), data.load_classifier(other_model)
+    clean = str(tmp_path / "clean")
+    predict(other_model, folder, clean, classifier=theirs, chunk_size=10)
+    other_rows = rows(os.path.join(clean, "predictions.jsonl"))
+    out = str(tmp_path / "out")
+    interrupted = CountingClassifier(ours, fail_on_call=2)  # dies inside chunk 1: chunk 0 is ours
+    with pytest.raises(KeyboardInterrupt):
+        predict(tiny_model, folder, out, classifier=interrupted.as_classifier(), chunk_size=10)
+    shards = os.path.join(out, "shards")
+    assert sorted(f for f in os.listdir(shards) if f.startswith("chunk-")) == ["chunk-00000.json"]
+    ours_first = rows(os.path.join(shards, "predictions-00000.jsonl"))
+    assert [r["uri"] for r in ours_first] == [r["uri"] for r in other_rows[:10]]
+    assert ours_first != other_rows[:10]  # the two models answer differently
+
+    # Another model into the folder: refused in one line naming the folder and the way on; nothing written.
+    before = {name: os.path.getmtime(os.path.join(shards, name)) for name in os.listdir(shards)}
+    with pytest.raises(PredictionsExist) as refused:
+        predict(other_model, folder, out, classifier=theirs, chunk_size=10)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{out} already holds predictions of another model")
+    assert f"model {model_digest(tiny_model)[:19]}... there, {model_digest(other_model)[:19]}... here" in message
+    assert "new output folder" in message and "--overwrite" in message
+    assert {name: os.path.getmtime(os.path.join(shards, name)) for name in os.listdir(shards)} == before
+
+    # The same model resumes: its chunk is kept, the others are predicted.
+    again = CountingClassifier(ours)
+    resumed = predict(tiny_model, folder, out, classifier=again.as_classifier(), chunk_size=10)
+    assert (resumed.skipped_chunks, resumed.count, again.images) == (1, 45, 35)
+    ours_rows = rows(os.path.join(out, "predictions.jsonl"))
+    assert ours_rows[:10] == ours_first
+
+    # Other options that change a row are another answer too: top_k here.
+    with pytest.raises(PredictionsExist, match=r"top_k 3 there, 2 here"):
+        predict(tiny_model, folder, out, classifier=ours, chunk_size=10, top_k=2)
+
+    # --overwrite: the other model's predictions only, as a run into a new folder gives them.
+    replaced = predict(other_model, folder, out, classifier=theirs, chunk_size=10, overwrite=True)
+    assert (replaced.skipped_chunks, replaced.count) == (0, 45)
+    assert rows(os.path.join(out, "predictions.jsonl")) == other_rows
+    with open(os.path.join(out, "summary.json")) as f:
+        assert json.load(f)["skipped_chunks"] == 0
+
+    # Chunks written before markers recorded their model are not trusted to be this model's.
+    marker_path = os.path.join(shards, "chunk-00000.json")
+    with open(marker_path) as f:
+        marker = json.load(f)
+    del marker["settings"]
+    with open(marker_path, "w") as f:
+        json.dump(marker, f)
+    with pytest.raises(PredictionsExist, match="made before predictions recorded their model"):
+        predict(other_model, folder, out, classifier=theirs, chunk_size=10)
 
 
 def test_shrunk_input_removes_stale_shards(image_folder, classifier, tmp_path):
@@ -467,6 +548,11 @@ def test_pipectl_predict_standalone(image_folder, tiny_model, tmp_path):
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout[again.stdout.index("{"):])["skipped_chunks"] == 1
+
+    other_options = subprocess.run(command[:-1] + ["3"], capture_output=True, text=True, timeout=300)
+    assert other_options.returncode == 2 and "Traceback" not in other_options.stderr
+    assert (f"pipectl: error: {out} already holds predictions of another model or other options (top_k 2 there, "
+            "3 here): predict into a new output folder, or pass --overwrite to replace them") in other_options.stderr
 
     missing = subprocess.run([pipectl, "predict", "--model", tiny_model, "--images", str(tmp_path / "nope"),
                               "--output", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
@@ -752,3 +838,22 @@ def test_the_gpu_decoder_run_on_the_cpu_approximates_the_rule_and_a_corrupt_file
     assert keys == ["a", "b"] and [k for k, _ in errors] == ["bad"]
     for got, payload in zip(images, (payloads[1], payloads[2])):
         np.testing.assert_array_equal(got, data.file_decoder((64, 64, 3))(payload))  # the CPU's exact pixels
+
+
+def test_a_model_on_gs_has_the_digest_of_its_local_copy(bucket, tiny_model):
+    """The fingerprint's model digest for a gs:// model directory (read through a local copy) is the registry's
+    digest of the same files."""
+    import shutil
+
+    from components import storage
+    from components.predict.output import digest_of
+    from components.registry import model_digest
+
+    shutil.copytree(tiny_model, bucket.root_path / "models" / "tiny")
+    storage.use_tensorflow_io(False)  # gs:// through google-cloud-storage's client, against the stand-in
+    try:
+        assert digest_of("gs://bucket/models/tiny") == model_digest(tiny_model)
+        with pytest.raises(FileNotFoundError, match="gs://bucket/models/none"):
+            digest_of("gs://bucket/models/none")
+    finally:
+        storage.use_tensorflow_io(True)

@@ -124,7 +124,8 @@ def test_bad_files_are_reported_and_every_good_image_arrives(mixed_corpus, tmp_p
 @pytest.mark.parametrize("size, channels", [(28, 1), (64, 3)])
 def test_every_decode_plan_gives_the_same_examples(mixed_corpus, size, channels):
     """One worker, threads, processes and TensorFlow batches (PNGs and JPEGs of the target size decoded by
-    TensorFlow, the rest by PIL) give the same pixels, keys, records and rejections, in the same order."""
+    TensorFlow, the rest by PIL) give the same pixels, keys (near-duplicate keys too), records and rejections, in
+    the same order."""
     root, _, _ = mixed_corpus
     exact = os.path.join(root, "Bag")  # PNGs and a JPEG that need no conversion: TensorFlow's share
     image = np.random.default_rng(5).integers(0, 255, (size, size, channels), dtype=np.uint8)
@@ -143,7 +144,10 @@ def test_every_decode_plan_gives_the_same_examples(mixed_corpus, size, channels)
         examples = list(decoding.parallel_decode(src.items, **shape, **plan))
         results.append([(e.uri, e.key, e.reason, e.detail, e.encoding, e.stored,
                          None if e.image is None else e.image.tobytes(),
-                         None if e.histogram is None else e.histogram.tobytes()) for e in examples])
+                         None if e.histogram is None else e.histogram.tobytes(),
+                         # the near-duplicate key, taken at decoding or from the pixels, whichever decoder ran
+                         e.near_key if e.near_key is not None or e.image is None else data.near_key(e.image))
+                        for e in examples])
     for other in results[1:]:
         assert other == results[0]
 

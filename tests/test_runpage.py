@@ -94,6 +94,15 @@ def test_the_training_curves_are_the_reports_own_figure():
     assert runpage.figure_from("<img alt='Training curves' src='http://example.com/x.png'>", "Training curves") is None
 
 
+def test_near_copies_of_test_images_in_training_are_warned_about_under_the_decision():
+    warning = "5 test images have near-copies in training or validation (5 groups not kept in one split: ...)"
+    shown = runpage.near_duplicates_warning({"near_duplicates_warning": warning})
+    assert shown.startswith(f"<p class='warning'><strong>Warning:</strong> {warning} (the dataset card's ")
+    assert "<a href='#dataset'>" in shown
+    assert runpage.near_duplicates_warning({"near_duplicates_warning": ""}) == ""
+    assert runpage.near_duplicates_warning({}) == ""  # a summary written before the warning existed
+
+
 # ---------------------------------------------------------------------------------------------- in a browser
 
 

@@ -25,13 +25,16 @@ Outputs in `output_dir`:
     shards/predictions-NNNNN.jsonl   one row per image: uri, class_index, class_name, confidence, top_k
     shards/predictions-NNNNN.csv     the same as columns (top2_..., top3_... for the runners-up)
     shards/errors-NNNNN.jsonl        inputs that could not be read or decoded: uri and reason
-    shards/chunk-NNNNN.json          written last: the chunk is complete (its inputs' fingerprint, counts)
+    shards/chunk-NNNNN.json          written last: the chunk is complete (its fingerprint, model, options, counts)
     predictions.jsonl, predictions.csv   all shards in one file, when there are at most `combine_max` rows
     errors.jsonl                     all errors
     summary.json                     counts, throughput, the files above
 
 A rerun over the same inputs and output skips every chunk whose marker matches its inputs, so an interrupted
-job does not start over (a chunk whose inputs changed is redone). The step fails only when no input at all
+job does not start over (a chunk whose inputs changed is redone). A marker's fingerprint also covers the model's
+digest (components/registry/identity.py) and every option that changes a row (top_k, the image size, the JPEG
+decoder): a rerun into a folder that holds predictions of another model or other options is refused in one line
+(predict into a new folder, or pass `overwrite` to replace them), never mixed with them. The step fails only when no input at all
 could be read. The first `print_first` predictions are also printed in the classic form, `The image 0.png is
 the number 7 with a 99.85 percent confidence.`, then a progress line every few seconds, so that logs of a
 job over millions of images stay readable.

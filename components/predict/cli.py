@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inputs per output shard, the unit of restart (default: %(default)s)")
     parser.add_argument("--print-first", type=int, default=1000,
                         help="print this many predictions in full, then progress lines (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the predictions the output folder holds from another model or other options "
+                        "(without it, such a folder is refused; a rerun with the same model and options resumes)")
     parser.add_argument("--cpu-decode", action="store_true",
                         help="decode JPEGs on the CPU even where torchvision could decode them on the GPU (nvJPEG): "
                         "the readers' exact pixels, rather than within a few levels")
@@ -38,7 +41,7 @@ def predict_from_args(args: argparse.Namespace, model_dir: str, images: str, out
     if not args.vertex_model:
         return predict(model_dir, images, output_dir, batch_size=args.batch_size, top_k=args.top_k,
                        chunk_size=args.chunk_size, print_first=args.print_first,
-                       gpu_decode=not args.cpu_decode)
+                       gpu_decode=not args.cpu_decode, overwrite=args.overwrite)
     if not args.staging:
         raise ValueError("--vertex-model needs --staging gs://BUCKET/FOLDER for the instances and the job's output")
     location = re.match(r"^projects/[^/]+/locations/([^/]+)/", args.vertex_model)
@@ -48,7 +51,7 @@ def predict_from_args(args: argparse.Namespace, model_dir: str, images: str, out
                                 client=gcp.job_client(location.group(1)), staging_uri=args.staging,
                                 top_k=args.top_k, machine_type=args.machine_type,
                                 accelerator_type=args.accelerator_type, accelerator_count=args.accelerator_count,
-                                max_replicas=args.max_replicas)
+                                max_replicas=args.max_replicas, overwrite=args.overwrite)
 
 
 def main(argv: list[str] | None = None) -> int:

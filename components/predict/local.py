@@ -14,7 +14,7 @@ from components import data
 from components.predict import nvjpeg
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _gather, _remove_stale_shards,
-                                       read_marker, shard_paths)
+                                       claim_output, digest_of)
 from components.predict.prefetch import Prefetcher
 from components.predict.sources import _is_remote, iter_chunks, resolve_source
 
@@ -76,14 +76,19 @@ def auto_batch_size(image_shape: list[int], budget_bytes: int = 128 << 20) -> in
 def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | None = None, top_k: int = 3,
             chunk_size: int = 10_000, workers: int | None = None, print_first: int = 1000,
             combine_max: int = 1_000_000, classifier: data.Classifier | None = None,
-            gpu_decode: bool = True) -> PredictResult:
+            gpu_decode: bool = True, overwrite: bool = False) -> PredictResult:
     """Predicts every image of `source` into `output_dir`; see the package docstring for sources and layout.
-    `gpu_decode`: decode JPEGs on the GPU where torchvision can (components/predict/nvjpeg.py), said in the log."""
+    `gpu_decode`: decode JPEGs on the GPU where torchvision can (components/predict/nvjpeg.py), said in the log.
+    `overwrite`: replace what `output_dir` holds from another model or other options, instead of refusing.
+    A `classifier` handed in is the model of `model_dir`, or, without one, carries its own `digest`."""
     if (batch_size is not None and batch_size < 1) or chunk_size < 1 or top_k < 1:
         raise ValueError("batch_size, chunk_size and top_k must be >= 1")
     start = time.monotonic()
     where = resolve_source(source)
     classifier = classifier or data.load_classifier(model_dir)
+    digest = digest_of(model_dir) if model_dir else classifier.digest
+    if not digest:
+        raise ValueError("predict needs the model's directory (for its digest) or a classifier that carries one")
     batch_size = batch_size or auto_batch_size(classifier.image_shape)
     names = list(classifier.class_names)
     top_k = min(top_k, len(names))
@@ -100,10 +105,15 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
         if gpu_jpeg is not None:
             log.info("predict: decoding JPEGs on the GPU with %s (the readers' rule to within a few levels; "
                      "gpu_decode=False for the CPU's exact pixels)", gpu_jpeg.description)
+        # Everything besides the inputs that changes a row: the rows of a rerun that differs here are another
+        # answer, which must neither be mixed with these nor silently replace them (output.claim_output).
+        settings = {"model": digest, "top_k": top_k, "image_shape": list(classifier.image_shape),
+                    "jpeg_decoder": "nvjpeg" if gpu_jpeg is not None else "cpu"}
+        markers = claim_output(output_dir, settings, overwrite=overwrite)
         decoder = Decoder(classifier.image_shape, pool, raw_ok=where.kind == "tfrecord", gpu_jpeg=gpu_jpeg)
-        for chunk in iter_chunks(where, chunk_size, exclude=output_dir):
+        for chunk in iter_chunks(where, chunk_size, exclude=output_dir, settings=settings):
             chunks += 1
-            marker = read_marker(shard_paths(output_dir, chunk.index)["marker"])
+            marker = markers.get(chunk.index)
             if marker and marker.get("fingerprint") == chunk.fingerprint:
                 skipped += 1
                 for key in totals:
@@ -125,7 +135,8 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
                 reads.close()
                 writer.close()
             inputs = writer.count + writer.errors
-            writer.commit({"chunk": chunk.index, "fingerprint": chunk.fingerprint, "inputs": inputs,
+            writer.commit({"chunk": chunk.index, "fingerprint": chunk.fingerprint, "settings": settings,
+                           "inputs": inputs,
                            "first": chunk.uris[0] if chunk.uris else chunk.shard,
                            "last": chunk.uris[-1] if chunk.uris else chunk.shard})
             totals["count"] += writer.count

@@ -8,11 +8,13 @@ import dataclasses
 import json
 import os
 import re
+import tempfile
 
 import numpy as np
 
 from components import data
 from components.predict.sources import Source, _exists, _is_remote
+from components.registry.identity import model_digest
 
 SHARDS = "shards"
 
@@ -151,6 +153,72 @@ def read_marker(path: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def digest_of(model_dir: str) -> str:
+    """The model's content digest (components/registry/identity.py: what the registry records for a version);
+    a gs:// model directory is read through a local copy."""
+    if not _is_remote(model_dir):
+        return model_digest(model_dir)
+    files = data.gfile()
+    if not files.isdir(model_dir):
+        raise FileNotFoundError(f"Model directory not found: {model_dir}")
+    with tempfile.TemporaryDirectory(prefix="model-") as local_copy:
+        for directory, _, names in files.walk(model_dir):
+            relative = directory[len(model_dir.rstrip("/")):].strip("/")
+            os.makedirs(os.path.join(local_copy, relative), exist_ok=True)
+            for name in names:
+                files.copy(data.join(directory, name), os.path.join(local_copy, relative, name), overwrite=True)
+        return model_digest(local_copy)
+
+
+COMBINED = ("predictions.jsonl", "predictions.csv", "errors.jsonl", "summary.json")
+
+
+def _difference(earlier: dict | None, settings: dict) -> str:
+    if not earlier:
+        return "made before predictions recorded their model and options"
+    changed = []
+    for key in sorted(set(earlier) | set(settings)):
+        there, here = earlier.get(key), settings.get(key)
+        if there != here:
+            shown = [str(v)[:19] + "..." if isinstance(v, str) and len(v) > 22 else v for v in (there, here)]
+            changed.append(f"{key} {shown[0]} there, {shown[1]} here")
+    return "; ".join(changed)
+
+
+def claim_output(output_dir: str, settings: dict, *, overwrite: bool = False) -> dict[int, dict]:
+    """The markers of the chunks already in `output_dir`, by chunk index, once it is known that they were made by
+    the same model with the same options (`settings`, as each marker records them).
+
+    Earlier predictions of another model, or with other options (top_k, the image size, the JPEG decoder), are
+    never kept beside new ones nor replaced silently: the folder is refused in one line that says how to go on.
+    With `overwrite` they are removed first (their shards and markers, and the combined files), so that an
+    interrupted overwrite leaves no mixture either; chunks of the same model and options are still kept."""
+    markers = {}
+    for path in data.gfile().glob(data.join(output_dir, SHARDS, "chunk-*.json")):
+        marker = read_marker(path)
+        if marker is not None:
+            markers[int(re.search(r"chunk-(\d+)\.json$", path).group(1))] = marker
+    others = sorted(index for index, marker in markers.items() if marker.get("settings") != settings)
+    if not others:
+        return markers
+    if not overwrite:
+        raise PredictionsExist(
+            f"{output_dir} already holds predictions of another model or other options "
+            f"({_difference(markers[others[0]].get('settings'), settings)}): predict into a new output folder, or "
+            "pass --overwrite to replace them")
+    for name in COMBINED:
+        _remove(data.join(output_dir, name))
+    for index in others:
+        for path in shard_paths(output_dir, index).values():
+            _remove(path)
+        del markers[index]
+    return markers
+
+
+class PredictionsExist(data.DataError):
+    """The output folder holds predictions that this run would mix with its own or replace."""
 
 
 def _remove_stale_shards(output_dir: str, chunks: int) -> None:

@@ -216,13 +216,23 @@ class Chunk:
         return self.shard or (f"{self.uris[0]} .. {self.uris[-1]}" if self.uris else "")
 
 
-def iter_chunks(source: Source, chunk_size: int, exclude: str | None = None) -> Iterator[Chunk]:
+def settings_key(settings: dict) -> str:
+    """What a chunk's rows depend on besides its inputs (the model's digest, top_k, the image size, the JPEG
+    decoder), as canonical JSON: part of every chunk's fingerprint."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def iter_chunks(source: Source, chunk_size: int, exclude: str | None = None,
+                settings: dict | None = None) -> Iterator[Chunk]:
+    """The chunks of `source`; each one's fingerprint covers its inputs and `settings` (see `settings_key`), so a
+    finished chunk is only ever kept for a rerun with the same inputs, model and options."""
+    prefix = settings_key(settings or {}) + "\0"
     if source.kind == "tfrecord":
         for index, shard in enumerate(tfrecord_shards(source)):
             stat = data.gfile().stat(shard)
-            key = f"{shard}\0{stat.length}\0{stat.mtime_nsec}"
+            key = f"{prefix}{shard}\0{stat.length}\0{stat.mtime_nsec}"
             yield Chunk(index, "sha256:" + hashlib.sha256(key.encode()).hexdigest(), shard=shard)
         return
     for index, uris in enumerate(data.batched(iter_uris(source, exclude), chunk_size)):
-        digest = hashlib.sha256("\n".join(uris).encode()).hexdigest()
+        digest = hashlib.sha256((prefix + "\n".join(uris)).encode()).hexdigest()
         yield Chunk(index, "sha256:" + digest, uris=uris)

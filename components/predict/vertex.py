@@ -15,7 +15,7 @@ import numpy as np
 from components import data, gcp
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _copy_lines, _gather,
-                                       _remove_stale_shards, _rename, shard_paths)
+                                       _remove_stale_shards, _rename, claim_output, digest_of, shard_paths)
 from components.predict.sources import _is_remote, iter_chunks, resolve_source
 
 log = logging.getLogger(__name__)
@@ -164,12 +164,13 @@ def _error_stats(paths: list[str]) -> list[tuple[str, int | None]]:
 
 
 def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list[str], *, sent_keys: list[str],
-                            top_k: int = 3, batch_size: int = 1024) -> dict:
+                            top_k: int = 3, batch_size: int = 1024, settings: dict | None = None) -> dict:
     """Writes this module's outputs (shards, errors) from a job's output files (see RESULT_FILES): predictions
     from the results files, whose lines are `{"key": URI, "prediction": probabilities}`, errors from an `"error"`
     in them or in the per-instance error files, and every key of `sent_keys` (the instances sent) that came back
     in neither as an error too, with the job's error summary (`prediction.errors_stats-*`) as its reason. So every
-    instance sent is counted once, as a prediction or as an error; none is dropped."""
+    instance sent is counted once, as a prediction or as an error; none is dropped. Each chunk's marker records
+    `settings` (what the rows depend on besides the inputs: output.claim_output)."""
     results, error_files = _files(results_dir, RESULT_FILES), _files(results_dir, ERROR_FILES)
     stats = _error_stats(_files(results_dir, ERROR_STATS_FILES))
     if not (results or error_files or stats):
@@ -208,7 +209,7 @@ def read_vertex_predictions(results_dir: str, output_dir: str, class_names: list
         flush()
         for key, reason in extra():
             writer.error(key, reason)
-        writer.commit({"chunk": totals["chunks"], "fingerprint": f"vertex:{label}",
+        writer.commit({"chunk": totals["chunks"], "fingerprint": f"vertex:{label}", "settings": settings,
                        "inputs": writer.count + writer.errors})
         for name, value in (("count", writer.count), ("errors", writer.errors),
                             ("inputs", writer.count + writer.errors)):
@@ -248,7 +249,7 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
                          staging_uri: str, storage_root: str | None = None, top_k: int = 3,
                          machine_type: str = "n1-standard-4", accelerator_type: str = "", accelerator_count: int = 0,
                          replicas: int = 1, max_replicas: int = 1, poll_seconds: float = 30.0,
-                         timeout_seconds: float = 24 * 3600, sleep=None) -> PredictResult:
+                         timeout_seconds: float = 24 * 3600, sleep=None, overwrite: bool = False) -> PredictResult:
     """Batch prediction on Vertex AI for a model registered there, with the same inputs and outputs as `predict`.
 
     The instances file is built here from the inputs (`staging_uri/instances.jsonl`, a gs:// location the job
@@ -267,6 +268,13 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
 
     classifier_info = data.load_classifier(model_dir)
     input_name = serving_input_name(model_dir)
+    top_k = min(top_k, len(classifier_info.class_names))
+    # What the rows depend on besides the inputs (as for local prediction): a folder holding another model's
+    # predictions, or other options', is refused before a job is paid for; the job's output then replaces all
+    # chunks of the same model and options.
+    settings = {"model": digest_of(model_dir), "top_k": top_k, "image_shape": list(classifier_info.image_shape),
+                "vertex_model": vertex_model}
+    claim_output(output_dir, settings, overwrite=overwrite)
     staging_uri = staging_uri.rstrip("/")
     instances_uri = f"{staging_uri}/instances.jsonl"
     data.gfile().makedirs(local(staging_uri))
@@ -284,7 +292,8 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
                                accelerator_count=accelerator_count, replicas=replicas, max_replicas=max_replicas,
                                poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, sleep=sleep)
     totals = read_vertex_predictions(local(job.output_info.gcs_output_directory), output_dir,
-                                     classifier_info.class_names, sent_keys=built["keys"], top_k=top_k)
+                                     classifier_info.class_names, sent_keys=built["keys"], top_k=top_k,
+                                     settings=settings)
     stats = job.completion_stats
     log.info("predict: the job predicted %d instances, %d failed (%d of them came back only as a count); %d "
              "not finished", stats.successful_count, stats.failed_count, totals["missing"], stats.incomplete_count)

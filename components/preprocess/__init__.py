@@ -15,12 +15,15 @@ Every image is decoded, converted to grayscale or RGB and resized (see `data.dec
 raw uint8 with its label and source uri. Decoding runs in parallel (processes for local files, threads for
 remote ones, whose cost is waiting on the network) with a bounded number of images in flight; listings are
 streamed, so memory does not grow with the number of images (except 12 bytes per image for duplicate
-detection).
+detection and 8 for near-duplicates).
 
 Splits are deterministic: an image's split is fixed by a hash of its bytes (the file's bytes, or the raw
 pixels of idx/tfds sources), so the same input gives the same split on any machine, in any order and at any
 target size, and identical images never straddle two splits. Where the source has its own test split, it
 stays the test split and training copies of test images are dropped (leakage). Duplicates are kept once.
+Near-copies (equal perceptual keys, `images.near_keys`) are split as one group, by the group's lowest content
+key (`per_image.near_group_key`); the manifest's `near_duplicates`, the card and the console say how many, and
+warn where a group still straddles test and training (the source's own test split).
 
 Unusable inputs (unreadable, empty, not an image, corrupt or truncated, unsupported format or mode, too
 large, duplicates) are listed in `rejected.jsonl` with their reason and counted per reason; nothing is

@@ -11,6 +11,8 @@ The graph (`build_graph`):
          test inputs are numbered first)
       -> GroupByKey(label) of the kept content keys -> each class's cuts (per_image.split_cuts), a side input
          -> each kept input's split (per_image.assign_split), and the split named in its duplicates' rejections
+         (near-copies, kept inputs with one near key, are split by their group's key: GroupByKey(near key) ->
+         per_image.near_group_key, a side input of the cuts and of the split assignment)
       -> per split: WriteToTFRecord(SPLIT/SPLIT-SSSSS-of-NNNNN.tfrecord), the shard count fixed up front
       -> small side outputs under a work folder: counts per split and class, bytes, encodings, the pixel
          histogram of the train split, the first training images per class (samples), the rejects.
@@ -71,7 +73,8 @@ def _decode(line: str, settings: BeamSettings):
     stored = ex.image.tobytes() if ex.stored is None else ex.stored
     source = (ex.source_size, ex.source_bytes, ex.reencoded) if ex.source_size else None
     histogram = image_histogram(ex.image, settings.channels) if ex.histogram is None else ex.histogram
-    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, histogram, source)
+    near = ex.near_key if ex.near_key is not None else data.near_key(ex.image)
+    yield ex.key, (ordinal, uri, label, split, stored, ex.encoding, histogram, source, near)
 
 
 def _dedup(keyed):
@@ -95,17 +98,39 @@ def _class_cuts(keyed, settings: BeamSettings):
     return label, cuts.get(label, per_image.NO_CUTS)
 
 
-def _assign(kept, cuts: dict):
+def _group_keys(keyed):
+    """A near key's kept content keys -> (content key, the group's split key) for each member of a group of two
+    or more whose split key is not its own (per_image.near_group_key)."""
+    _, keys = keyed
+    keys = list(keys)
+    if len(keys) < 2:
+        return
+    group_key = per_image.near_group_key(keys)
+    for key in keys:
+        if key != group_key:
+            yield key, group_key
+
+
+def _near_summary(keyed):
+    """A near key's kept inputs' splits -> the group's counts (per_image.near_group_summary), for two or more."""
+    _, splits = keyed
+    splits = sorted(splits)
+    if len(splits) > 1:
+        yield per_image.near_group_summary(splits)
+
+
+def _assign(kept, cuts: dict, group_keys: dict):
     """A kept input, its split fixed -> (split, ordinal, label, record, stored, encoding, histogram, source file's
-    (size, bytes, why re-encoded) or None)."""
-    key, (ordinal, uri, label, source_split, stored, encoding, histogram, source) = kept
-    split = per_image.assign_split(key, source_split, cuts.get(label, per_image.NO_CUTS))
-    return split, ordinal, label, data.encode_example(stored, label, uri), stored, encoding, histogram, source
+    (size, bytes, why re-encoded) or None, near key)."""
+    key, (ordinal, uri, label, source_split, stored, encoding, histogram, source, near) = kept
+    split = per_image.assign_split(group_keys.get(key, key), source_split, cuts.get(label, per_image.NO_CUTS))
+    return split, ordinal, label, data.encode_example(stored, label, uri), stored, encoding, histogram, source, near
 
 
-def _duplicate_row(duplicate, cuts: dict, settings: BeamSettings):
+def _duplicate_row(duplicate, cuts: dict, group_keys: dict, settings: BeamSettings):
     ordinal, uri, label, kept_key, kept_label, kept_source_split = duplicate
-    kept_split = per_image.assign_split(kept_key, kept_source_split, cuts.get(kept_label, per_image.NO_CUTS))
+    kept_split = per_image.assign_split(group_keys.get(kept_key, kept_key), kept_source_split,
+                                        cuts.get(kept_label, per_image.NO_CUTS))
     reason, detail = per_image.duplicate_rejection(label, kept_label, kept_split, settings.class_names)
     return ordinal, label, per_image.rejected_row(uri, reason, detail)
 
@@ -129,12 +154,28 @@ def build_graph(pipeline, *, inputs_path: str, output_dir: str, work_dir: str, s
     deduped = (decoded.kept
                | "Group by content" >> beam.GroupByKey()
                | "Keep first of each content" >> beam.FlatMap(_dedup).with_outputs("duplicates", main="kept"))
+    # Near-copies are split by their group's key (per_image.near_group_key): a side input of the members whose
+    # split key is not their own (a dict on each worker, two ints per such image)
+    group_keys = beam.pvalue.AsDict(deduped.kept
+                                    | "Near: keys" >> beam.Map(lambda kept: (kept[1][8], kept[0]))
+                                    | "Near: group" >> beam.GroupByKey()
+                                    | "Near: group keys" >> beam.FlatMap(_group_keys))
     cuts = beam.pvalue.AsDict(deduped.kept
-                              | "Cuts: keys by class" >> beam.Map(lambda kept: (kept[1][2], (kept[0], kept[1][3])))
+                              | "Cuts: keys by class" >> beam.Map(
+                                  lambda kept, groups: (kept[1][2], (groups.get(kept[0], kept[0]), kept[1][3])),
+                                  group_keys)
                               | "Cuts: group" >> beam.GroupByKey()
                               | "Cuts: per class" >> beam.Map(_class_cuts, settings))
-    kept = deduped.kept | "Assign splits" >> beam.Map(_assign, cuts)
-    duplicates = deduped.duplicates | "Duplicates: rejections" >> beam.Map(_duplicate_row, cuts, settings)
+    kept = deduped.kept | "Assign splits" >> beam.Map(_assign, cuts, group_keys)
+    duplicates = (deduped.duplicates
+                  | "Duplicates: rejections" >> beam.Map(_duplicate_row, cuts, group_keys, settings))
+    near_counts = (kept | "Near: splits" >> beam.Map(lambda k: (k[8], k[0]))
+                   | "Near: by group" >> beam.GroupByKey()
+                   | "Near: group counts" >> beam.FlatMap(_near_summary)
+                   | "Near: sum" >> beam.CombineGlobally(
+                       lambda rows: [sum(column) for column in zip(*rows)] or [0] * len(per_image.NEAR_GROUP_FIELDS))
+                   | "Near: row" >> beam.Map(lambda row: dict(zip(per_image.NEAR_GROUP_FIELDS, row))))
+    _write_json_lines(near_counts, data.join(work_dir, "near.jsonl"), "Near")
     for split in data.SPLITS:
         (kept | f"{split}: select" >> beam.Filter(lambda k, s=split: k[0] == s)
          | f"{split}: records" >> beam.Map(lambda k: k[3])
@@ -257,6 +298,8 @@ def gather(output_dir: str, work_dir: str, shards: dict[str, int], class_names: 
         tally.pixel_stats.histogram += np.asarray(pixels[0]["histogram"], np.int64)
     for row in _read_lines(data.join(work_dir, "sources.jsonl")):
         tally.source_files = SourceStats.from_row(row["row"])
+    for row in _read_lines(data.join(work_dir, "near.jsonl")):
+        tally.near_duplicates.update(row)
     shape = [settings.image_size, settings.image_size, channels]
     for row in _read_lines(data.join(work_dir, "samples.jsonl")):
         tally.samples[row["label"]] = [per_image.stored_pixels(base64.b64decode(stored), encoding, shape)

@@ -209,6 +209,8 @@ class Tally:
     samples: list = dataclasses.field(default_factory=list)  # per class (up to CARD_MAX_CLASSES): pixel arrays
     pixel_stats: PixelStats | None = None
     source_files: SourceStats = dataclasses.field(default_factory=SourceStats)  # source records only
+    # groups of near-copies put in one split (per_image.NEAR_GROUP_FIELDS -> count)
+    near_duplicates: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def __post_init__(self):
         self.pixel_stats = self.pixel_stats or PixelStats(self.channels)

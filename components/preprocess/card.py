@@ -63,6 +63,12 @@ def dataset_card(dataset_dir: str, *, rejected_examples: int = 20) -> str:
     out.append("<tr><th>total</th>" + "".join(f"<th>{s['count']}</th>" for s in splits.values()) + "</tr>")
     out.append("<tr><td>shards</td>" + "".join(f"<td>{s['num_shards']}</td>" for s in splits.values())
                + "</tr></table>")
+    near = manifest.get("near_duplicates")
+    if near:  # datasets written before near-copies were grouped have no such key
+        out.append(f"<h2>Near-duplicates</h2><p>{esc(near['line'][0].upper() + near['line'][1:])}. Grouped by "
+                   f"{esc(near['method'])}.</p>")
+        if near.get("warning"):
+            out.append(f"<p class='warning' style='color:#a00'><strong>Warning:</strong> {esc(near['warning'])}</p>")
     stats = manifest.get("pixel_stats") or {}
     if stats.get("mean"):
         labels = ["gray"] if channels == 1 else ["red", "green", "blue"]

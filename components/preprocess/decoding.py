@@ -44,7 +44,7 @@ def _batched(examples: list[Example], height: int, width: int, channels: int) ->
     good = [e.image for e in examples if e.image is not None]
     images = np.stack(good) if good else np.zeros((0, height, width, channels), np.uint8)
     return [(e.uri, e.label, e.split, e.key, e.reason, e.detail, e.stored, e.encoding,
-             (e.source_size, e.source_bytes, e.reencoded, e.histogram)) for e in examples], images
+             (e.source_size, e.source_bytes, e.reencoded, e.histogram, e.near_key)) for e in examples], images
 
 
 def _share_for_tensorflow(sample: list[Item], height: int, width: int, channels: int) -> float:
@@ -190,10 +190,13 @@ class TensorFlowDecoder:
             key = per_image.content_key
             for (position, raw), image in zip(files, images):
                 item = items[position]
-                # an exact file is its own stored form (per_image.stored_form); raw records store the pixels
+                # an exact file is its own stored form (per_image.stored_form); raw records store the pixels. A
+                # source record's near-duplicate key is the one decode_source gives it (from its check decode)
                 examples[position] = Example(item.uri, item.label, item.split, key(raw), image,
                                              stored=None if encoding == data.RAW else raw, encoding=encoding,
-                                             source_size=source_size, source_bytes=len(raw))
+                                             source_size=source_size, source_bytes=len(raw),
+                                             near_key=None if source_size is None else
+                                             data.source_near_key(raw, channels))
         return examples
 
 
@@ -201,15 +204,16 @@ def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
     rows, images = decoded
     next_image = 0
     for uri, label, split, key, reason, detail, stored, encoding, (source_size, source_bytes, reencoded,
-                                                                   histogram) in rows:
+                                                                   histogram, near_key) in rows:
         if reason:
             yield Example(uri, label, split, key, None, reason, detail)
         elif histogram is not None:  # a source record: no pixels travel
             yield Example(uri, label, split, key, None, stored=stored, encoding=encoding, source_size=source_size,
-                          source_bytes=source_bytes, reencoded=reencoded, histogram=histogram)
+                          source_bytes=source_bytes, reencoded=reencoded, histogram=histogram, near_key=near_key)
         else:
             yield Example(uri, label, split, key, images[next_image], stored=stored, encoding=encoding,
-                          source_size=source_size, source_bytes=source_bytes, reencoded=reencoded)
+                          source_size=source_size, source_bytes=source_bytes, reencoded=reencoded,
+                          near_key=near_key)
             next_image += 1
 
 

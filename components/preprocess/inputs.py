@@ -32,6 +32,9 @@ class Example:
     # A kept source record's pixel-statistics share (images.sampled_histogram), counted where it was decoded: its
     # pixels are not carried (a 224x224 RGB array per photo to copy, stack and count in the main process)
     histogram: np.ndarray | None = None
+    # The near-duplicate key (images.near_keys) where it was taken at decoding (source records, whose pixels do
+    # not travel); None: the runner takes it from `image`
+    near_key: int | None = None
 
     @property
     def kept(self) -> bool:

@@ -116,7 +116,7 @@ def decode_contents(item: Item, raw: bytes, height: int, width: int, channels: i
     return Example(item.uri, item.label, item.split, content_key(raw),
                    stored=raw if source.reencoded is None else source.reencoded, encoding=data.SOURCE,
                    source_size=source.source_size, source_bytes=len(raw), reencoded=source.why,
-                   histogram=source.histogram)
+                   histogram=source.histogram, near_key=source.near_key)
 
 
 def conform(image: np.ndarray, image_size: int, channels: int) -> np.ndarray:
@@ -193,6 +193,28 @@ def assign_split(key: int, source_split: str | None, cuts: tuple[int, int]) -> s
     if source_split != "train" and key < test_below:
         return "test"
     return "train"
+
+
+def near_group_key(keys: Iterable[int]) -> int:
+    """The split key of a group of near-copies (kept images with one `images.near_keys` key): the lowest of their
+    content keys, so that the group's place does not depend on input order. Every member is split by it instead
+    of its own content key (`split_cuts` and `assign_split` then see the group as one key, as many times as it
+    has images): a class's cuts keep their fractions of images, and the group lands in one split. An image with
+    no near-copy keeps its own content key, and its split stays what it was before groups existed, unless a
+    cut moved past it (the cuts are quantiles of all of the class's keys)."""
+    return min(keys)
+
+
+NEAR_GROUP_FIELDS = ("groups", "images", "test_groups_shared", "test_images_shared")
+
+
+def near_group_summary(splits: list[str]) -> tuple[int, ...]:
+    """One group's share of the manifest's `near_duplicates` counts (NEAR_GROUP_FIELDS), from its members'
+    splits: 1 group, its images, and whether it still straddles test and training (a source's own test split
+    stays test; near-copies labelled as different classes are cut by their own class's cuts) and with how many
+    test images."""
+    straddles = "test" in splits and any(split != "test" for split in splits)
+    return 1, len(splits), int(straddles), splits.count("test") if straddles else 0
 
 
 def duplicate_rejection(label: int, kept_label: int, kept_split: str, class_names: list[str]) -> tuple[str, str]:

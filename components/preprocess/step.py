@@ -44,6 +44,7 @@ class PreprocessResult:
     rejected: int
     rejected_by_reason: dict[str, int]
     seconds: float
+    near_duplicates: dict = dataclasses.field(default_factory=dict)  # the manifest's near_duplicates
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -116,14 +117,14 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
         splits, tally, seen, started = _run_local(src, output_dir, shards=shards, total=total,
                                                   image_shape=[image_size, image_size, channels], **fractions)
     counts = {s: splits[s]["count"] for s in data.SPLITS}
-    finish(source, src, output_dir, [image_size, image_size, channels], splits, tally)
+    manifest = finish(source, src, output_dir, [image_size, image_size, channels], splits, tally)
     seconds = time.monotonic() - start
     rejected = sum(tally.rejected_by_reason.values())
     log.info("preprocess: wrote %s (train %d, validation %d, test %d, rejected %d) in %.1fs (%.0f inputs/s "
              "after opening the source)", output_dir, counts["train"], counts["validation"], counts["test"], rejected,
              seconds, seen / max(time.monotonic() - started, 1e-9))
     return PreprocessResult(output_dir, src.class_names, [image_size, image_size, channels], counts, rejected,
-                            dict(tally.rejected_by_reason), seconds)
+                            dict(tally.rejected_by_reason), seconds, manifest["near_duplicates"])
 
 
 SPOOL_BATCH = 512  # kept images per pickle in _run_local's spool (16 when they are encoded files: photos)
@@ -178,6 +179,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
     tally = Tally(len(src.class_names), channels)
     seen_content = ContentIndex()  # content key -> index of the kept image
     kept_keys, kept_labels, kept_sources = array.array("Q"), array.array("i"), array.array("b")
+    kept_near = array.array("Q")  # near-duplicate keys, taken a spool batch at a time (one call per batch)
     source_splits = (None, "train", "test")
     source_codes = {split: code for code, split in enumerate(source_splits)}
     rejections: list[tuple] = []  # (uri, label, reason, detail), or (uri, label, None, index of the kept image)
@@ -190,6 +192,7 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
         spool = _Spool(os.path.join(spool_dir, "kept.pickle"))
         try:
             pending: list[tuple] = []
+            pending_near: list = []  # each kept image's near key, or its pixels to take it from
             pending_bytes = 0
             for ex in src.examples:
                 seen += 1
@@ -215,18 +218,26 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
                 pending.append((ex.uri, ex.label, ex.encoding, stored, raw,
                                 None if raw else (image_histogram(ex.image, channels) if ex.histogram is None
                                                   else ex.histogram).astype(np.uint32)))
+                pending_near.append(ex.near_key if ex.near_key is not None else ex.image)
                 pending_bytes += len(stored)
                 if len(pending) >= SPOOL_BATCH or (not raw and len(pending) >= 16):
+                    kept_near.extend(_near_keys(pending_near))
                     spool.add(pending, pending_bytes)
-                    pending, pending_bytes = [], 0
+                    pending, pending_near, pending_bytes = [], [], 0
             if pending:
+                kept_near.extend(_near_keys(pending_near))
                 spool.add(pending, pending_bytes)
         finally:
             spool.close()
-        cuts = per_image.split_cuts(zip(kept_labels, kept_keys, (source_splits[c] for c in kept_sources)),
+        # Near-copies are split as one: by their group's key (per_image.near_group_key)
+        split_keys, groups = _near_groups(kept_near, kept_keys)
+        cuts = per_image.split_cuts(zip(kept_labels, split_keys, (source_splits[c] for c in kept_sources)),
                                     validation_fraction, test_fraction)
         kept_splits = [per_image.assign_split(key, source_splits[code], cuts.get(label, per_image.NO_CUTS))
-                       for key, label, code in zip(kept_keys, kept_labels, kept_sources)]
+                       for key, label, code in zip(split_keys, kept_labels, kept_sources)]
+        for members in groups:
+            tally.near_duplicates.update(dict(zip(per_image.NEAR_GROUP_FIELDS, per_image.near_group_summary(
+                [kept_splits[i] for i in members]))))
         writers = {s: data.ShardWriter(output_dir, s, shards[s]) for s in data.SPLITS}
         train_pixels: list[bytes] = []  # raw pixels are counted 512 images at a time (one histogram)
         # The card's samples of encoded records are decoded beside the writing (up to 8 per class, a few ms each)
@@ -270,6 +281,40 @@ def _run_local(src, output_dir: str, *, shards: dict[str, int], image_shape: lis
     encoding = data.dataset_encoding(set().union(*(w.encodings for w in writers.values())))
     splits = {s: {**w.summary(), "encoding": encoding} for s, w in writers.items()}
     return splits, tally, seen, progress.start
+
+
+def _near_keys(pending: list) -> list[int]:
+    """The near keys of a spool batch: those taken at decoding as they are, the rest from their pixels in one
+    call per image shape (one call for 512 images costs a fraction of 512 calls for one)."""
+    keys: list = list(pending)
+    by_shape: dict[tuple, list[int]] = collections.defaultdict(list)
+    for index, item in enumerate(pending):
+        if isinstance(item, np.ndarray):
+            by_shape[item.shape].append(index)
+    for positions in by_shape.values():
+        for index, key in zip(positions, data.near_keys(np.stack([pending[i] for i in positions])).tolist()):
+            keys[index] = key
+    return keys
+
+
+def _near_groups(near: array.array, keys: array.array) -> tuple[array.array, list[list[int]]]:
+    """Each kept image's split key (its group's `per_image.near_group_key`; its own content key when no other
+    kept image shares its near key), and the groups of two or more as lists of kept-image indices."""
+    near_keys = np.frombuffer(near, np.uint64) if len(near) else np.zeros(0, np.uint64)
+    order = np.argsort(near_keys, kind="stable")
+    ordered = near_keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]])) if len(ordered) else \
+        np.zeros(0, np.int64)
+    sizes = np.diff(np.append(starts, len(ordered)))
+    split_keys = array.array("Q", keys)  # 8 bytes an image, as the content keys
+    groups = []
+    for start, size in zip(starts[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
+        members = order[start:start + size].tolist()
+        group_key = per_image.near_group_key(keys[i] for i in members)
+        for i in members:
+            split_keys[i] = group_key
+        groups.append(members)
+    return split_keys, groups
 
 
 def _pixels(stored: list[bytes], image_shape: list[int]) -> np.ndarray:
@@ -335,5 +380,31 @@ def finish(source: str, src, output_dir: str, image_shape: list[int], splits: di
     }
     if encoding == data.SOURCE:
         manifest["source_files"] = tally.source_files.to_json(per_image.max_side(image_shape[1]))
+    manifest["near_duplicates"] = near = near_duplicates_summary(tally.near_duplicates, counts["test"])
+    log.info("preprocess: %s", near["line"])
+    if near["test_groups_shared"]:
+        log.warning("preprocess: %s", near["warning"])
     data.write_json(data.join(output_dir, data.MANIFEST), manifest)
     return manifest
+
+
+NEAR_DUPLICATES_METHOD = ("a 64-bit key of a 9x9 grayscale thumbnail (1/16 margin left out): its horizontal and "
+                          "vertical brightness differences; images with equal keys are one group")
+
+
+def near_duplicates_summary(counts, test_images: int) -> dict:
+    """The manifest's `near_duplicates`: the groups of near-copies (per_image.NEAR_GROUP_FIELDS) with the console
+    line and, where test images still share a group with training images, the warning that the card, the run page
+    and the evaluation repeat, with the most those images can add to the test accuracy (all of them right only
+    because their copies were learnt)."""
+    near = {field: int(counts.get(field, 0)) for field in per_image.NEAR_GROUP_FIELDS}
+    line = (f"near-duplicates: {near['images']} images in {near['groups']} groups of near-copies, each group split "
+            "as one")
+    near.update(method=NEAR_DUPLICATES_METHOD, line=line, warning="")
+    if near["test_groups_shared"]:
+        share = 100 * near["test_images_shared"] / max(test_images, 1)
+        near["warning"] = (f"{near['test_images_shared']} of {test_images} test images ({share:.2g}%) have "
+                           f"near-copies in training or validation ({near['test_groups_shared']} groups not kept in "
+                           "one split: the source's own test split, or copies labelled as different classes): the "
+                           f"test accuracy may be overstated, by up to {share:.2g} points")
+    return near

@@ -2,7 +2,8 @@
 
 python -m tests.benchmarks [NAME ...]   (names: ingest, augment, train, predict, models, photos, portable_input,
                                          shards, ceilings, frameworks; default: all;
-                                         `accelerator` needs a GPU and runs only when named)
+                                         `accelerator` needs a GPU and runs only when named; `near_copies`,
+                                         three trainings, too)
 """
 
 import importlib
@@ -13,7 +14,7 @@ import time
 
 BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos", "portable_input", "shards", "ceilings",
               "frameworks")
-ON_REQUEST = ("accelerator",)
+ON_REQUEST = ("accelerator", "near_copies")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,11 @@ One run measures, on the same files and machine:
     of the same preprocessing on Beam's in-process runner;
   - the same on camera-sized JPEGs (480x480), where decoding at a reduced DCT scale pays off;
   - peak memory of a preprocess child process over 10k and 40k images (main process, and main plus its
-    decode workers): it must stay flat as the number of images grows.
+    decode workers): it must stay flat as the number of images grows;
+  - the cost of grouping near-copies (components/preprocess/step.py): preprocess with it against the same
+    preprocess with it taken out (each image split by its own bytes, as before), interleaved in the same run;
+    and its parts per image at a million images: the near keys of kept pixels, in the step's batches, and the
+    grouping of a million keys where every image has 12 near-copies.
 Timings on a shared machine are noisy: runs are interleaved and repeated (best of each is kept), and the
 ratios are what to compare.
 """
@@ -116,6 +120,55 @@ def decode_rate(root: str, workers: int, use_processes: bool, use_tensorflow: bo
     return count / (time.monotonic() - start)
 
 
+class without_near_grouping:
+    """Within it, the in-process runner splits each image by its own bytes, with no near keys and no groups, as
+    it did before near-copies were grouped: the baseline of the grouping's cost."""
+
+    def __enter__(self):
+        from components.preprocess import step
+
+        self.saved = step._near_keys, step._near_groups
+        step._near_keys = lambda pending: [0] * len(pending)
+        step._near_groups = lambda near, keys: (keys, [])
+
+    def __exit__(self, *exc):
+        from components.preprocess import step
+
+        step._near_keys, step._near_groups = self.saved
+
+
+def near_grouping_parts(images: int = 1_000_000, copies: int = 12) -> dict:
+    """Microseconds per image of the grouping's parts at `images` images: the near keys of 28x28 pixels in the
+    step's batches (SPOOL_BATCH; real Fashion-MNIST images, each used several times), and `_near_groups` over
+    `images` keys in groups of copies + 1 (the originals' content keys random)."""
+    import array
+
+    from components.preprocess import step
+
+    pixels = np.concatenate([data.read_idx(os.path.join(data.DEFAULT_SOURCE, f"{prefix}-images-idx3-ubyte.gz"))
+                             for prefix in ("train", "t10k")])[..., None]
+    batches = [list(pixels[i:i + step.SPOOL_BATCH]) for i in range(0, len(pixels), step.SPOOL_BATCH)]
+    start = time.monotonic()
+    hashed = 0
+    while hashed < images:
+        for batch in batches:
+            step._near_keys(batch)
+            hashed += len(batch)
+            if hashed >= images:
+                break
+    keys_us = (time.monotonic() - start) / hashed * 1e6
+    rng = np.random.default_rng(0)
+    groups = -(-images // (copies + 1))
+    near = array.array("Q", np.repeat(rng.integers(0, 2 ** 63, groups, dtype=np.int64).astype(np.uint64),
+                                      copies + 1)[:images].tobytes())
+    content = array.array("Q", rng.integers(0, 2 ** 63, images, dtype=np.int64).astype(np.uint64).tobytes())
+    start = time.monotonic()
+    _, found = step._near_groups(near, content)
+    grouping_us = (time.monotonic() - start) / images * 1e6
+    return {"images": images, "near_keys_us_per_image": round(keys_us, 2),
+            "grouping_us_per_image": round(grouping_us, 2), "groups": len(found)}
+
+
 def peak_memory(root: str, out: str, extra_args: list[str] = ()) -> dict:
     """Runs preprocess in a child process and samples the RSS of it and its decode workers every 20 ms."""
     import psutil
@@ -175,6 +228,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each; the best is reported")
     parser.add_argument("--photos", type=int, default=2000, help="480x480 JPEGs for the photo run (0: skip)")
     parser.add_argument("--workdir", help="where the PNG trees go (default: a temporary directory, removed)")
+    parser.add_argument("--near-images", type=int, default=1_000_000,
+                        help="images for the near-copy grouping's parts (default: %(default)s)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     workdir = args.workdir or tempfile.mkdtemp(prefix="ingest-bench-")
@@ -186,16 +241,21 @@ def main(argv: list[str] | None = None) -> dict:
         root = trees[args.images]
         # Interleaved repeats, best of each: other load on a shared machine comes and goes within a run.
         runs = {"baseline": [], "ours": [], "1 worker": [], f"{cpus} threads": [], f"{cpus} processes": [],
-                f"TensorFlow batches x{cpus}": []}
+                f"TensorFlow batches x{cpus}": [], "ours without near-copy grouping": []}
         for _ in range(args.repeats):
             runs["baseline"].append(baseline_rate(root))
             runs["ours"].append(preprocess_rate(root, os.path.join(workdir, "out"), workers=cpus))
+            with without_near_grouping():
+                runs["ours without near-copy grouping"].append(
+                    preprocess_rate(root, os.path.join(workdir, "out"), workers=cpus))
             runs["1 worker"].append((decode_rate(root, 1, False), 0))
             runs[f"{cpus} threads"].append((decode_rate(root, cpus, False), 0))
             runs[f"{cpus} processes"].append((decode_rate(root, cpus, True), 0))
             runs[f"TensorFlow batches x{cpus}"].append((decode_rate(root, cpus, False, True), 0))
         (baseline, baseline_count), (ours, ours_count) = max(runs["baseline"]), max(runs["ours"])
+        ungrouped = max(rate for rate, _ in runs.pop("ours without near-copy grouping"))
         decode = {name: max(rate for rate, _ in runs[name]) for name in list(runs)[2:]}
+        near_parts = near_grouping_parts(args.near_images)
         beam_rate, _ = preprocess_rate(root, os.path.join(workdir, "out-beam"), workers=cpus, runner="beam")
         memory = {n: peak_memory(trees[n], os.path.join(workdir, f"out{n}")) for n in memory_counts}
         photos = {}
@@ -214,6 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'baseline: image_dataset_from_directory x1':44} {baseline:10.0f} {1.0:11.2f}x   ({baseline_count} images)")
     print(f"{'ours: preprocess (decode+split+write shards)':44} {ours:10.0f} {ours / baseline:11.2f}x   "
           f"({ours_count} images)")
+    print(f"{'ours without near-copy grouping':44} {ungrouped:10.0f} {ungrouped / baseline:11.2f}x   "
+          f"(grouping: {1e6 / ours - 1e6 / ungrouped:+.1f} us per image, {100 * (ungrouped / ours - 1):+.1f}%)")
     for name, rate in decode.items():
         print(f"{'  decode only, ' + name:44} {rate:10.0f} {rate / baseline:11.2f}x")
     print(f"{'ours, Beam runner (in process, one run)':44} {beam_rate:10.0f} {beam_rate / baseline:11.2f}x")
@@ -222,12 +284,17 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'baseline: image_dataset_from_directory x1':44} {photos['baseline']:10.0f} {1.0:11.2f}x")
         print(f"{'ours: preprocess (decode+split+write shards)':44} {photos['ours']:10.0f} "
               f"{photos['ours'] / photos['baseline']:11.2f}x")
+    print(f"\nNear-copy grouping's parts at {near_parts['images']} images: near keys of 28x28 pixels "
+          f"{near_parts['near_keys_us_per_image']} us per image (in the step's batches, one core), grouping "
+          f"{near_parts['grouping_us_per_image']} us per image ({near_parts['groups']} groups of 13)")
     print("\nPeak memory of a preprocess process (RSS, MB)")
     growth = print_memory(memory, "images")
     return {"images": args.images, "cpus": cpus, "baseline_images_per_s": round(baseline, 1),
             "ours_images_per_s": round(ours, 1), "speedup": round(ours / baseline, 2),
             "decode_only_images_per_s": {k: round(v, 1) for k, v in decode.items()},
             "beam_runner_images_per_s": round(beam_rate, 1),
+            "without_near_grouping_images_per_s": round(ungrouped, 1),
+            "near_grouping_us_per_image": round(1e6 / ours - 1e6 / ungrouped, 2), "near_grouping_parts": near_parts,
             "peak_memory": {str(n): m for n, m in memory.items()}, "memory_growth_mb": round(growth, 1),
             "photos": {k: round(v, 1) for k, v in photos.items()}}
 
