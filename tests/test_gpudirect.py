@@ -2,7 +2,9 @@
 Trainer makes its JobSet from the TrainJob and its runtime, tests/standins/trainer.py) and of a JobSet carry what
 upstream's reference pods carry (tests/upstream/gpudirect/: container-engine-accelerators at network.CEA_COMMIT),
 the manifests validate against the vendored CRDs and the Kubernetes schema, and what cannot run is refused in one
-line before anything is created.
+line before anything is created. In the pipeline, the run's train_network reaches the cluster-job step's launcher
+(compiled YAML, the driver model's resolved inputs, `pipectl compile --explain`) and is refused by pipectl or the
+placement step where the compiled launcher cannot carry it.
 """
 
 import json
