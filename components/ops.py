@@ -90,20 +90,23 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict,
                  gpu_partition: str = "", gpu_sharing: str = "", max_shared_clients: int = 0,
-                 other_nodes: int = 0, created_by: str = "pod") -> NamedTuple(
+                 other_nodes: int = 0, created_by: str = "pod", network: str = "") -> NamedTuple(
         "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str, gpu_limit=str, shared_gpu=str):
     """Checks the run's GPU choice (a known GKE accelerator, a sane count, a MIG partition or GPU sharing that GKE
-    would schedule for pods that `created_by` (a train launcher) makes on `other_nodes` nodes besides the first)
+    would schedule for pods that `created_by` (a train launcher) makes on `other_nodes` nodes besides the first,
+    a GPUDirect `network` those pods can carry on those machines)
     and turns it into the training pod's node
     selector, tolerations (accelerator, Spot VMs, node pool, shared GPU) and GPU limit (a string, empty for none:
     the form the KFP driver reads), and what training is told of a shared GPU."""
     import collections
 
     from components.launch import SharedGpu, gpu_placement
+    from components.launch.network import check_network
 
     placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
                               node_pool=node_pool, shared=SharedGpu(gpu_partition, gpu_sharing, max_shared_clients),
                               workers=other_nodes, launcher=created_by)
+    check_network(network, placement, launcher=created_by, flag="--train-launcher")
     Placement = collections.namedtuple("Placement", ["node_selector", "tolerations", "vertex_accelerator",
                                                      "gpu_limit", "shared_gpu"])
     return Placement(placement.node_selector, placement.tolerations,
@@ -210,14 +213,15 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
                          tensorboard: Output[Artifact], network: str = "reference-cnn", pretrained: str = "none",
                          freeze_epochs: int = -1, fine_tune_layers: int = 0,
                          fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                         framework: str = "tensorflow", shared_gpu: str = "") -> float:
+                         framework: str = "tensorflow", shared_gpu: str = "", gpudirect: str = "") -> float:
     """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
     ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) or PyTorchJob
     (pytorchjob) running the training image with `framework` (torch: torchrun on every node), follows it, and
     deletes it when the run is cancelled. Each node requests `node_cpu`, `node_memory` and `node_gpus` GPUs (empty:
     none) and gets the node selector and tolerations set on this task (KFP passes them on instead of applying them
     to this pod). The job reads and writes the pipeline root directly (gs://); each node is told of a shared GPU
-    (`shared_gpu`) as the training pod is. Returns the job's training seconds.
+    (`shared_gpu`) as the training pod is. On a GPUDirect network (`gpudirect`: rdma, tcpxo; the launcher's
+    --network) the nodes also carry its interfaces, volumes and NCCL settings. Returns the job's training seconds.
     """
     import dataclasses
 
@@ -228,7 +232,8 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
     stepcli.setup_logging(force=True)
     where = LaunchSettings(launcher, image, workers=workers, kueue_queue=kueue_queue, namespace=namespace,
                            runtime=runtime, task_config=dataclasses.asdict(task_config),
-                           node_resources=node_resources(node_cpu, node_memory, node_gpus), framework=framework)
+                           node_resources=node_resources(node_cpu, node_memory, node_gpus), framework=framework,
+                           network=gpudirect)
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,

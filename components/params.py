@@ -163,6 +163,9 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
               "(empty: a whole GPU; one GPU, one node; mps with the jobset launcher only)."),
         Param("train_max_shared_clients", int, 0, "With train_gpu_sharing: the node pool's "
               "max-shared-clients-per-gpu (2-48).", _at_least(0)),
+        # The nodes' GPU NICs on A3 Ultra, A4 and A3 Mega (docs/multi-node-training.md): checked with the placement.
+        Param("train_network", str, "", "GPUDirect network of the training nodes: rdma (A3 Ultra, A4) or tcpxo "
+              "(A3 Mega) (empty: the pod network; all 8 GPUs a node, the trainjob or jobset launcher)."),
     ),
     # The network and its initial weights (components/train/models.py, pretrained.py, which check them together).
     *_used_by(

@@ -17,6 +17,7 @@ import tempfile
 import yaml
 
 from components import datadir, ops
+from components.launch.network import INTERFACES_ANNOTATION
 from pipelines import kfp_driver, kfp_launcher
 
 # Steps whose outputs another task's pod depends on: run here, with the run's parameters.
@@ -82,20 +83,46 @@ def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     sizes = node_resources(inputs.get("node_cpu", ""), inputs.get("node_memory", ""), inputs.get("node_gpus", "")) \
         if "node_cpu" in inputs else None
     launch = LaunchSettings(launcher, **common, runtime=inputs["runtime"], task_config=dataclasses.asdict(config),
-                            node_resources=sizes)
-    manifest = job_manifests(launcher, training_job(launch, command, run_id="RUN", task_name=pod.task),
-                             launch.namespace, runtime=launch.runtime)[-1]
-    return node_pods(manifest)
+                            node_resources=sizes, network=inputs.get("gpudirect", ""))
+    *runtimes, manifest = job_manifests(launcher, training_job(launch, command, run_id="RUN", task_name=pod.task),
+                                        launch.namespace, runtime=launch.runtime)
+    return node_pods(manifest, runtimes[0] if runtimes else None)
 
 
-def node_pods(manifest: dict) -> list[dict]:
+# The variables a GPUDirect network gives the node container (network.py's PodNetwork.env).
+NETWORK_ENV = ("LD_LIBRARY_PATH", "NCCL_LIB_DIR", "NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY")
+
+
+def node_network(template: dict, container: dict, env: list | None = None) -> dict:
+    """A node pod's GPUDirect fields (components/launch/network.py), from its template and its node container:
+    the networks' annotations, the volumes and where the node mounts them, the sidecars, and the network's
+    variables of `env` (the container's when None); {} on the pod network."""
+    annotations = template.get("metadata", {}).get("annotations", {})
+    if INTERFACES_ANNOTATION not in annotations:
+        return {}
+    spec = template.get("spec", {})
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    volumes = [{"name": v["name"], "from": (v.get("hostPath") or {}).get("path") or "emptyDir (memory)",
+                **({"mountPath": mounts[v["name"]]} if v["name"] in mounts else {})} for v in spec.get("volumes", [])]
+    sidecars = [{"name": c["name"], "image": c["image"]} for c in spec.get("initContainers", [])
+                if c.get("restartPolicy") == "Always"]
+    values = {e["name"]: e["value"] for e in (container.get("env", []) if env is None else env) if "value" in e}
+    # A multi-line annotation (the interfaces' JSON list, TCPXO's device list) is shown as the data it holds.
+    shown = {key: yaml.safe_load(value) if "\n" in value else value for key, value in annotations.items()}
+    return {"annotations": shown, "volumes": volumes, **({"sidecars": sidecars} if sidecars else {}),
+            "env": {name: values[name] for name in NETWORK_ENV if name in values}}
+
+
+def node_pods(manifest: dict, runtime: dict | None = None) -> list[dict]:
     """Each replica group's count, pod placement, image and command in a TrainJob, JobSet, TFJob or PyTorchJob
-    manifest."""
-    def placement(count: int, pod: dict) -> dict:
+    manifest, and a GPUDirect network's pod fields (a TrainJob's from its runtime patch, or from `runtime`, the
+    shipped ClusterTrainingRuntime it runs on, when that carries them)."""
+    def placement(count: int, pod: dict, network: dict | None = None) -> dict:
         container = pod["containers"][0] if pod.get("containers") else {}
         placed = {"replicas": count, "resources": container.get("resources", {}),
                   "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
                   "image": container.get("image"), "command": container.get("command")}
+        placed.update({"network": network} if network else {})
         return {**placed, "hostIPC": True} if pod.get("hostIPC") else placed
 
     spec = manifest["spec"]
@@ -104,16 +131,28 @@ def node_pods(manifest: dict) -> list[dict]:
         return [placement(r["replicas"], r["template"]["spec"]) for r in replicas.values()]
     if manifest["kind"] == "JobSet":
         return [placement(r["replicas"] * r["template"]["spec"].get("parallelism", 1),
-                          r["template"]["spec"]["template"]["spec"]) for r in spec["replicatedJobs"]]
+                          r["template"]["spec"]["template"]["spec"],
+                          node_network(r["template"]["spec"]["template"], r["template"]["spec"]["template"]["spec"]
+                                       ["containers"][0])) for r in spec["replicatedJobs"]]
     # TrainJob: the trainer's numNodes and resourcesPerNode, placed by the runtime patch of its pods.
-    pod = {}
+    pod_templates = []
     for patch in spec.get("runtimePatches", []):
         for rjob in patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", []):
-            pod.update(rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {}))
-    trainer = spec["trainer"]
-    return [{"replicas": trainer["numNodes"], "resources": trainer.get("resourcesPerNode", {}),
+            pod_templates.append(rjob.get("template", {}).get("spec", {}).get("template", {}))
+    pod = {}
+    for template in pod_templates:
+        pod.update(template.get("spec", {}))
+    if runtime is not None:  # the shipped runtime's own node pod comes first; the patches go over it
+        for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+            pod_templates.insert(0, rjob["template"]["spec"]["template"])
+    trainer, network = spec["trainer"], {}
+    for template in pod_templates:  # the node container's env is the trainer's (a patch may not set it)
+        containers = template.get("spec", {}).get("containers", [])
+        network = node_network(template, containers[0] if containers else {}, trainer.get("env", [])) or network
+    nodes = {"replicas": trainer["numNodes"], "resources": trainer.get("resourcesPerNode", {}),
              "nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"),
-             "image": trainer.get("image"), "command": trainer.get("command")}]
+             "image": trainer.get("image"), "command": trainer.get("command")}
+    return [{**nodes, "network": network} if network else nodes]
 
 
 # Where explain puts the run's artifacts: a gs:// pipeline root, as docs/data-by-reference.md sets up.

@@ -33,6 +33,7 @@ def step_vocabularies() -> dict[str, Vocabulary]:
     """The parameters whose vocabulary a step owns, from the step (imported when asked: they are not small)."""
     from components import augment
     from components.gcp.accelerators import ACCELERATORS
+    from components.launch.network import NETWORKS
     from components.launch.placement import SHARING_STRATEGIES
     from components.registry import REGISTRIES
     from components.train import models, pretrained, recipes
@@ -46,6 +47,9 @@ def step_vocabularies() -> dict[str, Vocabulary]:
         "pretrained": Vocabulary((pretrained.NONE, pretrained.IMAGENET), also="a weights file or a registered model"),
         "train_accelerator_type": Vocabulary(tuple(ACCELERATORS)),  # with the GPU count: components/launch/placement.py
         "train_gpu_sharing": Vocabulary(SHARING_STRATEGIES, also="empty for a whole GPU"),  # checked there too
+        "train_network": Vocabulary(NETWORKS, lambda value: None if value in ("", *NETWORKS) else
+                                    f"must be one of {', '.join(NETWORKS)}, or empty for the pod network "
+                                    f"(got {value!r})", also="empty for the pod network"),
         "registry": Vocabulary(REGISTRIES, params.one_of(REGISTRIES)),
     }
 
@@ -53,7 +57,8 @@ def step_vocabularies() -> dict[str, Vocabulary]:
 def problems(values: dict, *, launcher: str | None = None) -> list[str]:
     """Everything wrong with these values: the table's checks, the steps' own, and the checks across parameters
     (the network and its weights, Dataflow's settings, the training GPUs' placement) when theirs are all given.
-    `launcher`: the train launcher the pipeline was compiled with, where known (a shared GPU's checks need it)."""
+    `launcher`: the train launcher the pipeline was compiled with, where known (a shared GPU's checks and the
+    GPUDirect network's need it)."""
     found = params.problems(values, {name: v.check for name, v in step_vocabularies().items() if v.check})
     if {"model", "pretrained", "image_size", "channels", "freeze_epochs", "fine_tune_layers"} <= values.keys() \
             and not any(problem.startswith(("model ", "freeze_epochs ", "fine_tune_layers ")) for problem in found):
@@ -71,15 +76,22 @@ def problems(values: dict, *, launcher: str | None = None) -> list[str]:
         found += dataflow.parameter_problems({name: values.get(name, params.default(name)) for name in names})
     if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
         from components.gcp.accelerators import ACCELERATORS
+        from components.launch.network import NETWORKS, check_network
         from components.launch.placement import SharedGpu, gpu_placement
 
         shared = SharedGpu(values.get("train_gpu_partition", ""), values.get("train_gpu_sharing", ""),
                            values.get("train_max_shared_clients", 0))
+        network = values.get("train_network", "")
         try:
-            gpu_placement(values["train_accelerator_type"], values["train_gpu_count"], known_accelerators=ACCELERATORS,
-                          spot=values["train_spot"], node_pool=values["train_node_pool"], shared=shared,
-                          workers=training.placement_workers(launcher, values.get("train_workers", 0)),
-                          launcher=launcher)
+            placement = gpu_placement(values["train_accelerator_type"], values["train_gpu_count"],
+                                      known_accelerators=ACCELERATORS, spot=values["train_spot"],
+                                      node_pool=values["train_node_pool"], shared=shared,
+                                      workers=training.placement_workers(launcher, values.get("train_workers", 0)),
+                                      launcher=launcher)
+            # The nodes' network, where the launcher is known here (else the placement step checks it); a word
+            # outside the vocabulary was reported above.
+            if launcher is not None and network in NETWORKS:
+                check_network(network, placement, launcher=launcher, flag="--train-launcher")
         except ValueError as e:
             found.append(str(e))
     return found

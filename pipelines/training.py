@@ -174,6 +174,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         train_gpu_partition: str = params.default("train_gpu_partition"),
         train_gpu_sharing: str = params.default("train_gpu_sharing"),
         train_max_shared_clients: int = params.default("train_max_shared_clients"),
+        train_network: str = params.default("train_network"),
         min_accuracy: float = params.default("min_accuracy"),
         min_class_recall: float = params.default("min_class_recall"),
         tolerance: float = params.default("tolerance"),
@@ -219,7 +220,8 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                                      node_pool=train_node_pool, known_accelerators=config.ACCELERATORS,
                                      gpu_partition=train_gpu_partition, gpu_sharing=train_gpu_sharing,
                                      max_shared_clients=train_max_shared_clients,
-                                     other_nodes=placement_workers(launcher, train_workers), created_by=launcher)
+                                     other_nodes=placement_workers(launcher, train_workers), created_by=launcher,
+                                     network=train_network)
         on_cpu(placement.set_display_name("Check GPU choice"), settings, "0.5", "512M")
         images = choose_images(settings, framework)
 
@@ -245,7 +247,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 **training_inputs, launcher=settings.train_launcher, image=images["train"], workers=train_workers,
                 kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime,
                 node_cpu=TRAIN_NODE_CPU, node_memory=TRAIN_NODE_MEMORY, node_gpus=placement.outputs["gpu_limit"],
-                shared_gpu=placement.outputs["shared_gpu"])
+                shared_gpu=placement.outputs["shared_gpu"], gpudirect=train_network)
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
             place_training(train, placement, gpus_on_task=False)
         else:

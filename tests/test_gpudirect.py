@@ -2,7 +2,9 @@
 Trainer makes its JobSet from the TrainJob and its runtime, tests/standins/trainer.py) and of a JobSet carry what
 upstream's reference pods carry (tests/upstream/gpudirect/: container-engine-accelerators at network.CEA_COMMIT),
 the manifests validate against the vendored CRDs and the Kubernetes schema, and what cannot run is refused in one
-line before anything is created.
+line before anything is created. In the pipeline, the run's train_network reaches the cluster-job step's launcher
+(compiled YAML, the driver model's resolved inputs, `pipectl compile --explain`) and is refused by pipectl or the
+placement step where the compiled launcher cannot carry it.
 """
 
 import json
@@ -195,3 +197,137 @@ def test_the_gpudirect_machines_are_in_the_accelerator_table():
             assert launch.VERTEX_MACHINES[accelerator] == {8: {"nvidia-h200-141gb": "a3-ultragpu-8g",
                                                                "nvidia-b200": "a4-highgpu-8g",
                                                                "nvidia-h100-mega-80gb": "a3-megagpu-8g"}[accelerator]}
+
+
+# ---------------------------------------------------------------------------------------------- in the pipeline
+
+
+def compiled(tmp_path, launcher: str, target: str = "kfp") -> tuple[str, dict]:
+    from pipelines import config, training
+
+    path = training.compile_pipeline(str(tmp_path / "pipeline.yaml"),
+                                     config.PipelineSettings(train_launcher=launcher, target=target))
+    with open(path) as f:
+        return path, next(yaml.safe_load_all(f))
+
+
+def explained_nodes(path: str, parameters: dict) -> list[dict]:
+    from pipelines import explain
+
+    steps = {step["task"]: step for step in explain.explain(path, parameters)["steps"]}
+    return steps["train-cluster-job-op"]["nodes"]
+
+
+def test_train_network_reaches_the_cluster_launcher_and_the_placement_check(tmp_path):
+    path, spec = compiled(tmp_path, "trainjob")
+    assert spec["root"]["inputDefinitions"]["parameters"]["train_network"]["defaultValue"] == ""
+    tasks = spec["root"]["dag"]["tasks"]
+    # The launcher's --network (LaunchSettings.network) and the placement step's check take the run's value.
+    assert tasks["train-cluster-job-op"]["inputs"]["parameters"]["gpudirect"] == {
+        "componentInputParameter": "train_network"}
+    assert tasks["placement-op"]["inputs"]["parameters"]["network"] == {"componentInputParameter": "train_network"}
+    assert tasks["placement-op"]["inputs"]["parameters"]["created_by"]["runtimeValue"]["constant"] == "trainjob"
+    # What the driver resolves for the run is what the launcher's own code makes of it: 2 A3 Ultra nodes on RDMA.
+    [node] = explained_nodes(path, {"train_network": RDMA, "train_accelerator_type": "nvidia-h200-141gb",
+                                    "train_gpu_count": 8, "train_workers": 1, "framework": "torch"})
+    assert node["replicas"] == 2 and node["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert sourced(node["command"]) == network.RDMA_NCCL_ENV_SCRIPT
+    rdma = pod_network(RDMA)
+    assert [i["network"] for i in node["network"]["annotations"][network.INTERFACES_ANNOTATION]] == [
+        "default", *(f"rdma-{k}" for k in range(8))]
+    assert [v["name"] for v in node["network"]["volumes"]] == [v["name"] for v in rdma.volumes]
+    assert node["network"]["env"] == {"LD_LIBRARY_PATH": network.NVIDIA_LIB64} and "sidecars" not in node["network"]
+    # On the pod network the nodes carry none of it.
+    [plain] = explained_nodes(path, {"train_accelerator_type": "nvidia-h200-141gb", "train_gpu_count": 8})
+    assert "network" not in plain and plain["command"][:2] != ["/bin/bash", "-c"]
+
+
+@pytest.mark.parametrize("launcher", ["trainjob", "jobset"])
+def test_explain_shows_a_tcpxo_nodes_sidecar_devices_and_volumes(tmp_path, launcher):
+    """A TCPXO TrainJob's node pod fields come from its shipped runtime, a JobSet's from its own pod template."""
+    path, _ = compiled(tmp_path, launcher)
+    [node] = explained_nodes(path, {"train_network": TCPXO, "train_accelerator_type": "nvidia-h100-mega-80gb",
+                                    "train_gpu_count": 8, "train_workers": 1})
+    tcpxo = pod_network(TCPXO)
+    assert node["replicas"] == 2 and sourced(node["command"]) == network.TCPXO_NCCL_ENV_SCRIPT
+    assert node["network"]["sidecars"] == [{"name": network.TCPXO_DAEMON, "image": network.TCPXO_DAEMON_IMAGE}]
+    assert [d["path"] for d in node["network"]["annotations"][network.TCPXO_DEVICES_ANNOTATION]][:2] == [
+        "/dev/nvidia0", "/dev/nvidia1"]
+    assert {v["name"]: v.get("mountPath") for v in node["network"]["volumes"]} == {
+        v["name"]: {m["name"]: m["mountPath"] for m in tcpxo.mounts}.get(v["name"]) for v in tcpxo.volumes}
+    assert node["network"]["env"] == {e["name"]: e["value"] for e in tcpxo.env}
+
+
+PIPECTL_REFUSALS = [
+    ("pod", dict(train_accelerator_type="nvidia-h200-141gb"),
+     "GPUDirect RDMA: a pipeline step's own pod cannot carry the GPU NICs' networks and volumes; use "
+     "--train-launcher trainjob or jobset"),
+    ("tfjob", dict(train_accelerator_type="nvidia-h200-141gb"),
+     "GPUDirect RDMA: the tfjob launcher's pods cannot carry the GPU NICs' networks and volumes; use "
+     "--train-launcher trainjob or jobset"),
+    ("pytorchjob", dict(train_accelerator_type="nvidia-b200", framework="torch"),
+     "GPUDirect RDMA: the pytorchjob launcher's pods cannot carry the GPU NICs' networks and volumes; use "
+     "--train-launcher trainjob or jobset"),
+    ("vertex-job", dict(train_accelerator_type="nvidia-h200-141gb"),
+     "GPUDirect RDMA: the vertex-job launcher's pods cannot carry the GPU NICs' networks and volumes; use "
+     "--train-launcher trainjob or jobset"),
+    ("vertex", dict(train_accelerator_type="nvidia-h200-141gb"),
+     "GPUDirect RDMA: a pipeline step's pod on Vertex AI Pipelines cannot carry the GPU NICs' networks and "
+     "volumes; use a KFP backend on GKE (--target kfp) with --train-launcher trainjob or jobset"),
+    ("jobset", dict(train_accelerator_type="nvidia-h200-141gb", train_gpu_count=4),
+     "GPUDirect RDMA: each node takes all 8 GPUs of its A3 Ultra machine (and with them all its GPU NICs); got 4 "
+     "GPU(s) per node"),
+    ("trainjob", dict(train_network="roce"),
+     "train_network must be one of rdma, tcpxo, or empty for the pod network (got 'roce')"),
+]
+
+
+@pytest.mark.parametrize("launcher,given,message", PIPECTL_REFUSALS)
+def test_pipectl_refuses_a_network_the_compiled_launcher_cannot_carry_in_one_line(launcher, given, message):
+    from pipelines import parameters
+
+    values = {"train_network": RDMA, "train_gpu_count": 8, **given}
+    with pytest.raises(ValueError) as refused:
+        parameters.validate_parameters(dict(values), launcher=launcher)
+    assert str(refused.value) == f"Invalid pipeline parameters:\n  {message}"
+    assert "\n" not in message
+    # An uploaded pipeline's launcher is unknown to pipectl: its placement step refuses the same.
+    if launcher in ("pod", "tfjob", "vertex"):
+        assert parameters.validate_parameters(dict(values)) == values
+        from components import ops
+
+        with pytest.raises(ValueError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+            ops.placement_op.python_func(accelerator=values["train_accelerator_type"], gpus=8, spot=False,
+                                         node_pool="", known_accelerators=ACCELERATORS, created_by=launcher,
+                                         network=RDMA)
+
+
+def test_pipectl_run_local_refuses_before_anything_runs(tmp_path, capsys):
+    from pipelines import cli
+
+    output = tmp_path / "run"
+    assert cli.main(["run", "--local", "--output-dir", str(output), "--train-launcher", "pod", "--train-network",
+                     "rdma", "--train-accelerator-type", "nvidia-h200-141gb", "--train-gpu-count", "8"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "  GPUDirect RDMA: a pipeline step's own pod cannot carry the GPU NICs' networks and volumes; use "
+        "--train-launcher trainjob or jobset")
+    assert not output.exists()
+
+
+def test_the_train_step_hands_the_run_network_to_its_launcher(tmp_path):
+    """The cluster-job step's own code: the run's network reaches LaunchSettings, whose check refuses it on CPU
+    nodes before any cluster is asked."""
+    from kfp import dsl
+
+    from components import ops
+
+    artifacts = {name: kind(uri=f"gs://b/{name}") for name, kind in (
+        ("dataset", dsl.Dataset), ("augmented", dsl.Dataset), ("model", dsl.Model), ("metrics", dsl.Metrics),
+        ("tensorboard", dsl.Artifact))}
+    with pytest.raises(ValueError, match="^GPUDirect-TCPXO runs on A3 Mega .* not on CPU nodes$"):
+        ops.train_cluster_job_op.python_func(
+            **artifacts, recipe="fast", epochs=1, batch_size=0, learning_rate=0.0, checkpoint_root="",
+            pipeline_root="gs://b/root", run_id="run-1", task_name="train", launcher="jobset", image="img",
+            workers=1, kueue_queue="", namespace="ml", runtime=launch.RUNTIME_NAME, node_cpu="4", node_memory="16G",
+            node_gpus="", task_config=dsl.TaskConfig(node_selector={}, tolerations=[], resources={}),
+            gpudirect=TCPXO)

@@ -130,9 +130,15 @@ def pod_network(network: str) -> PodNetwork:
         env_script=TCPXO_NCCL_ENV_SCRIPT, sidecars=[daemon])
 
 
-def check_network(network: str, placement: Placement, *, launcher: str) -> None:
+# What creates the pods of a launcher that cannot carry a network, where "the {launcher} launcher's pods" would not
+# say it: a pipeline step's own pod (placement.py's "pod"), one on Vertex AI Pipelines ("vertex").
+POD_CREATORS = {"pod": "a pipeline step's own pod", "vertex": "a pipeline step's pod on Vertex AI Pipelines"}
+
+
+def check_network(network: str, placement: Placement, *, launcher: str, flag: str = "--launcher") -> None:
     """ValueError, in one line, for a GPUDirect choice the nodes cannot use: a launcher that cannot carry it, a
-    machine without that network, fewer than all 8 GPUs of a node."""
+    machine without that network, fewer than all 8 GPUs of a node. `flag`: the option that picks the launcher
+    where the caller reads it (pipectl's is --train-launcher)."""
     if not network:
         return
     if network not in NETWORKS:
@@ -140,8 +146,11 @@ def check_network(network: str, placement: Placement, *, launcher: str) -> None:
                          f"{network!r}")
     name = "GPUDirect RDMA" if network == RDMA else "GPUDirect-TCPXO"
     if launcher not in NETWORK_LAUNCHERS:
-        raise ValueError(f"{name}: the {launcher} launcher's pods cannot carry the GPU NICs' networks and volumes; "
-                         f"use --launcher {' or '.join(NETWORK_LAUNCHERS)}")
+        pods = POD_CREATORS.get(launcher, f"the {launcher} launcher's pods")
+        instead = f"{flag} {' or '.join(NETWORK_LAUNCHERS)}"
+        if launcher == "vertex":
+            instead = f"a KFP backend on GKE (--target kfp) with {instead}"
+        raise ValueError(f"{name}: {pods} cannot carry the GPU NICs' networks and volumes; use {instead}")
     wanted = NETWORK_ACCELERATORS[network]
     if placement.accelerator not in wanted:
         machines = " or ".join(f"{MACHINES[a]} ({a})" for a in wanted)
