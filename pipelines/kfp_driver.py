@@ -154,6 +154,9 @@ class TaskPod:
     labels: dict
     task_config: dict | None
     notes: list[str] = dataclasses.field(default_factory=list)
+    annotations: dict = dataclasses.field(default_factory=dict)
+    volumes: list | None = None
+    volume_mounts: list | None = None
     inputs: dict = dataclasses.field(default_factory=dict, repr=False)  # the task's resolved parameter inputs
 
     @property
@@ -376,6 +379,36 @@ def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str
     return result or None
 
 
+def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict) -> tuple[list, list] | None:
+    """driver/k8s.go:1111-1165 makeVolumeMountPatch at 2.17.0: each `pvcMount` of the task's Kubernetes config as a
+    volume mount (name: the claim, mountPath, subPath) and a PersistentVolumeClaim volume of that name, appended to
+    the pod (k8s.go:156-175); the claim's name comes from `pvcNameParameter`, else the deprecated `constant`,
+    `taskOutputParameter` or `componentInputParameter`. None when the task mounts none."""
+    if not config.get("pvcMount"):
+        return None
+    mounts, volumes = [], []
+    for mount in config["pvcMount"]:
+        if "pvcNameParameter" in mount:
+            param = mount["pvcNameParameter"]
+        elif mount.get("constant"):
+            param = {"runtimeValue": {"constant": mount["constant"]}}
+        elif "taskOutputParameter" in mount:
+            param = {"taskOutputParameter": mount["taskOutputParameter"]}
+        elif mount.get("componentInputParameter"):
+            param = {"componentInputParameter": mount["componentInputParameter"]}
+        else:
+            raise DriverError("failed to make podSpecPatch: volume mount: volume name not provided")
+        name = resolve_input(param, dag_inputs, task_outputs, "pvc name")
+        if isinstance(name, Unresolved):
+            name.need()
+        if not name or not mount.get("mountPath"):
+            raise DriverError("failed to mount volume, missing mountpath or pvc name")
+        mounts.append({"name": name, "mountPath": mount["mountPath"]} |
+                      ({"subPath": mount["subPath"]} if mount.get("subPath") else {}))
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": name}})
+    return mounts, volumes
+
+
 def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, dag_inputs: dict,
                  task_outputs: dict, release: str = PINNED_RELEASE) -> TaskPod:
     """The pod (and TaskConfig) the driver creates for one container task of a DAG whose inputs are `dag_inputs`."""
@@ -411,6 +444,9 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
         if not has(release, "task_config_passthrough"):
             task_config = {}
     labels = dict((config.get("podMetadata") or {}).get("labels") or {}) if has(release, "pod_labels") else {}
+    annotations = dict((config.get("podMetadata") or {}).get("annotations") or {}) \
+        if has(release, "pod_labels") else {}
+    mounted = pvc_mounts(config, dag_inputs, task_outputs) if "KUBERNETES_VOLUMES" in on_pod else None
     return TaskPod(
         task=task_name, display_name=task.get("taskInfo", {}).get("name", task_name),
         image=resolve_placeholder(container["image"], inputs, "image"),  # driver.go:449
@@ -419,7 +455,8 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
         tolerations=tolerated if "KUBERNETES_TOLERATIONS" in on_pod else None,  # k8s.go:296
         # compiler/argocompiler/container.go:744-787 extendPodMetadata, called at :590-592: the executor template's
         # pod metadata carries the labels (and annotations).
-        labels=labels,
+        labels=labels, annotations=annotations,  # the same extendPodMetadata (container.go:768-786)
+        volume_mounts=mounted[0] if mounted else None, volumes=mounted[1] if mounted else None,
         task_config=task_config, notes=notes, inputs=inputs)
 
 

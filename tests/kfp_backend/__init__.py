@@ -1,0 +1,242 @@
+"""Kubeflow Pipelines' own backend code on a compiled pipeline: the Go program under tests/kfp_backend/harness
+imports kubeflow/pipelines at a release's commit (its go.mod), compiles the YAML to the Argo Workflow the API server
+makes, and runs the real drivers over the workflow's DAG (harness/main.go says how). This module builds it (Go's
+module and build caches make a rebuild take seconds), runs it, puts its pods in the shape `pipectl compile --explain`
+prints, and lists where the two differ.
+
+`python -m tests.kfp_backend PIPELINE.yaml --release 2.17.0 --param train_gpu_count=2` prints both and the
+differences (docs/kfp-compatibility.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HARNESS = Path(__file__).parent / "harness"
+# The releases a harness module is built for: the release -> its go.mod (go.mod is the newest release's; the
+# others are `-modfile`s beside it, so one source tree serves each).
+RELEASES = {"2.17.0": "go.mod"}
+GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) runs Kubeflow Pipelines' backend in the tests"
+
+
+class GoMissing(RuntimeError):
+    """No Go toolchain here: the one line says what to install."""
+
+
+def go() -> str:
+    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    if not found:
+        raise GoMissing(GO_HINT)
+    return found
+
+
+def binary_path(release: str) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "kfp-backend-harness" / release / "kfp-backend"
+
+
+def build(release: str) -> Path:
+    """Build the harness for `release` (Go's caches make this seconds when nothing changed)."""
+    if release not in RELEASES:
+        raise ValueError(f"no harness for KFP {release}: built releases are {', '.join(RELEASES)}")
+    out = binary_path(release)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [go(), "build", "-o", str(out)]
+    if RELEASES[release] != "go.mod":
+        argv.append(f"-modfile={RELEASES[release]}")
+    argv.append(".")
+    done = subprocess.run(argv, cwd=HARNESS, capture_output=True, text=True, env=build_env())
+    if done.returncode:
+        raise RuntimeError(f"building the KFP {release} harness failed:\n{done.stderr[-4000:]}")
+    return out
+
+
+def build_env() -> dict:
+    """The environment of a harness build. Where the Go module proxy refuses kubeflow/pipelines (some mirrors
+    do), KFP_GIT names a local clone of github.com/kubeflow/pipelines to fetch those modules from instead; the
+    go.sum pins what they must hash to either way."""
+    env = dict(os.environ)
+    local = env.get("KFP_GIT")
+    if local:
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"url.{local}.insteadOf",
+                   GIT_CONFIG_VALUE_0="https://github.com/kubeflow/pipelines",
+                   GOPRIVATE="github.com/kubeflow/pipelines")
+    return env
+
+
+def run(package_path: str, parameters: dict, outputs: dict, release: str) -> dict:
+    """The harness's report for the compiled pipeline and these run parameters (tasks: pod, labels, executor
+    input, condition), with `outputs` as the fixed output parameters of the tasks others read."""
+    done = subprocess.run([str(build(release)), "--pipeline", package_path, "--params", json.dumps(parameters),
+                           "--outputs", json.dumps(outputs)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the KFP {release} harness failed: {done.stderr.strip()[-4000:]}")
+    return json.loads(done.stdout)
+
+
+def as_explained(report: dict) -> list[dict]:
+    """The real pods in the shape `pipectl compile --explain` prints its steps (pipelines/kfp_driver.TaskPod): what
+    the driver's patch puts on the executor template's pod. Volumes, mounts and env the template already has (the
+    launcher's scratch volumes, KFP_POD_NAME...) are every pod's and left out; `command` is the launcher's
+    command line after its `--` and the args, which is the step's own command line."""
+    steps = []
+    for task in report["tasks"]:
+        entry: dict = {"task": task["task"]}
+        if task.get("error"):
+            entry["fails"] = task["error"]
+        if task.get("skipped"):
+            entry["skipped"] = task["skipped"]
+        pod, template = task.get("pod"), task.get("template_pod") or {}
+        if pod:
+            main, base = pod["containers"][0], (template.get("containers") or [{}])[0]
+            command = main.get("command") or []
+            entry["image"] = main.get("image")
+            entry["resources"] = main.get("resources") or {}
+            entry["node_selector"] = pod.get("nodeSelector")
+            entry["tolerations"] = pod.get("tolerations")
+            entry["volumes"] = _added(pod.get("volumes"), template.get("volumes"))
+            entry["volume_mounts"] = _added(main.get("volumeMounts"), base.get("volumeMounts"))
+            entry["env"] = [e for e in _added(main.get("env"), base.get("env")) or []
+                            if not e["name"].startswith("KFP_")] or None  # the launcher's (KFP_RETRY_INDEX)
+            # the launcher runs what follows its `--`: the rest of its command, then the container's args
+            entry["command_line"] = (command[command.index("--") + 1:] if "--" in command else []) + \
+                (main.get("args") or [])
+        entry["labels"] = {k: v for k, v in (task.get("labels") or {}).items() if not _system(k)}
+        entry["annotations"] = {k: v for k, v in (task.get("annotations") or {}).items() if not _system(k)}
+        steps.append(entry)
+    return steps
+
+
+def _added(merged: list | None, base: list | None) -> list | None:
+    return [item for item in merged or [] if item not in (base or [])] or None
+
+
+def _system(key: str) -> bool:
+    """Labels and annotations KFP and Argo put on every pod, which a pipeline does not choose."""
+    return key.startswith(("pipelines.kubeflow.org/", "workflows.argoproj.io/", "sidecar.istio.io/",
+                           "pipeline/runid"))
+
+
+# The fields compared one by one: those pipelines/kfp_driver.py answers, and the step's command line.
+MODEL_FIELDS = ("image", "resources", "node_selector", "tolerations", "volumes", "volume_mounts", "env", "labels",
+                "annotations")
+
+
+def _norm(value):
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if v not in (None, {}, [])}
+    return value or None
+
+
+def differences(explained: dict, real: list[dict], spec: dict | None = None) -> list[str]:
+    """Where `pipectl compile --explain`'s steps and the real driver's pods differ, one line per field with both
+    sides; [] when they agree. With the compiled `spec`, each pod's command and args must also be its executor's
+    (the model passes them through unchanged)."""
+    diffs = []
+    model = {s["task"]: s for s in explained["steps"]}
+    seen = set()
+    for pod in real:
+        name = pod["task"]
+        seen.add(name)
+        if name not in model:
+            diffs.append(f"{name}: the real driver makes a pod; explain has no step")
+            continue
+        step = model[name]
+        if ("fails" in pod) != ("fails" in step):
+            diffs.append(f"{name}: fails: explain {step.get('fails')!r} / real {pod.get('fails')!r}")
+            continue
+        if "fails" in pod:
+            continue
+        for field in MODEL_FIELDS:
+            ours, theirs = _norm(step.get(field)), _norm(pod.get(field))
+            if ours != theirs:
+                diffs.append(f"{name}: {field}: explain {json.dumps(ours)} / real {json.dumps(theirs)}")
+        if spec is not None:
+            from pipelines.explain import all_tasks
+
+            component = spec["components"][all_tasks(spec)[name]["componentRef"]["name"]]
+            container = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
+            compiled = (container.get("command") or []) + (container.get("args") or [])
+            if compiled != pod.get("command_line"):
+                diffs.append(f"{name}: command and args: compiled {json.dumps(compiled)[:400]} / real "
+                             f"{json.dumps(pod.get('command_line'))[:400]}")
+    for name in model:
+        if name not in seen:
+            diffs.append(f"{name}: explain has a step; the real driver makes no pod")
+    return diffs
+
+
+def decision_outputs(spec: dict) -> dict:
+    """True for every boolean output of the other tasks (the evaluation's `blessed`), so that the branches they
+    guard run and their pods are made, as explain shows every step's pod."""
+    from pipelines.explain import PRODUCERS, all_tasks
+
+    outputs = {}
+    for name, task in all_tasks(spec).items():
+        component = spec["components"][task["componentRef"]["name"]]
+        if component.get("executorLabel", "")[len("exec-"):] in PRODUCERS:
+            continue
+        for output, definition in component.get("outputDefinitions", {}).get("parameters", {}).items():
+            if definition.get("parameterType") == "BOOLEAN":
+                outputs.setdefault(name, {})[output] = True
+    return outputs
+
+
+def compare(package_path: str, parameters: dict, release: str) -> tuple[dict, list[dict], list[str]]:
+    """explain's answer, the real pods, and their differences for a compiled pipeline and run parameters. The
+    producer steps' outputs (GPU check, images) come from running those steps here, as explain does."""
+    from pipelines import explain, kfp_driver
+
+    explained = explain.explain(package_path, parameters, release)
+    spec, _ = kfp_driver.read_package(package_path)
+    outputs = explain.producer_outputs(spec, parameters) | decision_outputs(spec)
+    real = as_explained(run(package_path, parameters, outputs, release))
+    return explained, real, differences(explained, real, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m tests.kfp_backend", description=__doc__.split("\n\n")[0])
+    parser.add_argument("pipeline", nargs="?", help="a compiled pipeline YAML (pipectl compile -o P.yaml)")
+    parser.add_argument("--build", action="store_true", help="only build the harness for every release")
+    parser.add_argument("--release", default=next(iter(RELEASES)), help="KFP release (built: %(choices)s)",
+                        choices=list(RELEASES))
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a run parameter (VALUE as JSON where it parses, else a string)")
+    args = parser.parse_args(argv)
+    if args.build or not args.pipeline:
+        try:
+            for release in RELEASES:
+                started = time.monotonic()
+                print(f"KFP {release} harness: {build(release)} ({time.monotonic() - started:.1f}s)")
+        except GoMissing as e:
+            print(e, file=sys.stderr)
+            return 2
+        return 0
+    parameters = {}
+    for item in args.param:
+        name, _, value = item.partition("=")
+        try:
+            parameters[name] = json.loads(value)
+        except ValueError:
+            parameters[name] = value
+    try:
+        explained, real, diffs = compare(args.pipeline, parameters, args.release)
+    except GoMissing as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"# the real KFP {args.release} driver's pods (tests/kfp_backend/harness)")
+    shown = [{k: v for k, v in s.items() if v not in (None, {}, []) and k != "command_line"} for s in real]
+    print(yaml.safe_dump({"backend_release": args.release, "steps": shown}, sort_keys=False, width=118), end="")
+    print(f"# differences from pipectl compile --explain --backend-release {args.release}")
+    print("\n".join(diffs) if diffs else "none")
+    return 1 if diffs else 0

@@ -1,0 +1,80 @@
+"""The real Kubeflow Pipelines backend (its compiler and driver at a release commit, tests/kfp_backend) against
+`pipectl compile --explain` (pipelines/kfp_driver.py's model), field by field, for every pipeline variant we compile,
+at every release the harness is built for. A difference fails with both sides shown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines import kfp_driver, training
+from pipelines.cli import build_parser, given_parameters, settings_from, validate_parameters
+from tests import kfp_backend
+
+# (compile options, run parameters): the frameworks, the train launchers, GPU type/count/pool/Spot, GCS FUSE,
+# data_root, Kueue and the Vertex target.
+VARIANTS = {
+    "default": ([], {}),
+    "torch": (["--framework", "torch"], {}),
+    "jax": (["--framework", "jax"], {}),
+    "cpu-training": ([], {"train_gpu_count": 0}),
+    "two-gpus-l4-pool-spot": ([], {"train_gpu_count": 2, "train_accelerator_type": "nvidia-l4",
+                                   "train_node_pool": "gpu-pool", "train_spot": True}),
+    "trainjob-torch-2gpus": (["--train-launcher", "trainjob", "--framework", "torch", "--train-gpus", "2"], {}),
+    "jobset": (["--train-launcher", "jobset"], {}),
+    "tfjob": (["--train-launcher", "tfjob"], {}),
+    "pytorchjob": (["--train-launcher", "pytorchjob", "--framework", "torch"], {}),
+    "vertex-job": (["--train-launcher", "vertex-job"], {"project": "p", "location": "us-central1"}),
+    "gcs-fuse": (["--gcs-fuse-pvc", "kfp-data"], {}),
+    "data-root": ([], {"data_root": "gs://BUCKET/kfp-data"}),
+    "kueue": (["--kueue-queue", "team-a", "--train-launcher", "trainjob"], {}),
+    "vertex-target": (["--target", "vertex"], {}),
+}
+
+
+def compiled(tmp_path_factory, variant: str) -> tuple[str, dict]:
+    options, parameters = VARIANTS[variant]
+    path = str(tmp_path_factory.mktemp(variant) / "pipeline.yaml")
+    args = build_parser().parse_args(["compile", "-o", path, *options])
+    training.compile_pipeline(path, settings_from(args))
+    return path, {**validate_parameters(given_parameters(args)), **parameters}
+
+
+@pytest.mark.parametrize("release", list(kfp_backend.RELEASES))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_real_driver_makes_the_pods_explain_says(kfp_backend_built, tmp_path_factory, variant, release):
+    path, parameters = compiled(tmp_path_factory, variant)
+    explained, real, diffs = kfp_backend.compare(path, parameters, release)
+    assert real, "the real driver made no pod"
+    assert not diffs, (f"{variant} at KFP {release}: the real backend and `pipectl compile --explain` differ:\n"
+                       + "\n".join(diffs) + "\n--- explain:\n" + json.dumps(explained["steps"], indent=1)
+                       + "\n--- real:\n" + json.dumps(real, indent=1))
+
+
+def test_a_broken_model_rule_fails_the_comparison(kfp_backend_built, tmp_path_factory, monkeypatch):
+    """The control: with the model's GPU limit rule broken on purpose (the accelerator count read as no GPU, the
+    bug an earlier reading of the driver had), the real driver's pods no longer match and the comparison says
+    where."""
+    path, parameters = compiled(tmp_path_factory, "default")
+    real_rule = kfp_driver.container_resources
+
+    def no_gpu_limit(container, inputs, release):
+        resources = real_rule(container, inputs, release)
+        limits = {k: v for k, v in (resources.get("limits") or {}).items() if "gpu" not in k}
+        return {**resources, "limits": limits} if limits else {k: v for k, v in resources.items() if k != "limits"}
+
+    monkeypatch.setattr(kfp_driver, "container_resources", no_gpu_limit)
+    _, _, diffs = kfp_backend.compare(path, parameters, next(iter(kfp_backend.RELEASES)))
+    assert any(d.startswith("train-op: resources:") and "nvidia.com/gpu" in d for d in diffs), diffs
+
+
+def test_comparison_reports_each_field_with_both_sides():
+    explained = {"steps": [{"task": "t", "image": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    real = [{"task": "t", "image": "b", "resources": {}, "node_selector": {"k": "v"}, "labels": {},
+             "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "v"}}]}]
+    assert kfp_backend.differences(explained, real) == [
+        't: image: explain "a" / real "b"',
+        't: resources: explain {"limits": {"nvidia.com/gpu": "1"}} / real null',
+        't: node_selector: explain null / real {"k": "v"}',
+        't: volumes: explain null / real [{"name": "v", "persistentVolumeClaim": {"claimName": "v"}}]']
