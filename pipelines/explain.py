@@ -189,8 +189,18 @@ def explain(package_path: str, parameters: dict, release: str = kfp_driver.PINNE
         steps.append(entry)
     needs = [{"feature": f.description, "first_release": f.first_release}
              for f in kfp_driver.required_release(spec, executors)]
-    return {"backend_release": release, "model": kfp_driver.PINNED, "launcher": launcher_rule(release),
+    return {"backend_release": release, "model": kfp_driver.PINNED,
+            "checked_against": checked_against(release), "launcher": launcher_rule(release),
             "needs": needs, "steps": steps}
+
+
+def checked_against(release: str) -> str:
+    """Whether this answer was compared with the release's own compiler and driver, run on the same pipeline."""
+    checked = ", ".join(kfp_driver.CHECKED_AGAINST)
+    if release in kfp_driver.CHECKED_AGAINST:
+        return (f"the real KFP {release} compiler and driver give these pods (tests/test_kfp_backend.py; "
+                f"checked: {checked})")
+    return f"the model only: KFP {release}'s own driver is not run in the tests (checked: {checked})"
 
 
 def launcher_rule(release: str) -> str:

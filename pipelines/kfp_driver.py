@@ -7,8 +7,10 @@ passthrough (`dsl.TaskConfig` inputs, with and without `apply_to_task`). Each ru
 in kubeflow/pipelines at the tag `PINNED_RELEASE` (paths under backend/src/v2/); what older releases lack is gated
 by `FEATURES`, the first release of each (checked against the release tags): a release that does not know a
 compiled field drops it (2.4.1 and newer) or fails the task on it (2.4.0 and older), and `DriverError` says which.
-Environment variables, volumes and affinity are not modelled: the pipeline sets none. tests/test_kfp_driver_upstream.py
-runs the driver's own driver_test.go and k8s_test.go cases at 2.17.0 through the model.
+PVC mounts and pod annotations are modelled too; environment variables and affinity are not: the pipeline sets none.
+tests/test_kfp_backend.py runs the real compiler and driver (CHECKED_AGAINST) on every compiled variant and compares
+each pod with this model; tests/test_kfp_driver_upstream.py runs the driver's own driver_test.go and k8s_test.go
+cases at 2.17.0 through the model.
 
 Values keep their protobuf kinds as Python types (str: string_value, int/float: number_value, bool, dict: struct,
 list: list, None: null), since the driver reads a placeholder with `GetStringValue()`, which is "" for a number.
@@ -26,6 +28,9 @@ import yaml
 
 PINNED_RELEASE = "2.17.0"
 PINNED = f"kubeflow/pipelines {PINNED_RELEASE}"
+# The releases whose own compiler and driver (tests/kfp_backend, a Go program built from each release's commit) the
+# model is compared with, field by field, for every pipeline variant: tests/test_kfp_backend.py.
+CHECKED_AGAINST = ("2.17.0",)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,3 +78,14 @@ def test_comparison_reports_each_field_with_both_sides():
         't: resources: explain {"limits": {"nvidia.com/gpu": "1"}} / real null',
         't: node_selector: explain null / real {"k": "v"}',
         't: volumes: explain null / real [{"name": "v", "persistentVolumeClaim": {"claimName": "v"}}]']
+
+
+def test_explain_names_the_releases_it_was_checked_against(tmp_path_factory):
+    """explain says which releases' real backend its answer was compared with: those the harness is built for."""
+    from pipelines import explain
+
+    assert set(kfp_driver.CHECKED_AGAINST) == set(kfp_backend.RELEASES)
+    path, parameters = compiled(tmp_path_factory, "default")
+    assert explain.explain(path, parameters, "2.17.0")["checked_against"].startswith(
+        "the real KFP 2.17.0 compiler and driver give these pods")
+    assert explain.explain(path, parameters, "2.16.1")["checked_against"].startswith("the model only")

@@ -1,4 +1,4 @@
-module github.com/example/kfp-backend-harness
+module kfp-backend-harness
 
 go 1.26
 
