@@ -219,6 +219,17 @@ def resolve_input(spec: dict, dag_inputs: dict, task_outputs: dict, what: str) -
     raise DriverError(f"{what}: input kind {sorted(spec)} is not modelled")
 
 
+# The run id explain shows (a run's is its KFP run UUID).
+RUN_ID = "RUN_ID"
+
+
+def run_placeholder(value: Any, task_name: str) -> Any:
+    """driver/resolve.go:435-452 at 2.17.0: a constant input that is exactly the run's or the task's placeholder
+    becomes its value (the run id, the task's name); any other value stays as it is."""
+    return {"{{$.pipeline_job_uuid}}": RUN_ID, "{{$.pipeline_task_name}}": task_name}.get(value, value) \
+        if isinstance(value, str) else value
+
+
 def resolve_placeholder(value: str, inputs: dict, what: str) -> str:
     """driver/resolve.go:818 resolvePodSpecInputRuntimeParameter: a `{{$.inputs.parameters['x']}}` placeholder
     becomes the input's GetStringValue() (:825): "" for anything but a string (a number included)."""
@@ -420,7 +431,8 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
     component = spec["components"][task["componentRef"]["name"]]
     executor = component["executorLabel"]
     container = spec["deploymentSpec"]["executors"][executor]["container"]
-    inputs = {name: resolve_input(p, dag_inputs, task_outputs, f"{task_name} input {name!r}")
+    inputs = {name: run_placeholder(resolve_input(p, dag_inputs, task_outputs, f"{task_name} input {name!r}"),
+                                    task_name)
               for name, p in (task.get("inputs", {}).get("parameters") or {}).items()}
     passed, on_pod = task_config_options(component, release)
     config = k8s_executors.get(executor, {})

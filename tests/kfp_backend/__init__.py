@@ -64,9 +64,12 @@ def build_env() -> dict:
     env = dict(os.environ)
     local = env.get("KFP_GIT")
     if local:
+        # a refusal from the proxy falls through to the clone (`|`: on any error); the checksum database is not
+        # asked about those modules, which the go.sum already pins
         env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"url.{local}.insteadOf",
                    GIT_CONFIG_VALUE_0="https://github.com/kubeflow/pipelines",
-                   GOPRIVATE="github.com/kubeflow/pipelines")
+                   GOPROXY=env.get("GOPROXY", "https://proxy.golang.org") + "|direct",
+                   GONOSUMDB="github.com/kubeflow/pipelines")
     return env
 
 
@@ -107,6 +110,8 @@ def as_explained(report: dict) -> list[dict]:
             # the launcher runs what follows its `--`: the rest of its command, then the container's args
             entry["command_line"] = (command[command.index("--") + 1:] if "--" in command else []) + \
                 (main.get("args") or [])
+        values = ((task.get("executor_input") or {}).get("inputs") or {}).get("parameterValues") or {}
+        entry["inputs"] = values
         entry["labels"] = {k: v for k, v in (task.get("labels") or {}).items() if not _system(k)}
         entry["annotations"] = {k: v for k, v in (task.get("annotations") or {}).items() if not _system(k)}
         steps.append(entry)
@@ -162,6 +167,11 @@ def differences(explained: dict, real: list[dict], spec: dict | None = None) -> 
 
             component = spec["components"][all_tasks(spec)[name]["componentRef"]["name"]]
             container = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
+            for input_name, definition in component.get("inputDefinitions", {}).get("parameters", {}).items():
+                if definition.get("parameterType") == "TASK_CONFIG":  # what a cluster launcher's nodes follow
+                    ours, theirs = _norm(step.get("task_config")), _norm(pod["inputs"].get(input_name))
+                    if ours != theirs:
+                        diffs.append(f"{name}: task_config: explain {json.dumps(ours)} / real {json.dumps(theirs)}")
             compiled = (container.get("command") or []) + (container.get("args") or [])
             if compiled != pod.get("command_line"):
                 diffs.append(f"{name}: command and args: compiled {json.dumps(compiled)[:400]} / real "
@@ -197,7 +207,34 @@ def compare(package_path: str, parameters: dict, release: str) -> tuple[dict, li
     spec, _ = kfp_driver.read_package(package_path)
     outputs = explain.producer_outputs(spec, parameters) | decision_outputs(spec)
     real = as_explained(run(package_path, parameters, outputs, release))
-    return explained, real, differences(explained, real, spec)
+    spec, executors = kfp_driver.read_package(package_path)
+    resolved = {pod.task: pod.inputs for pod in kfp_driver.resolve_pods(spec, executors, parameters, outputs, release,
+                                                                        failures=[])}
+    return explained, real, differences(explained, real, spec) + input_differences(resolved, real)
+
+
+def input_differences(resolved: dict, real: list[dict]) -> list[str]:
+    """Each task input the model resolves against the executor input the real driver hands the launcher; an input
+    still holding a `{{$.inputs...}}` placeholder there is the launcher's to fill, and not compared."""
+    diffs = []
+    for pod in real:
+        for name, ours in resolved.get(pod["task"], {}).items():
+            if isinstance(ours, kfp_driver_unresolved()) or name not in pod.get("inputs", {}):
+                continue
+            theirs = pod["inputs"][name]
+            if isinstance(theirs, str) and "{{$" in theirs:
+                continue
+            same = float(ours) == float(theirs) if isinstance(ours, (int, float)) and not isinstance(ours, bool) \
+                and isinstance(theirs, (int, float)) and not isinstance(theirs, bool) else ours == theirs
+            if not same:
+                diffs.append(f"{pod['task']}: input {name}: explain {json.dumps(ours)} / real {json.dumps(theirs)}")
+    return diffs
+
+
+def kfp_driver_unresolved():
+    from pipelines.kfp_driver import Unresolved
+
+    return Unresolved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     print(f"# the real KFP {args.release} driver's pods (tests/kfp_backend/harness)")
-    shown = [{k: v for k, v in s.items() if v not in (None, {}, []) and k != "command_line"} for s in real]
+    shown = [{k: v for k, v in s.items() if v not in (None, {}, []) and k not in ("command_line", "inputs")} for s in real]
     print(yaml.safe_dump({"backend_release": args.release, "steps": shown}, sort_keys=False, width=118), end="")
     print(f"# differences from pipectl compile --explain --backend-release {args.release}")
     print("\n".join(diffs) if diffs else "none")
