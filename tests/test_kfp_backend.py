@@ -89,3 +89,10 @@ def test_explain_names_the_releases_it_was_checked_against(tmp_path_factory):
     assert explain.explain(path, parameters, "2.17.0")["checked_against"].startswith(
         "the real KFP 2.17.0 compiler and driver give these pods")
     assert explain.explain(path, parameters, "2.16.1")["checked_against"].startswith("the model only")
+
+
+def test_the_metadata_store_answers_as_ml_metadata_does(kfp_backend_built):
+    """harness/mlmd_test.go: the in-memory store behind the real driver's metadata client, in the cases upstream's
+    container_test.go feeds the driver (a repeated execution is AlreadyExists and is found by name)."""
+    done = kfp_backend.go_test()
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -73,6 +73,11 @@ def build_env() -> dict:
     return env
 
 
+def go_test() -> subprocess.CompletedProcess:
+    """The harness's own Go tests (its in-memory ML Metadata store against the driver's metadata client)."""
+    return subprocess.run([go(), "test", "."], cwd=HARNESS, capture_output=True, text=True, env=build_env())
+
+
 def run(package_path: str, parameters: dict, outputs: dict, release: str) -> dict:
     """The harness's report for the compiled pipeline and these run parameters (tasks: pod, labels, executor
     input, condition), with `outputs` as the fixed output parameters of the tasks others read."""

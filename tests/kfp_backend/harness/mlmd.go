@@ -272,6 +272,13 @@ func (s *memoryMLMD) PutExecution(_ context.Context, r *pb.PutExecutionRequest) 
 	defer s.mu.Unlock()
 	e := proto.Clone(r.GetExecution()).(*pb.Execution)
 	if e.Id == nil {
+		// Executions are unique by (type, name), as ML Metadata's schema makes them; the driver relies on the
+		// AlreadyExists that a retried pod gets (driver/container_test.go TestContainer_CreateExecution* at 2.17.0).
+		for _, old := range s.executions {
+			if e.GetName() != "" && old.GetTypeId() == e.GetTypeId() && old.GetName() == e.GetName() {
+				return nil, status.Errorf(codes.AlreadyExists, "execution %q exists", e.GetName())
+			}
+		}
 		e.Id = proto.Int64(s.id())
 	} else if _, ok := s.executions[e.GetId()]; !ok {
 		return nil, status.Errorf(codes.NotFound, "no execution %d", e.GetId())
