@@ -96,3 +96,26 @@ def test_the_metadata_store_answers_as_ml_metadata_does(kfp_backend_built):
     container_test.go feeds the driver (a repeated execution is AlreadyExists and is found by name)."""
     done = kfp_backend.go_test()
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("release", list(kfp_backend.RELEASES))
+@pytest.mark.parametrize("variant", ["default", "trainjob-torch-2gpus", "gcs-fuse", "kueue", "vertex-job"])
+def test_the_compiled_workflow_validates_against_argos_workflow_crd(kfp_backend_built, tmp_path_factory, variant,
+                                                                    release):
+    """The Argo Workflow the release's API server makes (argocompiler.Compile) is one Argo's own Workflow CRD, at
+    the Argo version that release's go.mod pins, accepts."""
+    path, parameters = compiled(tmp_path_factory, variant)
+    version, schema = kfp_backend.argo_workflow_schema(release)
+    workflow = kfp_backend.workflow(path, parameters, release)
+    assert workflow["kind"] == "Workflow" and workflow["spec"]["templates"]
+    assert kfp_backend.workflow_errors(workflow, schema) == [], f"Argo {version}'s Workflow CRD rejects it"
+
+
+def test_the_crd_check_fails_a_workflow_argo_would_reject(kfp_backend_built, tmp_path_factory):
+    """The control: a template whose retry limit is a list is refused by the same check."""
+    path, parameters = compiled(tmp_path_factory, "default")
+    release = next(iter(kfp_backend.RELEASES))
+    _, schema = kfp_backend.argo_workflow_schema(release)
+    workflow = kfp_backend.workflow(path, parameters, release)
+    workflow["spec"]["templates"][0]["retryStrategy"] = {"limit": ["three"]}
+    assert any("retryStrategy/limit" in e for e in kfp_backend.workflow_errors(workflow, schema))

@@ -88,6 +88,77 @@ def run(package_path: str, parameters: dict, outputs: dict, release: str) -> dic
     return json.loads(done.stdout)
 
 
+def workflow(package_path: str, parameters: dict, release: str) -> dict:
+    """The Argo Workflow the release's API server makes of the compiled pipeline for these run parameters."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "workflow.json")
+        done = subprocess.run([str(build(release)), "--pipeline", package_path, "--params", json.dumps(parameters),
+                               "--workflow-out", out, "--outputs", json.dumps(_all_outputs(package_path, parameters))],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"the KFP {release} harness failed: {done.stderr.strip()[-4000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def _all_outputs(package_path: str, parameters: dict) -> dict:
+    from pipelines import explain, kfp_driver
+
+    spec, _ = kfp_driver.read_package(package_path)
+    return explain.producer_outputs(spec, parameters) | decision_outputs(spec)
+
+
+def argo_workflow_schema(release: str) -> tuple[str, dict]:
+    """The Workflow CRD's openAPIV3Schema of the Argo Workflows release that `release`'s go.mod pins (its module's
+    manifests/base/crds/full/argoproj.io_workflows.yaml), as JSON Schema, and the Argo version."""
+    import yaml
+
+    argv = [go(), "list", "-m", "-f", "{{.Version}} {{.Dir}}", "github.com/argoproj/argo-workflows/v4"]
+    if RELEASES[release] != "go.mod":
+        argv.insert(2, f"-modfile={RELEASES[release]}")
+    done = subprocess.run(argv, cwd=HARNESS, capture_output=True, text=True, env=build_env())
+    if done.returncode:
+        raise RuntimeError(done.stderr)
+    version, directory = done.stdout.split()
+    with open(os.path.join(directory, "manifests/base/crds/full/argoproj.io_workflows.yaml")) as f:
+        crd = yaml.safe_load(f)
+    return version, _json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+def _json_schema(node):
+    """OpenAPI v3 (Kubernetes structural schema) as JSON Schema: `x-kubernetes-int-or-string` is an integer or a
+    string, `nullable` admits null; unknown fields are allowed, as the API server prunes them."""
+    if isinstance(node, list):
+        return [_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _json_schema(v) for k, v in node.items()}
+    if node.pop("x-kubernetes-int-or-string", False):
+        node.pop("type", None)
+        node = {"anyOf": [{"type": "integer"}, {"type": "string"}], **node}
+    if node.pop("nullable", False) and "type" in node:
+        node["type"] = [node["type"], "null"]
+    return node
+
+
+def workflow_errors(workflow_object: dict, schema: dict) -> list[str]:
+    """Where the workflow breaks the CRD's schema, one line each; [] when it validates. Nulls are dropped first, as
+    the API server prunes a null of a field that is not nullable before it validates (apiextensions.k8s.io/v1;
+    Go writes an unset metav1.Time as null)."""
+    import jsonschema
+
+    def pruned(node):
+        if isinstance(node, dict):
+            return {k: pruned(v) for k, v in node.items() if v is not None}
+        return [pruned(v) for v in node] if isinstance(node, list) else node
+
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message[:300]}"
+            for e in validator.iter_errors(pruned(workflow_object))]
+
+
 def as_explained(report: dict) -> list[dict]:
     """The real pods in the shape `pipectl compile --explain` prints its steps (pipelines/kfp_driver.TaskPod): what
     the driver's patch puts on the executor template's pod. Volumes, mounts and env the template already has (the
