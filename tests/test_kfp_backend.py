@@ -119,3 +119,35 @@ def test_the_crd_check_fails_a_workflow_argo_would_reject(kfp_backend_built, tmp
     workflow = kfp_backend.workflow(path, parameters, release)
     workflow["spec"]["templates"][0]["retryStrategy"] = {"limit": ["three"]}
     assert any("retryStrategy/limit" in e for e in kfp_backend.workflow_errors(workflow, schema))
+
+
+@pytest.mark.parametrize("release", list(kfp_backend.RELEASES))
+@pytest.mark.parametrize("variant", ["default", "data-root"])
+def test_the_real_download_rule_copies_what_the_launcher_model_says(kfp_backend_built, tmp_path_factory, variant,
+                                                                     release):
+    """objectstore.DownloadBlob of the release, on an in-memory bucket laid out as our steps write a run (each
+    artifact at its KFP URI, the bulk data by reference beside it or under data_root), copies for every input
+    artifact exactly what pipelines/kfp_launcher.py says. The launcher's private skip rules (workspace, scheme,
+    modelcar) stay modelled: they are not reachable from outside its package."""
+    from pipelines import explain, kfp_launcher
+
+    path, parameters = compiled(tmp_path_factory, variant)
+    spec, _ = kfp_driver.read_package(path)
+    objects = explain.run_layout(spec, parameters)
+    inputs = {uri for task in explain.pod_downloads(spec, parameters, release).values() for uri in
+              (entry["uri"] for entry in task)}
+    assert inputs
+    for uri in sorted(inputs):
+        model = sorted(kfp_launcher.downloaded(uri, kfp_launcher.Listing(objects), release))
+        assert kfp_backend.downloaded(list(objects), uri, release) == model, uri
+
+
+def test_the_download_check_sees_a_sibling_copy(kfp_backend_built):
+    """The control: a model that also copies objects whose keys only start with the artifact's (the rule before
+    2.17.0) disagrees with 2.17.0's DownloadBlob on a bulk folder beside the artifact."""
+    from pipelines import kfp_launcher
+
+    objects = {"gs://b/r/t/u/dataset/dataset.json": 1, "gs://b/r/t/u/dataset.data/train/a.tfrecord": 1}
+    older = sorted(kfp_launcher.downloaded("gs://b/r/t/u/dataset", kfp_launcher.Listing(objects), "2.16.1"))
+    assert kfp_backend.downloaded(list(objects), "gs://b/r/t/u/dataset", "2.17.0") == [
+        "gs://b/r/t/u/dataset/dataset.json"] != older

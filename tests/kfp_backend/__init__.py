@@ -88,6 +88,19 @@ def run(package_path: str, parameters: dict, outputs: dict, release: str) -> dic
     return json.loads(done.stdout)
 
 
+def downloaded(objects: list[str], uri: str, release: str) -> list[str]:
+    """The URIs of the objects the release's own objectstore.DownloadBlob copies for an input artifact at `uri`,
+    from a bucket holding `objects` (gs:// URIs of one bucket)."""
+    bucket = uri.split("/")[2]
+    prefix = f"gs://{bucket}/"
+    keys = [o[len(prefix):] for o in objects if o.startswith(prefix)]
+    done = subprocess.run([str(build(release)), "--download-objects", json.dumps(keys),
+                           "--download-key", uri[len(prefix):]], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the KFP {release} harness failed: {done.stderr.strip()[-2000:]}")
+    return [prefix + key for key in json.loads(done.stdout)]
+
+
 def workflow(package_path: str, parameters: dict, release: str) -> dict:
     """The Argo Workflow the release's API server makes of the compiled pipeline for these run parameters."""
     import tempfile

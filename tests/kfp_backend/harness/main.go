@@ -10,6 +10,8 @@
 //
 // Usage: kfp-backend --pipeline P.yaml [--params JSON] [--outputs JSON] [--pipeline-root URI]
 //
+//	or:  kfp-backend --download-objects '["k1", ...]' --download-key KEY   (what the launcher copies: download.go)
+//
 //	--params   the run's parameter values, {"name": value}
 //	--outputs  fixed output parameters of tasks whose outputs others read, {"task": {"output": value}}
 package main
@@ -60,7 +62,16 @@ func main() {
 	outputsJSON := flag.String("outputs", "{}", "fixed output parameters per task as a JSON object")
 	pipelineRoot := flag.String("pipeline-root", "gs://BUCKET/pipeline-root", "the run's pipeline root")
 	workflowOut := flag.String("workflow-out", "", "also write the compiled Argo Workflow (JSON) here")
+	downloadObjects := flag.String("download-objects", "", "instead: the keys of a bucket (JSON list) ...")
+	downloadKey := flag.String("download-key", "", "... and the artifact key whose download to print (download.go)")
 	flag.Parse()
+	if *downloadObjects != "" {
+		if err := downloadCheck(*downloadObjects, *downloadKey); err != nil {
+			fmt.Fprintln(os.Stderr, "kfp-backend:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*pipelinePath, *paramsJSON, *outputsJSON, *pipelineRoot, *workflowOut); err != nil {
 		fmt.Fprintln(os.Stderr, "kfp-backend:", err)
 		os.Exit(1)
