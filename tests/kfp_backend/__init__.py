@@ -10,6 +10,7 @@ differences (docs/kfp-compatibility.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -228,10 +229,12 @@ def _norm(value):
     return value or None
 
 
-def differences(explained: dict, real: list[dict], spec: dict | None = None) -> list[str]:
+def differences(explained: dict, real: list[dict], spec: dict | None = None,
+                counted: list | None = None) -> list[str]:
     """Where `pipectl compile --explain`'s steps and the real driver's pods differ, one line per field with both
     sides; [] when they agree. With the compiled `spec`, each pod's command and args must also be its executor's
-    (the model passes them through unchanged)."""
+    (the model passes them through unchanged). `counted` gets one entry per field compared."""
+    counted = [] if counted is None else counted
     diffs = []
     model = {s["task"]: s for s in explained["steps"]}
     seen = set()
@@ -248,6 +251,7 @@ def differences(explained: dict, real: list[dict], spec: dict | None = None) -> 
         if "fails" in pod:
             continue
         for field in MODEL_FIELDS:
+            counted.append((name, field))
             ours, theirs = _norm(step.get(field)), _norm(pod.get(field))
             if ours != theirs:
                 diffs.append(f"{name}: {field}: explain {json.dumps(ours)} / real {json.dumps(theirs)}")
@@ -258,10 +262,12 @@ def differences(explained: dict, real: list[dict], spec: dict | None = None) -> 
             container = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
             for input_name, definition in component.get("inputDefinitions", {}).get("parameters", {}).items():
                 if definition.get("parameterType") == "TASK_CONFIG":  # what a cluster launcher's nodes follow
+                    counted.append((name, "task_config"))
                     ours, theirs = _norm(step.get("task_config")), _norm(pod["inputs"].get(input_name))
                     if ours != theirs:
                         diffs.append(f"{name}: task_config: explain {json.dumps(ours)} / real {json.dumps(theirs)}")
             compiled = (container.get("command") or []) + (container.get("args") or [])
+            counted.append((name, "command"))
             if compiled != pod.get("command_line"):
                 diffs.append(f"{name}: command and args: compiled {json.dumps(compiled)[:400]} / real "
                              f"{json.dumps(pod.get('command_line'))[:400]}")
@@ -287,6 +293,83 @@ def decision_outputs(spec: dict) -> dict:
     return outputs
 
 
+@dataclasses.dataclass
+class Comparison:
+    explained: dict  # pipectl compile --explain's answer
+    real: list[dict]  # the real driver's pods, in explain's shape
+    differences: list[str]
+    fields: int  # how many fields were compared
+
+
+# The pipeline variants we compile (compile options, run parameters): the frameworks, the train launchers, GPU
+# type/count/pool/Spot, GCS FUSE, data_root, Kueue and the Vertex target.
+VARIANTS = {
+    "default": ([], {}),
+    "torch": (["--framework", "torch"], {}),
+    "jax": (["--framework", "jax"], {}),
+    "cpu-training": ([], {"train_gpu_count": 0}),
+    "two-gpus-l4-pool-spot": ([], {"train_gpu_count": 2, "train_accelerator_type": "nvidia-l4",
+                                   "train_node_pool": "gpu-pool", "train_spot": True}),
+    "trainjob-torch-2gpus": (["--train-launcher", "trainjob", "--framework", "torch", "--train-gpus", "2"], {}),
+    "jobset": (["--train-launcher", "jobset"], {}),
+    "tfjob": (["--train-launcher", "tfjob"], {}),
+    "pytorchjob": (["--train-launcher", "pytorchjob", "--framework", "torch"], {}),
+    "vertex-job": (["--train-launcher", "vertex-job"], {"project": "p", "location": "us-central1"}),
+    "gcs-fuse": (["--gcs-fuse-pvc", "kfp-data"], {}),
+    "data-root": ([], {"data_root": "gs://BUCKET/kfp-data"}),
+    "kueue": (["--kueue-queue", "team-a", "--train-launcher", "trainjob"], {}),
+    "vertex-target": (["--target", "vertex"], {}),
+}
+
+
+def compile_variant(variant: str, folder: str) -> tuple[str, dict]:
+    """The variant compiled as `pipectl compile` does, and its run parameters (its parameter flags included)."""
+    from pipelines import training
+    from pipelines.cli import build_parser, given_parameters, settings_from, validate_parameters
+
+    options, parameters = VARIANTS[variant]
+    path = os.path.join(folder, f"{variant}.yaml")
+    args = build_parser().parse_args(["compile", "-o", path, *options])
+    training.compile_pipeline(path, settings_from(args))
+    return path, {**validate_parameters(given_parameters(args)), **parameters}
+
+
+DOC = Path(__file__).parents[2] / "docs" / "kfp-compatibility.md"
+ROWS_BEGIN, ROWS_END = "<!-- real-backend rows: python -m tests.kfp_backend --write-docs -->", "<!-- end -->"
+
+
+def doc_rows() -> str:
+    """docs/kfp-compatibility.md's rows of what the real backend was compared on, from real runs."""
+    import tempfile
+
+    lines = ["| release | variants compared | fields compared | differences | Argo Workflow CRD |",
+             "| --- | --- | --- | --- | --- |"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for release in RELEASES:
+            fields, diffs, errors = 0, [], []
+            version, schema = argo_workflow_schema(release)
+            for variant in VARIANTS:
+                path, parameters = compile_variant(variant, tmp)
+                result = compare(path, parameters, release)
+                fields, diffs = fields + result.fields, diffs + result.differences
+                errors += workflow_errors(workflow(path, parameters, release), schema)
+            lines.append(f"| {release} | {len(VARIANTS)}: {', '.join(VARIANTS)} | {fields} | "
+                         f"{len(diffs) or 'none'} | {'valid' if not errors else f'{len(errors)} errors'} at Argo "
+                         f"{version} |")
+    return "\n".join(lines)
+
+
+def write_docs() -> None:
+    text = DOC.read_text()
+    before, rest = text.split(ROWS_BEGIN, 1)
+    _, after = rest.split(ROWS_END, 1)
+    DOC.write_text(f"{before}{ROWS_BEGIN}\n{doc_rows()}\n{ROWS_END}{after}")
+
+
+def documented_rows() -> str:
+    return DOC.read_text().split(ROWS_BEGIN, 1)[1].split(ROWS_END, 1)[0].strip()
+
+
 def compare(package_path: str, parameters: dict, release: str) -> tuple[dict, list[dict], list[str]]:
     """explain's answer, the real pods, and their differences for a compiled pipeline and run parameters. The
     producer steps' outputs (GPU check, images) come from running those steps here, as explain does."""
@@ -299,10 +382,12 @@ def compare(package_path: str, parameters: dict, release: str) -> tuple[dict, li
     spec, executors = kfp_driver.read_package(package_path)
     resolved = {pod.task: pod.inputs for pod in kfp_driver.resolve_pods(spec, executors, parameters, outputs, release,
                                                                         failures=[])}
-    return explained, real, differences(explained, real, spec) + input_differences(resolved, real)
+    counted: list = []
+    diffs = differences(explained, real, spec, counted) + input_differences(resolved, real, counted)
+    return Comparison(explained, real, diffs, len(counted))
 
 
-def input_differences(resolved: dict, real: list[dict]) -> list[str]:
+def input_differences(resolved: dict, real: list[dict], counted: list | None = None) -> list[str]:
     """Each task input the model resolves against the executor input the real driver hands the launcher; an input
     still holding a `{{$.inputs...}}` placeholder there is the launcher's to fill, and not compared."""
     diffs = []
@@ -313,6 +398,8 @@ def input_differences(resolved: dict, real: list[dict]) -> list[str]:
             theirs = pod["inputs"][name]
             if isinstance(theirs, str) and "{{$" in theirs:
                 continue
+            if counted is not None:
+                counted.append((pod["task"], name))
             same = float(ours) == float(theirs) if isinstance(ours, (int, float)) and not isinstance(ours, bool) \
                 and isinstance(theirs, (int, float)) and not isinstance(theirs, bool) else ours == theirs
             if not same:
@@ -334,11 +421,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.kfp_backend", description=__doc__.split("\n\n")[0])
     parser.add_argument("pipeline", nargs="?", help="a compiled pipeline YAML (pipectl compile -o P.yaml)")
     parser.add_argument("--build", action="store_true", help="only build the harness for every release")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="regenerate docs/kfp-compatibility.md's real-backend rows from real runs")
     parser.add_argument("--release", default=next(iter(RELEASES)), help="KFP release (built: %(choices)s)",
                         choices=list(RELEASES))
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a run parameter (VALUE as JSON where it parses, else a string)")
     args = parser.parse_args(argv)
+    if args.write_docs:
+        write_docs()
+        print(documented_rows())
+        return 0
     if args.build or not args.pipeline:
         try:
             for release in RELEASES:
@@ -356,12 +449,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             parameters[name] = value
     try:
-        explained, real, diffs = compare(args.pipeline, parameters, args.release)
+        result = compare(args.pipeline, parameters, args.release)
+        real, diffs = result.real, result.differences
     except GoMissing as e:
         print(e, file=sys.stderr)
         return 2
     print(f"# the real KFP {args.release} driver's pods (tests/kfp_backend/harness)")
-    shown = [{k: v for k, v in s.items() if v not in (None, {}, []) and k not in ("command_line", "inputs")} for s in real]
+    shown = [{k: v for k, v in step.items() if v not in (None, {}, []) and k not in ("command_line", "inputs")}
+             for step in real]
     print(yaml.safe_dump({"backend_release": args.release, "steps": shown}, sort_keys=False, width=118), end="")
     print(f"# differences from pipectl compile --explain --backend-release {args.release}")
     print("\n".join(diffs) if diffs else "none")
