@@ -27,7 +27,7 @@ GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) runs Kubef
 
 
 class GoMissing(RuntimeError):
-    """No Go toolchain here: the one line says what to install."""
+    """What the harness needs is not here (Go, or KFP's modules): the one line says what to install or set."""
 
 
 def go() -> str:
@@ -53,6 +53,9 @@ def build(release: str) -> Path:
         argv.append(f"-modfile={RELEASES[release]}")
     argv.append(".")
     done = subprocess.run(argv, cwd=HARNESS, capture_output=True, text=True, env=build_env())
+    if done.returncode and "kubeflow/pipelines" in done.stderr and "403 Forbidden" in done.stderr:
+        raise GoMissing(f"the Go module proxy refuses github.com/kubeflow/pipelines: set KFP_GIT to a clone of "
+                        f"https://github.com/kubeflow/pipelines to build the KFP {release} harness from it")
     if done.returncode:
         raise RuntimeError(f"building the KFP {release} harness failed:\n{done.stderr[-4000:]}")
     return out
