@@ -458,8 +458,18 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     print(f"# the real KFP {args.release} driver's pods (tests/kfp_backend/harness)")
-    shown = [{k: v for k, v in step.items() if v not in (None, {}, []) and k not in ("command_line", "inputs")}
-             for step in real]
+    from pipelines import kfp_driver
+    from pipelines.explain import all_tasks
+
+    spec, _ = kfp_driver.read_package(args.pipeline)
+    shown = []
+    for step in real:
+        entry = {k: v for k, v in step.items() if v not in (None, {}, []) and k not in ("command_line", "inputs")}
+        component = spec["components"][all_tasks(spec)[step["task"]]["componentRef"]["name"]]
+        for name, definition in component.get("inputDefinitions", {}).get("parameters", {}).items():
+            if definition.get("parameterType") == "TASK_CONFIG" and name in step.get("inputs", {}):
+                entry["task_config"] = step["inputs"][name]  # what the step's cluster launcher receives
+        shown.append(entry)
     print(yaml.safe_dump({"backend_release": args.release, "steps": shown}, sort_keys=False, width=118), end="")
     print(f"# differences from pipectl compile --explain --backend-release {args.release}")
     print("\n".join(diffs) if diffs else "none")
