@@ -167,12 +167,11 @@ def all_tasks(spec: dict) -> dict[str, dict]:
     return tasks
 
 
-def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str = PIPELINE_ROOT,
-                  bulk_dir=datadir.bulk_dir) -> dict[str, list[dict]]:
-    """Per task, what its pod's launcher downloads on `release` (pipelines/kfp_launcher.py): each input artifact,
-    and anything beside it that the release's prefix listing also brings. The run is laid out as the steps write
-    it: each artifact at its KFP URI, and the bulk of the outputs written by reference where `bulk_dir` puts it
-    for the run's `data_root` (a mounted path is not in the pipeline root's listing)."""
+def run_layout(spec: dict, parameters: dict, pipeline_root: str = PIPELINE_ROOT,
+               bulk_dir=datadir.bulk_dir) -> dict[str, int]:
+    """The run's objects as the steps write them, {URI: size}: each artifact at its KFP URI, and the bulk of the
+    outputs written by reference where `bulk_dir` puts it for the run's `data_root` (a mounted path is not in the
+    pipeline root's listing)."""
     tasks, defaults = all_tasks(spec), spec["root"].get("inputDefinitions", {}).get("parameters", {})
     data_root = parameters.get("data_root", defaults.get("data_root", {}).get("defaultValue", ""))
     pipeline = spec["pipelineInfo"]["name"]
@@ -191,6 +190,20 @@ def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str
                 where = bulk_dir(uri(task, output), uri(task, output), data_root=data_root,
                                  by_reference=by_reference.get("runtimeValue", {}).get("constant", False))
                 objects[f"{where.rstrip('/')}/train/train-00000-of-00001.tfrecord"] = 1
+    return objects
+
+
+def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str = PIPELINE_ROOT,
+                  bulk_dir=datadir.bulk_dir) -> dict[str, list[dict]]:
+    """Per task, what its pod's launcher downloads on `release` (pipelines/kfp_launcher.py): each input artifact,
+    and anything beside it that the release's prefix listing also brings, from the run laid out as the steps write
+    it (run_layout)."""
+    pipeline = spec["pipelineInfo"]["name"]
+
+    def uri(task: str, output: str) -> str:
+        return kfp_launcher.output_uri(pipeline_root, pipeline, "RUN_ID", task, "UUID", output)
+
+    objects = run_layout(spec, parameters, pipeline_root, bulk_dir)
     store = kfp_launcher.Listing(objects)
     moved = kfp_launcher.pod_transfers(spec, uri, uri, store, release)
     result = {}
@@ -229,8 +242,18 @@ def explain(package_path: str, parameters: dict, release: str = kfp_driver.PINNE
         steps.append(entry)
     needs = [{"feature": f.description, "first_release": f.first_release}
              for f in kfp_driver.required_release(spec, executors)]
-    return {"backend_release": release, "model": kfp_driver.PINNED, "launcher": launcher_rule(release),
+    return {"backend_release": release, "model": kfp_driver.PINNED,
+            "checked_against": checked_against(release), "launcher": launcher_rule(release),
             "needs": needs, "steps": steps}
+
+
+def checked_against(release: str) -> str:
+    """Whether this answer was compared with the release's own compiler and driver, run on the same pipeline."""
+    checked = ", ".join(kfp_driver.CHECKED_AGAINST)
+    if release in kfp_driver.CHECKED_AGAINST:
+        return (f"the real KFP {release} compiler and driver give these pods (tests/test_kfp_backend.py; "
+                f"checked: {checked})")
+    return f"the model only: KFP {release}'s own driver is not run in the tests (checked: {checked})"
 
 
 def launcher_rule(release: str) -> str:

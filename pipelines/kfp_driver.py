@@ -7,8 +7,10 @@ passthrough (`dsl.TaskConfig` inputs, with and without `apply_to_task`). Each ru
 in kubeflow/pipelines at the tag `PINNED_RELEASE` (paths under backend/src/v2/); what older releases lack is gated
 by `FEATURES`, the first release of each (checked against the release tags): a release that does not know a
 compiled field drops it (2.4.1 and newer) or fails the task on it (2.4.0 and older), and `DriverError` says which.
-Environment variables, volumes and affinity are not modelled: the pipeline sets none. tests/test_kfp_driver_upstream.py
-runs the driver's own driver_test.go and k8s_test.go cases at 2.17.0 through the model.
+PVC mounts and pod annotations are modelled too; environment variables and affinity are not: the pipeline sets none.
+tests/test_kfp_backend.py runs the real compiler and driver (CHECKED_AGAINST) on every compiled variant and compares
+each pod with this model; tests/test_kfp_driver_upstream.py runs the driver's own driver_test.go and k8s_test.go
+cases at 2.17.0 through the model.
 
 Values keep their protobuf kinds as Python types (str: string_value, int/float: number_value, bool, dict: struct,
 list: list, None: null), since the driver reads a placeholder with `GetStringValue()`, which is "" for a number.
@@ -26,6 +28,9 @@ import yaml
 
 PINNED_RELEASE = "2.17.0"
 PINNED = f"kubeflow/pipelines {PINNED_RELEASE}"
+# The releases whose own compiler and driver (tests/kfp_backend, a Go program built from each release's commit) the
+# model is compared with, field by field, for every pipeline variant: tests/test_kfp_backend.py.
+CHECKED_AGAINST = ("2.17.0",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +159,9 @@ class TaskPod:
     labels: dict
     task_config: dict | None
     notes: list[str] = dataclasses.field(default_factory=list)
+    annotations: dict = dataclasses.field(default_factory=dict)
+    volumes: list | None = None
+    volume_mounts: list | None = None
     inputs: dict = dataclasses.field(default_factory=dict, repr=False)  # the task's resolved parameter inputs
 
     @property
@@ -209,6 +217,17 @@ def resolve_input(spec: dict, dag_inputs: dict, task_outputs: dict, what: str) -
     if "runtimeValue" in spec:
         return spec["runtimeValue"].get("constant")
     raise DriverError(f"{what}: input kind {sorted(spec)} is not modelled")
+
+
+# The run id explain shows (a run's is its KFP run UUID).
+RUN_ID = "RUN_ID"
+
+
+def run_placeholder(value: Any, task_name: str) -> Any:
+    """driver/resolve.go:435-452 at 2.17.0: a constant input that is exactly the run's or the task's placeholder
+    becomes its value (the run id, the task's name); any other value stays as it is."""
+    return {"{{$.pipeline_job_uuid}}": RUN_ID, "{{$.pipeline_task_name}}": task_name}.get(value, value) \
+        if isinstance(value, str) else value
 
 
 def resolve_placeholder(value: str, inputs: dict, what: str) -> str:
@@ -376,13 +395,44 @@ def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str
     return result or None
 
 
+def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict) -> tuple[list, list] | None:
+    """driver/k8s.go:1111-1165 makeVolumeMountPatch at 2.17.0: each `pvcMount` of the task's Kubernetes config as a
+    volume mount (name: the claim, mountPath, subPath) and a PersistentVolumeClaim volume of that name, appended to
+    the pod (k8s.go:156-175); the claim's name comes from `pvcNameParameter`, else the deprecated `constant`,
+    `taskOutputParameter` or `componentInputParameter`. None when the task mounts none."""
+    if not config.get("pvcMount"):
+        return None
+    mounts, volumes = [], []
+    for mount in config["pvcMount"]:
+        if "pvcNameParameter" in mount:
+            param = mount["pvcNameParameter"]
+        elif mount.get("constant"):
+            param = {"runtimeValue": {"constant": mount["constant"]}}
+        elif "taskOutputParameter" in mount:
+            param = {"taskOutputParameter": mount["taskOutputParameter"]}
+        elif mount.get("componentInputParameter"):
+            param = {"componentInputParameter": mount["componentInputParameter"]}
+        else:
+            raise DriverError("failed to make podSpecPatch: volume mount: volume name not provided")
+        name = resolve_input(param, dag_inputs, task_outputs, "pvc name")
+        if isinstance(name, Unresolved):
+            name.need()
+        if not name or not mount.get("mountPath"):
+            raise DriverError("failed to mount volume, missing mountpath or pvc name")
+        mounts.append({"name": name, "mountPath": mount["mountPath"]} |
+                      ({"subPath": mount["subPath"]} if mount.get("subPath") else {}))
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": name}})
+    return mounts, volumes
+
+
 def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, dag_inputs: dict,
                  task_outputs: dict, release: str = PINNED_RELEASE) -> TaskPod:
     """The pod (and TaskConfig) the driver creates for one container task of a DAG whose inputs are `dag_inputs`."""
     component = spec["components"][task["componentRef"]["name"]]
     executor = component["executorLabel"]
     container = spec["deploymentSpec"]["executors"][executor]["container"]
-    inputs = {name: resolve_input(p, dag_inputs, task_outputs, f"{task_name} input {name!r}")
+    inputs = {name: run_placeholder(resolve_input(p, dag_inputs, task_outputs, f"{task_name} input {name!r}"),
+                                    task_name)
               for name, p in (task.get("inputs", {}).get("parameters") or {}).items()}
     passed, on_pod = task_config_options(component, release)
     config = k8s_executors.get(executor, {})
@@ -411,6 +461,9 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
         if not has(release, "task_config_passthrough"):
             task_config = {}
     labels = dict((config.get("podMetadata") or {}).get("labels") or {}) if has(release, "pod_labels") else {}
+    annotations = dict((config.get("podMetadata") or {}).get("annotations") or {}) \
+        if has(release, "pod_labels") else {}
+    mounted = pvc_mounts(config, dag_inputs, task_outputs) if "KUBERNETES_VOLUMES" in on_pod else None
     return TaskPod(
         task=task_name, display_name=task.get("taskInfo", {}).get("name", task_name),
         image=resolve_placeholder(container["image"], inputs, "image"),  # driver.go:449
@@ -419,7 +472,8 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
         tolerations=tolerated if "KUBERNETES_TOLERATIONS" in on_pod else None,  # k8s.go:296
         # compiler/argocompiler/container.go:744-787 extendPodMetadata, called at :590-592: the executor template's
         # pod metadata carries the labels (and annotations).
-        labels=labels,
+        labels=labels, annotations=annotations,  # the same extendPodMetadata (container.go:768-786)
+        volume_mounts=mounted[0] if mounted else None, volumes=mounted[1] if mounted else None,
         task_config=task_config, notes=notes, inputs=inputs)
 
 

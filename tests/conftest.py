@@ -170,6 +170,22 @@ def mate_photos() -> list[str]:
     return found
 
 
+@pytest.fixture(scope="session")
+def kfp_backend_built() -> str:
+    """The Go harness that runs Kubeflow Pipelines' own compiler and driver (tests/kfp_backend), built for every
+    release it has a go.mod for; skipped without Go, a failure where REQUIRE_GO=1 (CI: .ci/run)."""
+    from tests import kfp_backend
+
+    try:
+        for release in kfp_backend.RELEASES:
+            kfp_backend.build(release)
+    except kfp_backend.GoMissing as missing:
+        if os.environ.get("REQUIRE_GO") == "1":
+            pytest.fail(f"REQUIRE_GO=1 and {missing}")
+        pytest.skip(str(missing))
+    return "built"
+
+
 def write_png(path: str, array: np.ndarray, mode: str | None = None) -> None:
     from PIL import Image
 

@@ -1,0 +1,5 @@
+import sys
+
+from tests.kfp_backend import main
+
+sys.exit(main())
