@@ -305,7 +305,7 @@ class Comparison:
 
 
 # The pipeline variants we compile (compile options, run parameters): the frameworks, the train launchers, GPU
-# type/count/pool/Spot, GCS FUSE, data_root, Kueue and the Vertex target.
+# type/count/pool/Spot, GCS FUSE, data_root, Kueue, the Vertex target, shared GPUs and GPUDirect.
 VARIANTS = {
     "default": ([], {}),
     "torch": (["--framework", "torch"], {}),
@@ -322,6 +322,12 @@ VARIANTS = {
     "data-root": ([], {"data_root": "gs://BUCKET/kfp-data"}),
     "kueue": (["--kueue-queue", "team-a", "--train-launcher", "trainjob"], {}),
     "vertex-target": (["--target", "vertex"], {}),
+    "time-shared-training": ([], {"train_accelerator_type": "nvidia-l4", "train_gpu_sharing": "time-sharing",
+                                  "train_max_shared_clients": 4}),
+    "mig-predict": (["--predict-accelerator", "nvidia-a100-80gb", "--predict-gpu-partition", "1g.10gb"], {}),
+    "rdma-trainjob": (["--train-launcher", "trainjob", "--framework", "torch"],
+                      {"train_network": "rdma", "train_accelerator_type": "nvidia-h200-141gb", "train_gpu_count": 8,
+                       "train_workers": 1}),
 }
 
 
