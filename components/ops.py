@@ -100,8 +100,7 @@ def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_
     the form the KFP driver reads), and what training is told of a shared GPU."""
     import collections
 
-    from components.launch import SharedGpu, gpu_placement
-    from components.launch.network import check_network
+    from components.launch import SharedGpu, check_network, gpu_placement
 
     placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
                               node_pool=node_pool, shared=SharedGpu(gpu_partition, gpu_sharing, max_shared_clients),
