@@ -50,6 +50,20 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts]) if "://" in base else os.path.join(base, *parts)
 
 
+def copy_tree(source: str, destination: str) -> int:
+    """Copies the directory tree `source` into `destination`, between local paths and gs:// (`gfile()`), files
+    overwritten; returns the number of files copied."""
+    files, copied = gfile(), 0
+    for directory, _, names in files.walk(source):
+        relative = directory[len(source.rstrip("/")):].strip("/")
+        target = join(destination, relative) if relative else destination
+        files.makedirs(target)
+        for name in names:
+            files.copy(join(directory, name), join(target, name), overwrite=True)
+            copied += 1
+    return copied
+
+
 class DataError(ValueError):
     """Input data that cannot be used, with a message saying what to do about it."""
 

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 
-from components import gcp
+from components import gcp, storage
 from components.gcp.accelerators import ACCELERATORS
 from components.launch.frameworks import check_framework, setup
 from components.launch.job import LaunchError, TrainingJob, job_name
@@ -56,20 +56,11 @@ def job_manifests(launcher: str, job: TrainingJob, namespace: str, *, runtime: s
 
 
 def copy_tree(source: str, destination: str) -> int:
-    """Copies a directory tree between local paths and gs:// (tf.io.gfile); returns the number of files."""
-    import tensorflow as tf
-
-    if not tf.io.gfile.isdir(source):
+    """Copies a training job's output tree between local paths and gs:// (storage.copy_tree); returns the number
+    of files."""
+    if not storage.gfile().isdir(source):
         raise LaunchError(f"The training job finished but wrote nothing to {source}")
-    copied = 0
-    for directory, _, files in tf.io.gfile.walk(source):
-        relative = directory[len(source.rstrip("/")):].lstrip("/")
-        target = "/".join(p for p in (destination.rstrip("/"), relative) if p)
-        tf.io.gfile.makedirs(target)
-        for name in files:
-            tf.io.gfile.copy(f"{directory.rstrip('/')}/{name}", f"{target}/{name}", overwrite=True)
-            copied += 1
-    return copied
+    return storage.copy_tree(source, destination)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 from components import data
 from components.predict.sources import Source, _exists, _is_remote
 from components.registry.identity import model_digest
+from components.storage import copy_tree
 
 SHARDS = "shards"
 
@@ -164,11 +165,7 @@ def digest_of(model_dir: str) -> str:
     if not files.isdir(model_dir):
         raise FileNotFoundError(f"Model directory not found: {model_dir}")
     with tempfile.TemporaryDirectory(prefix="model-") as local_copy:
-        for directory, _, names in files.walk(model_dir):
-            relative = directory[len(model_dir.rstrip("/")):].strip("/")
-            os.makedirs(os.path.join(local_copy, relative), exist_ok=True)
-            for name in names:
-                files.copy(data.join(directory, name), os.path.join(local_copy, relative, name), overwrite=True)
+        copy_tree(model_dir, local_copy)
         return model_digest(local_copy)
 
 
