@@ -2,7 +2,7 @@
 TFJob or PyTorchJob, or a Vertex AI CustomJob, and follow it.
 
 A pipeline step can only ask for one pod. For multi-node training the step instead creates a job that runs
-the same image and the same training command on a chief and N workers (each framework its own way, frameworks.py:
+the same image and the same training command on a chief and N workers (each framework its own way, frameworks/:
 for TensorFlow the platform sets `TF_CONFIG`, or each pod builds it from its environment, so components/train/
 picks MultiWorkerMirroredStrategy; torch nodes run torchrun on the platform's PET_* variables; JAX nodes
 jax.distributed on JAX_*), follows its status
@@ -20,7 +20,8 @@ cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not o
   (for clusters with JobSet but without Trainer v2).
 - trainjob.py: the Kubeflow Trainer v2 TrainJob, the plain ClusterTrainingRuntime shipped in manifests/trainer/,
   and `TrainJobLauncher`: the default on GKE.
-- frameworks.py: what each framework's nodes run and the variables they need where the platform sets none;
+- frameworks/: each framework's launch facts, one module per framework: what its nodes run, how they meet, its
+  Trainer runtime and policy, the legacy job kinds that run it;
   node.py: what a torch or JAX node runs (torchrun with the steps' exit codes; on Vertex AI, CLUSTER_SPEC turned
   into torchrun's or JAX's variables first).
 - tfjob.py, pytorchjob.py: the Kubeflow Training Operator v1 TFJob and PyTorchJob (legacy: for clusters that

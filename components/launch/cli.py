@@ -11,7 +11,7 @@ legacy Kubeflow TFJob, in-cluster or with the local kubeconfig; or only print wh
 the builders a launch uses (`job_manifests`), without a cluster: review them, or check them with
 `kubectl apply --dry-run=server -f -`. `--runtime-manifest` prints the shipped runtime file itself (the framework's).
 With `--framework torch` or `jax` the training command (`python -m components.train ...`) becomes what each node of
-that framework runs (torchrun for torch, see frameworks.py).
+that framework runs (torchrun for torch, see frameworks/).
 
 Exit codes are the steps' contract (components/stepcli.py): 0 succeeded, 143 stopped (SIGTERM; the job was
 deleted), 2 bad input or a job that failed, 1 a bug.
@@ -28,7 +28,7 @@ from components.gcp.accelerators import ACCELERATORS
 from components.launch.job import TrainingJob
 from components.launch.k8s import kubernetes_client
 from components.launch.placement import SHARING_STRATEGIES, SharedGpu, gpu_placement
-from components.launch.frameworks import FRAMEWORKS, setup
+from components.launch.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, setup
 from components.launch.network import NETWORKS
 from components.launch.training import KUBERNETES_LAUNCHERS, job_manifests
 from components.launch.trainjob import RUNTIME_NAME, TRAINER_RELEASE, TRAINING, runtime_file, runtime_manifest
@@ -36,10 +36,11 @@ from components.launch.trainjob import RUNTIME_NAME, TRAINER_RELEASE, TRAINING, 
 
 def runtime_header(framework: str, network: str = "") -> str:
     """The comment that heads a shipped runtime file."""
-    kind = "plain Kubeflow Trainer" if framework == "tensorflow" else "Kubeflow Trainer"
-    option = ("" if framework == "tensorflow" else f" --framework {framework}") + \
+    trainer_policy = setup(framework).trainer_policy
+    kind = "Kubeflow Trainer" if trainer_policy else "plain Kubeflow Trainer"
+    option = ("" if framework == DEFAULT_FRAMEWORK else f" --framework {framework}") + \
         (f" --network {network}" if network else "")
-    policy = "" if framework == "tensorflow" else f" ({framework} policy)"
+    policy = f" ({trainer_policy} policy)" if trainer_policy else ""
     on = " on GPUDirect-TCPXO (A3 Mega)" if network else ""
     edit = "network.py, trainjob.py" if network else "trainjob.py"
     return (f"# The {kind} {TRAINER_RELEASE} runtime{policy} for {TRAINING[framework]}{on} (TrainJob launcher).\n"
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Run a training command on several nodes as a Kubeflow Trainer v2 "
                                                  "TrainJob, a JobSet or a (legacy) TFJob or PyTorchJob, and follow it.")
     parser.add_argument("--launcher", choices=list(KUBERNETES_LAUNCHERS), default="trainjob")
-    parser.add_argument("--framework", choices=FRAMEWORKS, default="tensorflow",
+    parser.add_argument("--framework", choices=FRAMEWORKS, default=DEFAULT_FRAMEWORK,
                         help="what the nodes train with: tensorflow (tf.distribute), torch (torchrun, DDP) or jax "
                              "(jax.distributed) (default: %(default)s)")
     parser.add_argument("--runtime", default=RUNTIME_NAME, help="ClusterTrainingRuntime of a TrainJob (default: "

@@ -15,7 +15,7 @@ import hashlib
 from typing import Any, Callable, Iterator
 
 from components import gcp
-from components.launch.frameworks import check_framework
+from components.launch.frameworks import DEFAULT_FRAMEWORK, check_framework
 from components.launch.placement import CPU_ONLY, DNS_LABEL_CHARS, GPU_RESOURCE, Placement
 
 # The launchers' errors are the layer's job errors, under the names callers catch.
@@ -51,7 +51,7 @@ class TrainingJob:
     backoff_limit: int = 6  # replica restarts (preemptions) before the job fails
     service_account: str = ""
     grace_seconds: int = 30  # SIGTERM to SIGKILL: time to write the preemption checkpoint
-    framework: str = "tensorflow"  # what the nodes train with: how they find each other (frameworks.py)
+    framework: str = DEFAULT_FRAMEWORK  # what the nodes train with: how they find each other (frameworks/)
     network: str = ""  # GPUDirect: rdma or tcpxo (network.py); empty: the pod network only
 
     def __post_init__(self):

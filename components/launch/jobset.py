@@ -10,9 +10,9 @@ The pods. One replicated job `node` (Trainer v2 overrides the Job and the contai
 step), 1 replica, `parallelism = completions = nodes`, `completionMode: Indexed`. JobSet names pod k's host
 `{jobset}-node-0-{k}` in the subdomain `{jobset}` (its headless Service), and Kubernetes gives the pod the
 annotation `batch.kubernetes.io/job-completion-index: k`. `node_env` turns that into what the job's framework
-reads (frameworks.py): for TensorFlow TRAINING_NODE_HOSTS and TRAINING_NODE_INDEX (`cluster_env`), from which each
-pod builds its own TF_CONFIG (components/train/cluster.py); for torch torchrun's PET_* and for JAX the JAX_*, the
-same values Trainer's torch and JAX plugins set. Node 0 is the chief: its log is the one streamed.
+reads (its launch facts, frameworks/): for TensorFlow TRAINING_NODE_HOSTS and TRAINING_NODE_INDEX (`cluster_env`),
+from which each pod builds its own TF_CONFIG (components/train/cluster.py); for torch torchrun's PET_* and for JAX
+the JAX_*, the same values Trainer's torch and JAX plugins set. Node 0 is the chief: its log is the one streamed.
 
 Failures. MultiWorkerMirroredStrategy (and a DDP or JAX process group alike) cannot take one replaced worker back
 into a running collective, so a
@@ -35,19 +35,17 @@ from __future__ import annotations
 import logging
 
 from components import gcp
-from components.launch.frameworks import TRAINER_PORT, jax_env, torch_env
+from components.launch.frameworks import NODE, setup
+from components.launch.frameworks.tensorflow import cluster_env, node_hosts  # noqa: F401 (the TF nodes' env)
 from components.launch.job import TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
 from components.launch.network import check_network, pod_network
 from components.launch.placement import KUEUE_QUEUE_LABEL, mps_pod_fields
-from components.train.cluster import HOSTS_ENV, INDEX_ENV
 
 log = logging.getLogger(__name__)
 
 JOBSET_RELEASE = "v0.12.0"  # the JobSet Kubeflow Trainer v2.3.0 installs (its manifests/third-party/jobset)
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
-NODE = "node"  # the replicated job and its container: the names Trainer v2's trainer step overrides
-TRAINING_PORT = 2222  # TensorFlow's gRPC port between the nodes (the TFJob default)
 MAX_RESTARTS = 6  # whole-group restarts (preemptions) before the job fails, as a TFJob's backoffLimit
 
 # Labels and annotations JobSet (sigs.k8s.io/jobset/api/jobset/v1alpha2, pkg/constants) and the Job controller
@@ -67,34 +65,16 @@ def max_name_length(nodes: int) -> int:
     return 63 - len(f"-{NODE}-0-{nodes - 1}") - POD_NAME_SUFFIX
 
 
-def node_hosts(name: str, nodes: int) -> list[str]:
-    """Every node's address: its pod hostname in the JobSet's headless Service (the subdomain is the name)."""
-    return [f"{name}-{NODE}-0-{k}.{name}:{TRAINING_PORT}" for k in range(nodes)]
-
-
-def cluster_env(name: str, nodes: int) -> list[dict]:
-    """The two variables from which each node builds its TF_CONFIG (components/train/cluster.py)."""
-    return [{"name": HOSTS_ENV, "value": ",".join(node_hosts(name, nodes))},
-            {"name": INDEX_ENV, "valueFrom": {"fieldRef": {
-                "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}}]
-
-
 def node_env(job: TrainingJob) -> list[dict]:
-    """What each node needs to find the others, for the framework `job` trains with (frameworks.py): the TF node
+    """What each node needs to find the others, for the framework `job` trains with (its launch facts): the TF node
     addresses, torchrun's PET_* or jax.distributed's JAX_*, from the JobSet's hostnames and the completion index."""
-    if job.framework == "torch":
-        return torch_env(job.name, job.nodes, job.processes_per_node)
-    if job.framework == "jax":
-        return jax_env(job.name, job.nodes)
-    return cluster_env(job.name, job.nodes)
+    return setup(job.framework).jobset_env(job.name, job.nodes, job.processes_per_node)
 
 
 def node_ports(framework: str) -> list[dict]:
     """The node container's port for the nodes' own traffic: TensorFlow's gRPC port, or the port Trainer v2 gives
     torch's rendezvous and JAX's coordinator."""
-    if framework == "tensorflow":
-        return [{"name": "tf-training", "containerPort": TRAINING_PORT}]
-    return [{"name": "rendezvous", "containerPort": TRAINER_PORT}]
+    return setup(framework).ports()
 
 
 def pod_failure_policy() -> dict:

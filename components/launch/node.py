@@ -28,6 +28,8 @@ import json
 import os
 import sys
 
+from components.launch.frameworks import node_frameworks, setup
+
 PRIMARY, WORKERS = "workerpool0", "workerpool1"
 
 
@@ -47,15 +49,13 @@ def node_of(cluster_spec: dict) -> tuple[int, int, str, int]:
 
 
 def framework_env(framework: str, cluster_spec: dict, processes_per_node: int) -> dict[str, str]:
-    """What torchrun (PET_*) or jax.distributed (JAX_*) read, for this replica of `cluster_spec`."""
+    """What torchrun (PET_*) or jax.distributed (JAX_*) read, for this replica of `cluster_spec`: the
+    framework's rendezvous (its launch facts)."""
+    facts = setup(framework)
+    if not facts.node_runner:
+        raise ValueError(f"no node variables for framework {framework!r} ({', '.join(node_frameworks())})")
     rank, nodes, host, port = node_of(cluster_spec)
-    if framework == "torch":
-        return {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(processes_per_node), "PET_NODE_RANK": str(rank),
-                "PET_MASTER_ADDR": host, "PET_MASTER_PORT": str(port)}
-    if framework == "jax":
-        return {"JAX_NUM_PROCESSES": str(nodes), "JAX_PROCESS_ID": str(rank),
-                "JAX_COORDINATOR_ADDRESS": f"{host}:{port}"}
-    raise ValueError(f"no node variables for framework {framework!r} (torch, jax)")
+    return facts.rendezvous(nodes=nodes, rank=str(rank), host=host, port=port, processes_per_node=processes_per_node)
 
 
 def exit_code(code: int) -> int:
@@ -79,27 +79,34 @@ def torchrun(args: list[str]) -> int:
     return 0
 
 
+def exec_python(args: list[str]) -> int:
+    """This Python with `args`, in place of this process (its exit code is the node's)."""
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+NODE_RUNNERS = {"torchrun": torchrun, "python": exec_python}  # a framework's node_runner (its launch facts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--framework", required=True, choices=("torch", "jax"))
+    parser.add_argument("--framework", required=True, choices=node_frameworks())
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- torchrun's arguments (torch) or Python's (jax)")
     args = parser.parse_args(argv)
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     if not rest:
         parser.error("give the arguments after --")
+    facts = setup(args.framework)
     if os.environ.get("CLUSTER_SPEC"):
         try:
             wanted = framework_env(args.framework, json.loads(os.environ["CLUSTER_SPEC"]),
-                                   int(os.environ.get("PET_NPROC_PER_NODE", "1")))
+                                   int(os.environ.get(facts.process_count_env, "1")))
         except (ValueError, TypeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         for name, value in wanted.items():
             os.environ.setdefault(name, value)
-    if args.framework == "torch":
-        return torchrun(rest)
-    sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, *rest])
+    return NODE_RUNNERS[facts.node_runner](rest)
 
 
 if __name__ == "__main__":

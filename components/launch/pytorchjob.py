@@ -4,7 +4,7 @@ TensorFlow: for clusters that still run Training Operator v1; a new cluster runs
 runtime (trainjob.py).
 
 Followed at the operator's last release, kubeflow/trainer v1.9.4 (the repository was kubeflow/training-operator):
-- every replica runs torchrun (through components.launch.node, frameworks.py), which reads the PET_* variables the
+- every replica runs torchrun (through components.launch.node, frameworks/torch.py), which reads the PET_* variables the
   operator sets on every container (pkg/controller.v1/pytorch/envvar.go:85-123: WORLD_SIZE, RANK and PET_NODE_RANK =
   the replica's rank, master 0 and worker k k+1; PET_NPROC_PER_NODE = spec.nprocPerNode; PET_NNODES = all replicas;
   master.go:44-59: MASTER_ADDR and PET_MASTER_ADDR = `{job}-master-0`, MASTER_PORT and PET_MASTER_PORT = the master
@@ -20,6 +20,7 @@ Followed at the operator's last release, kubeflow/trainer v1.9.4 (the repository
 from __future__ import annotations
 
 from components import gcp
+from components.launch.frameworks import setup
 from components.launch.job import TrainingJob
 from components.launch.tfjob import (OPERATOR_GROUP, OPERATOR_VERSION, OperatorJobLauncher, operator_job_manifest,
                                     tfjob_status)
@@ -32,9 +33,10 @@ PORT_NAME, PORT = "pytorchjob-port", 23456  # the master's port the operator rea
 
 def pytorchjob_manifest(job: TrainingJob, namespace: str) -> dict:
     """The kubeflow.org/v1 PyTorchJob for `job`: master + workers running torchrun, ExitCode restarts."""
-    if job.framework != "torch":
+    runs_on = setup(job.framework).launchers
+    if "pytorchjob" not in runs_on:
         raise ValueError(f"a PyTorchJob trains with torch, not {job.framework}: use another launcher "
-                         f"(trainjob, jobset, vertex-job{', tfjob' if job.framework == 'tensorflow' else ''})")
+                         f"({', '.join(runs_on)})")
     container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
                  "ports": [{"name": PORT_NAME, "containerPort": PORT}], "resources": job.container_resources()}
     return operator_job_manifest(job, namespace, kind="PyTorchJob", container=container, primary="Master",

@@ -16,6 +16,7 @@ import json
 import logging
 
 from components import gcp
+from components.launch.frameworks import setup
 from components.launch.job import LaunchError, TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
 from components.launch.network import check_network
@@ -31,9 +32,10 @@ TFJOB_PHASES = {"Succeeded": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}  #
 
 def tfjob_manifest(job: TrainingJob, namespace: str) -> dict:
     """The kubeflow.org/v1 TFJob for `job`: chief + workers, same image and command, ExitCode restarts."""
-    if job.framework != "tensorflow":
-        raise ValueError(f"a TFJob trains with TensorFlow, not {job.framework}: use another launcher (trainjob, "
-                         f"jobset, vertex-job{', pytorchjob' if job.framework == 'torch' else ''})")
+    runs_on = setup(job.framework).launchers
+    if "tfjob" not in runs_on:
+        raise ValueError(f"a TFJob trains with TensorFlow, not {job.framework}: use another launcher "
+                         f"({', '.join(runs_on)})")
     container = {"name": CONTAINER_NAME, "image": job.image, "command": list(job.command), "env": job.env_list(),
                  "resources": job.container_resources()}
     return operator_job_manifest(job, namespace, kind="TFJob", container=container, primary="Chief",

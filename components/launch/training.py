@@ -14,7 +14,7 @@ import logging
 
 from components import gcp, storage
 from components.gcp.accelerators import ACCELERATORS
-from components.launch.frameworks import check_framework, setup
+from components.launch.frameworks import DEFAULT_FRAMEWORK, check_framework, legacy_launchers, setup
 from components.launch.job import LaunchError, TrainingJob, job_name
 from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
 from components.launch.k8s import kubernetes_client
@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 KUBERNETES_LAUNCHERS = {"trainjob": TrainJobLauncher, "jobset": JobSetLauncher, "tfjob": TFJobLauncher,
                         "pytorchjob": PyTorchJobLauncher}
 LAUNCHERS = (*KUBERNETES_LAUNCHERS, "vertex-job")
-# The launchers that run one framework only (the others run all of frameworks.FRAMEWORKS).
-LAUNCHER_FRAMEWORKS = {"tfjob": ("tensorflow",), "pytorchjob": ("torch",)}
+# The launchers that run some frameworks only (the others run all of frameworks.FRAMEWORKS): the frameworks' legacy
+# job kinds.
+LAUNCHER_FRAMEWORKS = legacy_launchers()
 
 
 def job_manifests(launcher: str, job: TrainingJob, namespace: str, *, runtime: str = RUNTIME_NAME) -> list[dict]:
@@ -77,7 +78,7 @@ class LaunchSettings:
     kueue_queue: str = ""  # Kueue LocalQueue that admits the job (empty: not queued)
     namespace: str = "kubeflow"  # Kubernetes launchers
     runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a shipped name: the framework's, trainjob.py)
-    framework: str = "tensorflow"  # what the nodes train with (frameworks.py): their command and how they meet
+    framework: str = DEFAULT_FRAMEWORK  # what the nodes train with (frameworks/): their command and how they meet
     network: str = ""  # GPUDirect network of the nodes (network.py: rdma, tcpxo), checked with the placement
     # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
     # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
@@ -105,7 +106,7 @@ class LaunchSettings:
 
 def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, task_name: str) -> TrainingJob:
     """The job `launch` runs the training command `command` as: each node runs it as its framework starts a node
-    (torchrun for torch, frameworks.py); its replicas placed by the pipeline task's config (KFP's TaskConfig
+    (torchrun for torch, frameworks/); its replicas placed by the pipeline task's config (KFP's TaskConfig
     passthrough) when given, else by launch's accelerator, GPUs, Spot and node pool."""
     if launch.task_config is not None:
         from_task = placement_from_task_config(launch.task_config, launch.node_resources)
@@ -168,7 +169,7 @@ def launch_pipeline_training(launch: LaunchSettings, *, dataset_uri: str, augmen
                              task_name: str, model: str = "reference-cnn", pretrained: str = "none",
                              freeze_epochs: int = -1, fine_tune_layers: int = 0,
                              fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                             framework: str = "tensorflow", shared_gpu: str = "") -> dict:
+                             framework: str = DEFAULT_FRAMEWORK, shared_gpu: str = "") -> dict:
     """`launch_training` from the pipeline's values (0 for "the recipe's"), as the train step's ops call it: the
     replicas read and write the artifacts' URIs (gs://), keep checkpoints per run and task, and stage under
     `{pipeline_root}/jobs/{run_id}/{task_name}`. `framework` trains; `launch` must start its nodes for it.

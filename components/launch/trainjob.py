@@ -3,9 +3,9 @@ ClusterTrainingRuntimes it runs on (one per framework), the status reader and `T
 
 TensorFlow's runtime (`runtime_manifest`, shipped as manifests/trainer/tensorflow-multiworker.yaml) has no framework
 policy: its `mlPolicy` only sets `numNodes`, so Trainer's PlainML plugin takes the node count and the env from the
-TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (jobset.cluster_env). The torch and
-JAX runtimes (torch-multinode.yaml, jax-multinode.yaml) carry Trainer's torch or jax policy instead, whose plugins
-give the nodes torchrun's PET_* or jax.distributed's JAX_* (frameworks.py); the TrainJob then sets none of them. Its
+TrainJob and adds nothing of its own; the TensorFlow cluster comes from our env (frameworks/tensorflow.py). The torch
+and JAX runtimes (torch-multinode.yaml, jax-multinode.yaml) carry Trainer's torch or jax policy instead, whose plugins
+give the nodes torchrun's PET_* or jax.distributed's JAX_* (frameworks/); the TrainJob then sets none of them. Its
 JobSet template is jobset.py's `node` replicated job with the failure rules, so a TrainJob restarts and fails exactly
 as the JobSet launcher's JobSet does (retryable exit codes restart all nodes, which resume from the checkpoints; 1-127
 fail at once).
@@ -30,8 +30,8 @@ import logging
 
 from components import gcp
 from components.launch.job import LaunchError, TrainingJob
-from components.launch.frameworks import check_framework
-from components.launch.jobset import (MAX_RESTARTS, NODE, NodePodsLauncher, check_name, cluster_env, jobset_spec,
+from components.launch.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, check_framework, setup
+from components.launch.jobset import (MAX_RESTARTS, NODE, NodePodsLauncher, check_name, jobset_spec,
                                       node_job_template, node_ports, restart_attempt)
 from components.launch.k8s import api_reason
 from components.launch.network import TCPXO, check_network, pod_network
@@ -42,11 +42,11 @@ log = logging.getLogger(__name__)
 TRAINER_RELEASE = "v2.3.0"
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 TRAINJOB_PLURAL, RUNTIME_PLURAL = "trainjobs", "clustertrainingruntimes"
-RUNTIME_NAME = "tensorflow-multiworker"  # the plain ClusterTrainingRuntime in manifests/trainer/
-# The runtimes shipped in manifests/trainer/, one per framework: the plain one for TensorFlow, and for torch and JAX
-# runtimes with Trainer's own torch and JAX policies (upstream's torch-distributed and jax-distributed runtimes,
-# manifests/base/runtimes/ at v2.3.0, with the failure rules of jobset.py added).
-RUNTIMES = {"tensorflow": RUNTIME_NAME, "torch": "torch-multinode", "jax": "jax-multinode"}
+# The runtimes shipped in manifests/trainer/, one per framework (its launch facts): the plain one for TensorFlow, and
+# for torch and JAX runtimes with Trainer's own torch and JAX policies (upstream's torch-distributed and
+# jax-distributed runtimes, manifests/base/runtimes/ at v2.3.0, with the failure rules of jobset.py added).
+RUNTIMES = {framework: setup(framework).runtime for framework in FRAMEWORKS}
+RUNTIME_NAME = RUNTIMES[DEFAULT_FRAMEWORK]  # the default framework's: the plain ClusterTrainingRuntime
 # GPUDirect-TCPXO's runtimes (network.py): the framework's, with the tcpxo-daemon sidecar, which a TrainJob's
 # runtime patch cannot add.
 TCPXO_RUNTIMES = {framework: f"{name}-{TCPXO}" for framework, name in RUNTIMES.items()}
@@ -59,8 +59,7 @@ RUNTIME_PATCH_MANAGER = "kfp-image-classification/launcher"
 KUEUE_PATCH_MANAGER = "kueue.x-k8s.io/manager"
 FRAMEWORK_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")  # MLPolicySource members in v2.3.0
 TRAINJOB_PHASES = {"Complete": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}
-TRAINING = {"tensorflow": "TensorFlow multi-worker training", "torch": "PyTorch DDP under torchrun",
-            "jax": "JAX multi-process training"}
+TRAINING = {framework: setup(framework).training for framework in FRAMEWORKS}
 
 
 # The node pods' grace period is the runtime's, not the TrainJob's: a pod-template patch's
@@ -70,7 +69,7 @@ TRAINING = {"tensorflow": "TensorFlow multi-worker training", "torch": "PyTorch 
 RUNTIME_GRACE_SECONDS = 30
 
 
-def runtime_file(framework: str = "tensorflow", network: str = "") -> str:
+def runtime_file(framework: str = DEFAULT_FRAMEWORK, network: str = "") -> str:
     return f"manifests/trainer/{runtime_for(framework, network=network)}.yaml"
 
 
@@ -87,7 +86,7 @@ def runtime_network(runtime: str) -> str:
     return TCPXO if runtime in TCPXO_RUNTIMES.values() else ""
 
 
-def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framework: str = "tensorflow",
+def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framework: str = DEFAULT_FRAMEWORK,
                      network: str = "") -> dict:
     """The shipped ClusterTrainingRuntime of `framework`: one `node` replicated job, no image or command of its own
     (every TrainJob brings them), the failure rules of jobset.py. TensorFlow's is plain (mlPolicy numNodes only:
@@ -98,10 +97,11 @@ def runtime_manifest(name: str = "", *, max_restarts: int = MAX_RESTARTS, framew
     its interfaces, devices, volumes and the tcpxo-daemon sidecar; the TrainJob brings the NCCL settings."""
     container: dict = {"name": NODE}
     policy: dict = {"numNodes": 1}
-    if framework == "tensorflow":
-        container["ports"] = node_ports(framework)  # the plugins of torch and JAX add theirs
+    trainer_policy = setup(framework).trainer_policy
+    if trainer_policy:
+        policy[trainer_policy] = {}  # its plugin adds the port
     else:
-        policy[check_framework(framework)] = {}
+        container["ports"] = node_ports(framework)
     pod_spec: dict = {"terminationGracePeriodSeconds": RUNTIME_GRACE_SECONDS}
     annotations = {}
     if network:
@@ -130,16 +130,16 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
         raise ValueError(f"GPUDirect-TCPXO's tcpxo-daemon sidecar comes with the runtime "
                          f"{TCPXO_RUNTIMES[job.framework]!r} ({runtime_file(job.framework, TCPXO)}), not "
                          f"{runtime!r}: a TrainJob's runtime patch cannot add a container")
-    # TensorFlow's nodes build TF_CONFIG from our variables; torch's and JAX's get theirs from the runtime's policy
-    # (whose webhook refuses a TrainJob that sets the PET_* itself: torch.go:65-77).
-    env = job.env_list() + (cluster_env(job.name, job.nodes) if job.framework == "tensorflow" else [])
+    # TensorFlow's nodes build TF_CONFIG from our variables; torch's and JAX's get theirs from the runtime's policy.
+    facts = setup(job.framework)
+    env = job.env_list() + facts.trainjob_env(job.name, job.nodes, job.processes_per_node)
     command = list(job.command)
     gpudirect = pod_network(job.network) if job.network else None
     if gpudirect:
         env, command = env + gpudirect.env, gpudirect.node_command(command)
     trainer = {"numNodes": job.nodes, "image": job.image, "command": command, "env": env,
                "resourcesPerNode": job.container_resources()}
-    if job.framework == "torch":  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
+    if facts.process_count_env:  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
         trainer["numProcPerNode"] = job.processes_per_node
     placement = job.pod_placement()
     grace = placement.pop("terminationGracePeriodSeconds", RUNTIME_GRACE_SECONDS)
@@ -226,7 +226,7 @@ def trainjob_status(trainjob: dict) -> gcp.JobStatus:
     return gcp.JobStatus("Running" if active else "Created")
 
 
-def runtime_problems(runtime: dict, framework: str = "tensorflow") -> tuple[list[str], list[str]]:
+def runtime_problems(runtime: dict, framework: str = DEFAULT_FRAMEWORK) -> tuple[list[str], list[str]]:
     """What makes a ClusterTrainingRuntime unfit for multi-node training with `framework` (errors), and what only
     weakens it (warnings): TensorFlow needs a plain runtime (a framework policy would inject its own launcher/env),
     torch and JAX need Trainer's torch or jax policy (which gives the nodes their PET_* or JAX_*); a custom
@@ -234,11 +234,12 @@ def runtime_problems(runtime: dict, framework: str = "tensorflow") -> tuple[list
     errors, warnings = [], []
     spec = runtime.get("spec", {})
     policies = [p for p in FRAMEWORK_POLICIES if p in (spec.get("mlPolicy") or {})]
-    if framework == "tensorflow" and policies:
+    wanted = setup(framework).trainer_policy
+    if not wanted and policies:
         errors.append(f"it has a {policies[0]} policy (a plain runtime has none)")
-    elif framework != "tensorflow" and policies != [framework]:
+    elif wanted and policies != [wanted]:
         has = f"a {policies[0]} policy" if policies else "no framework policy"
-        errors.append(f"it has {has} (a {framework} runtime has mlPolicy.{framework})")
+        errors.append(f"it has {has} (a {wanted} runtime has mlPolicy.{wanted})")
     jobset = spec.get("template", {}).get("spec", {})
     if jobset.get("network", {}).get("subdomain"):
         errors.append("it sets network.subdomain (the nodes find each other in the subdomain named after the job)")
@@ -266,7 +267,7 @@ class TrainJobLauncher(NodePodsLauncher):
         super().__init__(*args, **kwargs)
         self._warned_readded: set[str] = set()  # TrainJobs whose re-added GPU toleration was already reported
 
-    def check_runtime(self, name: str, framework: str = "tensorflow") -> None:
+    def check_runtime(self, name: str, framework: str = DEFAULT_FRAMEWORK) -> None:
         """Refuses a runtime that is missing or unfit for `framework` (LaunchError naming what to apply); goes on,
         with a warning, when the service account may not read cluster-scoped runtimes."""
         from kubernetes.client.rest import ApiException
@@ -278,7 +279,7 @@ class TrainJobLauncher(NodePodsLauncher):
                 raise LaunchError(f"ClusterTrainingRuntime {name!r} is not installed: apply it with `kubectl apply "
                                   f"--server-side -f {runtime_file(framework, runtime_network(name))}` (or name an "
                                   f"installed "
-                                  f"{'plain' if framework == 'tensorflow' else framework} runtime)") from None
+                                  f"{setup(framework).runtime_kind} runtime)") from None
             if e.status == 403:
                 log.warning("launch: cannot read ClusterTrainingRuntime %s (%s); creating the TrainJob unchecked",
                             name, api_reason(e))
@@ -294,7 +295,7 @@ class TrainJobLauncher(NodePodsLauncher):
 
     def create(self, manifest: dict) -> str:
         self.check_runtime(manifest["spec"]["runtimeRef"]["name"],
-                           manifest["metadata"].get("labels", {}).get(FRAMEWORK_LABEL, "tensorflow"))
+                           manifest["metadata"].get("labels", {}).get(FRAMEWORK_LABEL, DEFAULT_FRAMEWORK))
         return super().create(manifest)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:

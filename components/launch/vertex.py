@@ -6,6 +6,7 @@ import logging
 
 from components import gcp
 from components.gcp.accelerators import vertex_machine_type
+from components.launch.frameworks import setup
 from components.launch.job import Launcher, TrainingJob
 from components.launch.network import check_network
 from components.launch.placement import DNS_LABEL_CHARS
@@ -25,9 +26,7 @@ def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machi
     if gpus:
         machine.accelerator_type = vertex_accelerators[job.placement.accelerator]
         machine.accelerator_count = gpus
-    env = dict(job.env)
-    if job.framework == "torch":
-        env["PET_NPROC_PER_NODE"] = str(job.processes_per_node)
+    env = {**job.env, **setup(job.framework).process_env(job.processes_per_node)}
     container = v1.ContainerSpec(image_uri=job.image, command=list(job.command),
                                  env=[v1.EnvVar(name=k, value=str(v)) for k, v in sorted(env.items())])
     pools = [v1.WorkerPoolSpec(machine_spec=machine, replica_count=1, container_spec=container)]
