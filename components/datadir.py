@@ -1,9 +1,9 @@
 """Where a step's bulk data goes: inside its KFP artifact, or by reference outside it.
 
 A KFP backend's launcher copies every input artifact into the pod before a step starts, and every output artifact
-whole out of it after the step ends (pipelines/kfp_launcher.py models that rule, release by release). A dataset of a
-million photos is tens of GB of shards, so on a KFP backend the data-heavy steps (preprocess, augment, predict) write
-their shards and predictions *by reference*: into a data folder outside the artifact, and into the artifact itself
+whole out of it after the step ends (pipelines/backend/kfp_launcher.py models that rule, release by release). A dataset
+of a million photos is tens of GB of shards, so on a KFP backend the data-heavy steps (preprocess, augment, predict)
+write their shards and predictions *by reference*: into a data folder outside the artifact, and into the artifact itself
 only a small manifest whose paths point there. Every reader of a dataset goes through the manifest
 (`data.split_files`, `data.locate`), so training, evaluation and prediction stream the shards from where they live
 (gs://, with tf.data) and the KFP UI's lineage still links each step to the dataset artifact it used.

@@ -335,5 +335,5 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
 
 
 # The output each data-heavy step writes by reference (components/datadir.py): its bulk goes where
-# datadir.bulk_dir says, its artifact holds a manifest. pipelines/explain.py shows what that means for each pod.
+# datadir.bulk_dir says, its artifact holds a manifest. pipelines/backend/explain.py shows what that means for each pod.
 BY_REFERENCE = {preprocess_op.name: "dataset", augment_op.name: "augmented", predict_op.name: "predictions"}

@@ -38,7 +38,7 @@ EXIT_CODES: Mapping[type, int] = MappingProxyType({ValueError: EXIT_PERMANENT})
 
 # The logger's name is in the line so that a reader of the mixed output of a step (its own lines, TensorFlow's,
 # the KFP executor's) can tell the project's progress lines from the rest: `pipectl run --local` shows only those
-# (pipelines/steplogs.py), the step's log file keeps everything.
+# (pipelines/local/steplogs.py), the step's log file keeps everything.
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
                        r"\[([^\]\s]+)\] (.*)$")

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from pipelines import config, training, weights
 from pipelines.parameters import add_parameter_options, given_parameters, validate_parameters
-from pipelines.kfp_driver import PINNED_RELEASE
+from pipelines.backend.kfp_driver import PINNED_RELEASE
 
 log = logging.getLogger("pipectl")
 
@@ -186,13 +186,13 @@ def run_local(params: dict, output_dir: str, settings: config.PipelineSettings |
 
     Each step's complete output goes to OUTPUT_DIR/logs/<step>.log; `console` (default: this process's stdout)
     gets one line when a step starts, one when it ends, and the project's progress lines between
-    (pipelines/steplogs.py); with `verbose`, every line. A failed step raises steplogs.StepFailed, whose text
+    (pipelines/local/steplogs.py); with `verbose`, every line. A failed step raises steplogs.StepFailed, whose text
     names the step, its own error message and its log.
     """
     import yaml
     from kfp import components, local
 
-    from pipelines import local_checks, runpage, steplogs
+    from pipelines.local import local_checks, runpage, steplogs
 
     shown_dir = output_dir.rstrip("/") or output_dir
     output_dir = os.path.abspath(output_dir)
@@ -303,7 +303,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
           + ")",
           file=sys.stderr if args.explain else sys.stdout)
     if args.explain:
-        from pipelines import explain
+        from pipelines.backend import explain
 
         print(explain.render(explain.explain(args.output, params, args.backend_release)), end="")
     return 0
@@ -311,7 +311,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def kfp_client(args: argparse.Namespace):
     """A kfp.Client for --host: bearer token from --token-file or KFP_TOKEN, or an IAP client id."""
-    from pipelines.publish import make_client
+    from pipelines.hosts.publish import make_client
 
     token = None
     if args.token_file:
@@ -348,7 +348,7 @@ VERTEX_COMPILE_TIME_PARAMETERS = {"train_accelerator_type", "train_gpu_count", "
 
 def vertex_context(args: argparse.Namespace) -> tuple[dict, dict]:
     """Vertex connection arguments, and the pipeline parameters with Vertex's registry defaults applied."""
-    from pipelines import vertex
+    from pipelines.vertexai import vertex
 
     given = given_parameters(args)
     project, region = given.get("project"), args.region or given.get("location")
@@ -377,7 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.vertex:
         import tempfile
 
-        from pipelines import vertex
+        from pipelines.vertexai import vertex
 
         connection, params = vertex_context(args)
         with tempfile.TemporaryDirectory() as tmp:
@@ -395,7 +395,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_local(params, output_dir, settings_from(args), verbose=args.verbose)
         print_summary(summary, output_dir)
         return 0
-    from pipelines.publish import start_run
+    from pipelines.hosts.publish import start_run
 
     run_name = args.run_name or f"{args.pipeline_name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     result = start_run(kfp_client(args), pipeline_name=args.pipeline_name, run_name=run_name,
@@ -409,8 +409,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_upload(args: argparse.Namespace) -> int:
     import tempfile
 
-    from pipelines.backend_check import check_backend, package_features
-    from pipelines.publish import upload_version
+    from pipelines.hosts.backend_check import check_backend, package_features
+    from pipelines.hosts.publish import upload_version
 
     with tempfile.TemporaryDirectory() as tmp:
         package, client = package_for(args, tmp), kfp_client(args)
@@ -426,7 +426,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         raise ValueError("choose where to schedule: --host URL (a KFP API) or --vertex (Vertex AI Pipelines)")
     if args.vertex:
         return vertex_schedule(args)
-    from pipelines import backend_check, publish
+    from pipelines.hosts import backend_check, publish
 
     if args.resume:
         raise ValueError("--resume is for --vertex; on a KFP host, run the schedule command again to re-create it")
@@ -460,7 +460,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def vertex_schedule(args: argparse.Namespace) -> int:
     import tempfile
 
-    from pipelines import vertex
+    from pipelines.vertexai import vertex
 
     connection, params = vertex_context(args)
     if args.delete:
@@ -564,9 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from pipelines.publish import PublishError
-    from pipelines.steplogs import StepFailed
-    from pipelines.vertex import VertexPipelineError
+    from pipelines.hosts.publish import PublishError
+    from pipelines.local.steplogs import StepFailed
+    from pipelines.vertexai.vertex import VertexPipelineError
 
     try:
         return args.func(args)

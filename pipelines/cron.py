@@ -4,7 +4,7 @@ Both take the standard 5 fields, minute hour day-of-month month day-of-week, che
 a bad cron must never reach a server (KFP even accepts 5 fields and reads them as seconds-first). The callers
 differ only in what they allow on top: Vertex AI takes a `TZ=Area/City ` (or `CRON_TZ=`) prefix and 7 for
 Sunday; KFP runs in the server's time zone and its cron library has no 7. KFP's 6-field seconds-first form is
-made in pipelines/publish.py. A schedule whose days never come (`0 0 31 2 *`: no February has a 31st) is refused
+made in pipelines/hosts/publish.py. A schedule whose days never come (`0 0 31 2 *`: no February has a 31st) is refused
 too: both schedulers would take it and never run it.
 """
 

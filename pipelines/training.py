@@ -93,7 +93,7 @@ def place_training(task: dsl.PipelineTask, placement: dsl.PipelineTask, *, gpus_
     training pod) its GPUs. The training pod gets them; a cluster job's launcher passes the node selector and
     tolerations on to its nodes (TaskConfig) and takes the GPU count as a value. The GPU limit is the step's
     string output, not the integer parameter: the KFP driver resolves a number placeholder to no limit at all
-    (pipelines/kfp_driver.py), and an empty string (0 GPUs) to none."""
+    (pipelines/backend/kfp_driver.py), and an empty string (0 GPUs) to none."""
     from kfp import kubernetes
 
     kubernetes.add_node_selector_json(task, placement.outputs["node_selector"])
@@ -110,7 +110,7 @@ def on_cpu(task: dsl.PipelineTask, settings: config.PipelineSettings, cpu: str, 
 def choose_images(settings: config.PipelineSettings, framework) -> dict:
     """The images of training, evaluation and batch prediction. On a KFP backend a step picks them for the run's
     framework from the pinned ones (components/step_images.py) and the driver starts those pods on its outputs
-    (pipelines/kfp_driver.py); on Vertex AI, which documents no image taken from a step's output, the same rule
+    (pipelines/backend/kfp_driver.py); on Vertex AI, which documents no image taken from a step's output, the same rule
     picks them here, for the framework fixed when compiling."""
     if settings.target != "kfp":
         return step_images(settings.compiled_framework, settings.images.pinned()).to_json()
@@ -298,7 +298,7 @@ def with_fixed_framework(pipeline_func, framework: str):
     when compiling, so a run parameter could only contradict them. The Vertex AI SDK refuses a parameter that the
     pipeline does not declare ("The pipeline parameter framework is not found in the pipeline job input
     definitions": google-cloud-aiplatform 1.165.1, google/cloud/aiplatform/utils/pipeline_utils.py:240-243), so no
-    run can set it and have it ignored; pipectl says why first (pipelines/vertex_checks.py). KFP reads the
+    run can set it and have it ignored; pipectl says why first (pipelines/vertexai/vertex_checks.py). KFP reads the
     parameters from the signature and passes them in its order (kfp 2.17.3, kfp/dsl/graph_component.py:50-64)."""
     signature = inspect.signature(pipeline_func)
     kept = [p for name, p in signature.parameters.items() if name != "framework"]

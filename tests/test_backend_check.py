@@ -5,8 +5,10 @@ import logging
 
 import pytest
 
-from pipelines import backend_check, cli, kfp_driver
-from pipelines.publish import make_client
+from pipelines import cli
+from pipelines.backend import kfp_driver
+from pipelines.hosts import backend_check
+from pipelines.hosts.publish import make_client
 
 UPLOADS = "/apis/v2beta1/pipelines/upload_version"
 
@@ -34,7 +36,7 @@ def test_upload_to_an_older_backend_is_refused_before_anything_is_sent(kfp_api, 
 
 def test_allow_older_backend_uploads_with_a_warning(kfp_api, capsys, caplog):
     kfp_api.tag_name = "2.14.0"
-    with caplog.at_level(logging.WARNING, logger="pipelines.backend_check"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.hosts.backend_check"):
         assert cli.main(["upload", "--host", kfp_api.url, "--version", "v1", "--train-launcher", "jobset",
                          "--allow-older-backend"]) == 0
     assert "needs 2.15.0 or newer" in caplog.text
@@ -45,7 +47,7 @@ def test_a_new_enough_or_silent_backend_gets_the_upload(kfp_api, capsys, caplog)
     kfp_api.tag_name = "2.15.0"
     assert cli.main(["upload", "--host", kfp_api.url, "--version", "v1", "--train-launcher", "trainjob"]) == 0
     kfp_api.tag_name = "unknown"
-    with caplog.at_level(logging.WARNING, logger="pipelines.backend_check"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.hosts.backend_check"):
         assert cli.main(["upload", "--host", kfp_api.url, "--version", "v2"]) == 0
     assert "does not report its release; this pipeline needs KFP 2.5.0 or newer" in caplog.text
     assert len(kfp_api.requests_to("POST", UPLOADS)) == 2

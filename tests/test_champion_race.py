@@ -277,7 +277,7 @@ def test_a_champion_removed_after_evaluation_leaves_the_thresholds_to_decide(tmp
 
 
 def test_the_register_steps_line_and_the_run_page_say_the_champion_was_kept():
-    from pipelines import runpage, steplogs
+    from pipelines.local import runpage, steplogs
 
     promotion = ("the champion became v1 after evaluation (which found none); against v1 on the same test set: not "
                  "blessed: 0.933 >= 0.50 but < champion v1 0.967 - 0.00; registered v2 without the champion alias")

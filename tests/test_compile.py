@@ -65,7 +65,7 @@ def test_each_framework_gets_pods_on_images_that_can_run_its_steps(compiled_path
                                                                    predict):
     """The pods a KFP backend (the driver model at kubeflow/pipelines 2.17.0) starts for a run on `framework`,
     the image step run with the run's parameters as on the cluster."""
-    from pipelines import explain
+    from pipelines.backend import explain
 
     pods = {step["task"]: step for step in explain.explain(compiled_path, {"framework": framework})["steps"]}
     assert {task: pod["image"] for task, pod in pods.items()} == {
@@ -82,7 +82,7 @@ def test_each_framework_gets_pods_on_images_that_can_run_its_steps(compiled_path
 def test_a_jax_runs_cluster_job_nodes_run_the_chosen_image(launcher, tmp_path):
     """Multi-node training (Trainer v2's jax-multinode runtime, a JobSet, a Vertex AI CustomJob) gets the image the
     image step chose as a value: for jax the PyTorch image, which carries JAX; the GPU image has none."""
-    from pipelines import explain
+    from pipelines.backend import explain
 
     path = str(tmp_path / "p.yaml")
     compile_pipeline(path, config.PipelineSettings(images=IMAGES, train_launcher=launcher))
@@ -97,7 +97,7 @@ def test_a_jax_runs_cluster_job_nodes_run_the_chosen_image(launcher, tmp_path):
 
 
 def test_a_torch_run_of_a_pipeline_without_the_pytorch_image_is_refused_at_its_start(tmp_path):
-    from pipelines import explain
+    from pipelines.backend import explain
 
     path = str(tmp_path / "p.yaml")
     compile_pipeline(path, config.PipelineSettings(images=config.Images(cpu=IMAGES.cpu, gpu=IMAGES.gpu)))

@@ -1,6 +1,6 @@
 """Data by reference, run for real: the compiled pipeline with kfp.local over a synthetic dataset larger than what a
 pod may copy, its shards and predictions under a data root; what the KFP launcher would copy for each of its pods
-(pipelines/kfp_launcher.py), for every train launcher; and the pipeline on a class-folder tree of photos."""
+(pipelines/backend/kfp_launcher.py), for every train launcher; and the pipeline on a class-folder tree of photos."""
 
 import glob
 import gzip
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from components import data, datadir
-from pipelines import cli, config, kfp_launcher, training
+from pipelines import cli, config, training
+from pipelines.backend import kfp_launcher
 from tests.conftest import write_png
 
 MB = 1 << 20

@@ -316,7 +316,7 @@ def test_the_kfp_metrics_and_the_steps_console_line_carry_it(tmp_path):
     from kfp import dsl
 
     from components.train.results import log_to_kfp
-    from pipelines.steplogs import key_figures
+    from pipelines.local.steplogs import key_figures
 
     info = {"history": {"loss": [0.5, 0.4]}, "train_seconds": 12.0, "images_per_second": 900.0, "steps": 20,
             "resumed_from_step": 0, "exported_epoch": 2, "strategy": "default", "replicas": 1, "workers": 1,
@@ -334,7 +334,7 @@ def test_the_kfp_metrics_and_the_steps_console_line_carry_it(tmp_path):
 
 
 def page_for(tmp_path, training_info: dict) -> str:
-    from pipelines import runpage
+    from pipelines.local import runpage
 
     model = tmp_path / "model"
     model.mkdir()

@@ -212,7 +212,7 @@ def compiled(tmp_path, launcher: str, target: str = "kfp") -> tuple[str, dict]:
 
 
 def explained_nodes(path: str, parameters: dict) -> list[dict]:
-    from pipelines import explain
+    from pipelines.backend import explain
 
     steps = {step["task"]: step for step in explain.explain(path, parameters)["steps"]}
     return steps["train-cluster-job-op"]["nodes"]

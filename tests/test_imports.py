@@ -139,3 +139,63 @@ def test_components_import_nothing_from_pipelines():
     upward = {(module, other) for module, imported in graph.items() if module.startswith("components")
               for other in imported if other.startswith("pipelines")}
     assert upward == set()
+
+
+# pipelines/ by room: what each may import of pipelines/ besides itself. The CLI sits on top; the models of what a
+# KFP backend does sit at the bottom with the pipeline itself; nothing below imports the CLI, and the hosts, Vertex
+# AI and the local run never import one another.
+PIPELINES_ROOMS = {
+    "cli": ("pipelines.cli", "pipelines.parameters", "pipelines.weights"),
+    "pipeline": ("pipelines.training", "pipelines.config"),
+    "cron": ("pipelines.cron",),
+    "hosts": ("pipelines.hosts",),
+    "backend": ("pipelines.backend",),
+    "vertexai": ("pipelines.vertexai",),
+    "local": ("pipelines.local",),
+}
+PIPELINES_MAY_IMPORT = {
+    "cli": {"pipeline", "cron", "hosts", "backend", "vertexai", "local"},
+    "pipeline": set(),
+    "cron": set(),
+    "hosts": {"backend", "cron"},
+    "backend": set(),
+    "vertexai": {"cron"},
+    "local": set(),
+}
+
+
+def pipelines_room(module: str) -> str | None:
+    for room, prefixes in PIPELINES_ROOMS.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return room
+    return None
+
+
+def test_every_module_of_pipelines_has_a_room():
+    graph = import_graph(REPO_ROOT)
+    homeless = {m for m in graph if m.startswith("pipelines.") and pipelines_room(m) is None}
+    assert homeless == set(), "place each in a room of PIPELINES_ROOMS (and say what it may import)"
+    assert pipelines_room("pipelines.backend.kfp_driver") == "backend"  # it read the real tree
+    assert "pipelines.backend.kfp_driver" in graph and "pipelines.hosts.publish" in graph
+
+
+def test_pipelines_rooms_import_one_way():
+    graph = import_graph(REPO_ROOT)
+    wrong = {(module, other) for module, imported in graph.items() if module.startswith("pipelines.")
+             for other in imported if other.startswith("pipelines.")
+             and pipelines_room(other) not in PIPELINES_MAY_IMPORT[pipelines_room(module)] | {pipelines_room(module)}}
+    assert wrong == set()
+
+
+def test_the_room_rule_catches_a_model_that_imports_the_cli(tmp_path):
+    write_package(tmp_path, {
+        "components/__init__.py": "",
+        "pipelines/__init__.py": "",
+        "pipelines/cli.py": "from pipelines.backend import kfp_driver\n",
+        "pipelines/backend/__init__.py": "",
+        "pipelines/backend/kfp_driver.py": "def f():\n    from pipelines import cli\n",
+    })
+    graph = import_graph(str(tmp_path))
+    assert graph["pipelines.backend.kfp_driver"] == {"pipelines.cli"}
+    module, other = "pipelines.backend.kfp_driver", "pipelines.cli"
+    assert pipelines_room(other) not in PIPELINES_MAY_IMPORT[pipelines_room(module)]

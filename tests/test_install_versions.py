@@ -1,7 +1,7 @@
 """The releases the set-up docs install are the ones the code and its tests are built against, and the pairs hold.
 
-- KFP: docs/cluster-setup.md installs the release whose driver and launcher the tests model (pipelines/kfp_driver.py
-  PINNED_RELEASE), which is at least every feature's first release.
+- KFP: docs/cluster-setup.md installs the release whose driver and launcher the tests model
+  (pipelines/backend/kfp_driver.py PINNED_RELEASE), which is at least every feature's first release.
 - Kubeflow Trainer and Kueue: docs/multi-node-training.md installs the Trainer release the launcher and the vendored
   CRDs follow, and Kueue v0.19.2. Kueue v0.19.2 is built and end-to-end tested against Trainer v2.2.1 (its go.mod:14;
   hack/make/deps.mk:38 installs that version for the e2e tests); Trainer v2.3.0 came to Kueue's main branch only
@@ -22,7 +22,7 @@ import yaml
 
 from components import launch
 from components.launch.trainjob import TRAINER_RELEASE
-from pipelines.kfp_driver import FEATURES, PINNED_RELEASE, release_tuple
+from pipelines.backend.kfp_driver import FEATURES, PINNED_RELEASE, release_tuple
 from tests.conftest import REPO_ROOT
 from tests.standins.validation import _strict, crd_problems
 from tests.test_trainjob import gpu_job

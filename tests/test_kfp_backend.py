@@ -1,6 +1,6 @@
 """The real Kubeflow Pipelines backend (its compiler and driver at a release commit, tests/kfp_backend) against
-`pipectl compile --explain` (pipelines/kfp_driver.py's model), field by field, for every pipeline variant we compile,
-at every release the harness is built for. A difference fails with both sides shown."""
+`pipectl compile --explain` (pipelines/backend/kfp_driver.py's model), field by field, for every pipeline variant we
+compile, at every release the harness is built for. A difference fails with both sides shown."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipelines import kfp_driver
+from pipelines.backend import kfp_driver
 from tests import kfp_backend
 
 VARIANTS = kfp_backend.VARIANTS
@@ -60,7 +60,7 @@ def test_comparison_reports_each_field_with_both_sides():
 
 def test_explain_names_the_releases_it_was_checked_against(tmp_path_factory):
     """explain says which releases' real backend its answer was compared with: those the harness is built for."""
-    from pipelines import explain
+    from pipelines.backend import explain
 
     assert set(kfp_driver.CHECKED_AGAINST) == set(kfp_backend.RELEASES)
     path, parameters = compiled(tmp_path_factory, "default")
@@ -105,9 +105,9 @@ def test_the_real_download_rule_copies_what_the_launcher_model_says(kfp_backend_
                                                                      release):
     """objectstore.DownloadBlob of the release, on an in-memory bucket laid out as our steps write a run (each
     artifact at its KFP URI, the bulk data by reference beside it or under data_root), copies for every input
-    artifact exactly what pipelines/kfp_launcher.py says. The launcher's private skip rules (workspace, scheme,
+    artifact exactly what pipelines/backend/kfp_launcher.py says. The launcher's private skip rules (workspace, scheme,
     modelcar) stay modelled: they are not reachable from outside its package."""
-    from pipelines import explain, kfp_launcher
+    from pipelines.backend import explain, kfp_launcher
 
     path, parameters = compiled(tmp_path_factory, variant)
     spec, _ = kfp_driver.read_package(path)
@@ -123,7 +123,7 @@ def test_the_real_download_rule_copies_what_the_launcher_model_says(kfp_backend_
 def test_the_download_check_sees_a_sibling_copy(kfp_backend_built):
     """The control: a model that also copies objects whose keys only start with the artifact's (the rule before
     2.17.0) disagrees with 2.17.0's DownloadBlob on a bulk folder beside the artifact."""
-    from pipelines import kfp_launcher
+    from pipelines.backend import kfp_launcher
 
     objects = {"gs://b/r/t/u/dataset/dataset.json": 1, "gs://b/r/t/u/dataset.data/train/a.tfrecord": 1}
     older = sorted(kfp_launcher.downloaded("gs://b/r/t/u/dataset", kfp_launcher.Listing(objects), "2.16.1"))

@@ -1,8 +1,9 @@
 """What a KFP backend makes of the compiled pipeline: the training pod (or each node of a cluster job) gets exactly
 the GPUs asked for, with the matching node selector and tolerations, on every launcher and target.
 
-The pods come from pipelines/kfp_driver.py, the model of the driver at kubeflow/pipelines 2.17.0 (each rule cites
-its file and line); the nodes from the launchers' own code, fed the TaskConfig the way kfp's executor hands it over.
+The pods come from pipelines/backend/kfp_driver.py, the model of the driver at kubeflow/pipelines 2.17.0 (each rule
+cites its file and line); the nodes from the launchers' own code, fed the TaskConfig the way kfp's executor hands it
+over.
 """
 
 import functools
@@ -10,7 +11,8 @@ import functools
 import pytest
 import yaml
 
-from pipelines import config, explain, kfp_driver
+from pipelines import config
+from pipelines.backend import explain, kfp_driver
 from pipelines.training import compile_pipeline
 from tests.standins.trainer import trainjob_jobset
 

@@ -1,4 +1,4 @@
-"""The driver model (pipelines/kfp_driver.py) against the driver's own tests, with their expected values.
+"""The driver model (pipelines/backend/kfp_driver.py) against the driver's own tests, with their expected values.
 
 Ported from kubeflow/pipelines 2.17.0, backend/src/v2/driver/driver_test.go (initPodSpecPatch: accelerators :36,
 placeholder resources :307, old-style resources :428, requests :682, TaskConfig :820, :1444, :1505, :1608) and
@@ -15,7 +15,7 @@ executor input's parameter values (here constant task inputs) and the DAG's inpu
 
 import pytest
 
-from pipelines import explain, kfp_driver
+from pipelines.backend import explain, kfp_driver
 
 GPU = "nvidia.com/gpu"
 EVERY_FIELD = {"RESOURCES", "ENV", "KUBERNETES_AFFINITY", "KUBERNETES_TOLERATIONS", "KUBERNETES_NODE_SELECTOR",

@@ -1,4 +1,4 @@
-"""The model of the KFP launcher's artifact rule (pipelines/kfp_launcher.py), and what it says of this pipeline:
+"""The model of the KFP launcher's artifact rule (pipelines/backend/kfp_launcher.py), and what it says of this pipeline:
 with data by reference (components/datadir.py), no pod of any step or train launcher copies more than a few MB,
 however large the dataset; with the data inside the artifacts, the pods copy all of it."""
 
@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from components import datadir, ops
-from pipelines import config, kfp_launcher, training
+from pipelines import config, training
+from pipelines.backend import kfp_launcher
 
 MB = 1 << 20
 LIMIT = 10 * MB
@@ -232,7 +233,7 @@ def test_the_local_layout_is_kfp_locals():
 
 
 def explain_downloads(tmp_path, release: str, **parameters) -> dict:
-    from pipelines import explain
+    from pipelines.backend import explain
 
     package = training.compile_pipeline(str(tmp_path / "p.yaml"), config.PipelineSettings(train_launcher="trainjob"))
     return {step["task"]: step.get("downloads", [])
@@ -252,7 +253,7 @@ def test_explain_shows_what_each_pod_downloads_and_no_bulk_data(tmp_path, releas
 
 
 def test_explain_names_the_bulk_data_an_older_release_would_download(tmp_path):
-    from pipelines import explain
+    from pipelines.backend import explain
 
     spec = compiled(tmp_path, config.PipelineSettings(train_launcher="trainjob"))
     old = explain.pod_downloads(spec, {}, "2.16.1", bulk_dir=legacy_bulk_dir)

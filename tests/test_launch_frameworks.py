@@ -595,7 +595,7 @@ def test_the_launchers_rbac_covers_pytorchjobs():
 @pytest.mark.parametrize("launcher", ["trainjob", "jobset", "pytorchjob"])
 def test_explain_shows_the_command_each_torch_node_runs(launcher):
     """`pipectl compile --explain` lists a cluster job's nodes from the launcher's own manifests: their command too."""
-    from pipelines import explain
+    from pipelines.backend import explain
 
     settings = launch.LaunchSettings(launcher, "img", workers=2, framework="torch")
     manifest = launch.job_manifests(launcher, launch.training_job(settings, TRAIN, run_id="RUN", task_name="train"),

@@ -14,7 +14,8 @@ import sys
 import pytest
 import yaml
 
-from pipelines import local_checks, steplogs, training
+from pipelines import training
+from pipelines.local import local_checks, steplogs
 from tests.conftest import REPO_ROOT, write_png
 
 
@@ -225,7 +226,7 @@ def test_key_figures_of_each_step():
 
 
 def test_the_image_step_shows_which_image_runs_each_step():
-    from pipelines.steplogs import key_figures
+    from pipelines.local.steplogs import key_figures
 
     picked = {"parameterValues": {"train": "r/torch@sha256:" + "c" * 64, "evaluate": "r/torch:abc",
                                   "predict": "europe-docker.pkg.dev/p/ml/gpu:dev"}}

@@ -1,4 +1,4 @@
-"""pipelines.publish driven through the real kfp.Client against the KFP API stand-in (no mocks)."""
+"""pipelines.hosts.publish driven through the real kfp.Client against the KFP API stand-in (no mocks)."""
 
 # No `from __future__ import annotations` here: kfp reads the component's annotations as real types.
 import json
@@ -9,8 +9,8 @@ import pytest
 from kfp import compiler, dsl
 from kfp_server_api import ApiException, V2beta1Pipeline
 
-from pipelines import publish
-from pipelines.publish import PublishError
+from pipelines.hosts import publish
+from pipelines.hosts.publish import PublishError
 from tests.standins.kfp_api import KfpStandIn
 
 TOKEN = "tok-5ecret-never-print-me"

@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pytest
 
-from pipelines import runpage
+from pipelines.local import runpage
 from tests.conftest import write_png
 from tests.test_report_browser import RECORD_ERRORS, probe, readme_screenshot, screenshot
 

@@ -19,7 +19,8 @@ from components import launch, ops
 from components.gcp.accelerators import MIG_PROFILES
 from components.launch.placement import SharedGpu
 from components.train import TrainSettings, frameworks
-from pipelines import cli, config, explain, training
+from pipelines import cli, config, training
+from pipelines.backend import explain
 
 KNOWN = config.ACCELERATORS
 PARTITION = "cloud.google.com/gke-gpu-partition-size"

@@ -17,8 +17,10 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
 
-from pipelines import config, explain, training, vertex, vertex_checks
-from pipelines.vertex import (
+from pipelines import config, training
+from pipelines.backend import explain
+from pipelines.vertexai import vertex, vertex_checks
+from pipelines.vertexai.vertex import (
     PipelineJobFailed,
     ScheduleNotFound,
     VertexPermissionError,

@@ -3,9 +3,9 @@
 Every launcher and every remote job in the project goes through it: the TFJob and the Vertex AI CustomJob
 launchers (components/launch/), Vertex AI batch prediction (components/predict/vertex.py), the Model Registry's upload
 operation (components/registry/vertex.py), and the watchers of whole pipeline runs on Vertex AI Pipelines and KFP
-(pipelines/vertex.py, pipelines/publish.py). Modelled on Google Cloud Pipeline Components' `job_remote_runner`
-(poll until a terminal state, ride out connection errors, cancel the job when the step is cancelled). It gives
-them all the same behaviour:
+(pipelines/vertexai/vertex.py, pipelines/hosts/publish.py). Modelled on Google Cloud Pipeline Components'
+`job_remote_runner` (poll until a terminal state, ride out connection errors, cancel the job when the step is
+cancelled). It gives them all the same behaviour:
 
 - polling: one `get()` right away (or, when the caller passes the job it just created, after one interval), then
   every `poll_seconds`, optionally growing by `backoff` up to `max_poll_seconds`;

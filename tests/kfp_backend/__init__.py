@@ -121,7 +121,7 @@ def workflow(package_path: str, parameters: dict, release: str) -> dict:
 
 
 def _all_outputs(package_path: str, parameters: dict) -> dict:
-    from pipelines import explain, kfp_driver
+    from pipelines.backend import explain, kfp_driver
 
     spec, _ = kfp_driver.read_package(package_path)
     return explain.producer_outputs(spec, parameters) | decision_outputs(spec)
@@ -177,8 +177,8 @@ def workflow_errors(workflow_object: dict, schema: dict) -> list[str]:
 
 
 def as_explained(report: dict) -> list[dict]:
-    """The real pods in the shape `pipectl compile --explain` prints its steps (pipelines/kfp_driver.TaskPod): what
-    the driver's patch puts on the executor template's pod. Volumes, mounts and env the template already has (the
+    """The real pods in the shape `pipectl compile --explain` prints its steps (pipelines/backend/kfp_driver.TaskPod):
+    what the driver's patch puts on the executor template's pod. Volumes, mounts and env the template already has (the
     launcher's scratch volumes, KFP_POD_NAME...) are every pod's and left out; `command` is the launcher's
     command line after its `--` and the args, which is the step's own command line."""
     steps = []
@@ -221,7 +221,7 @@ def _system(key: str) -> bool:
                            "pipeline/runid"))
 
 
-# The fields compared one by one: those pipelines/kfp_driver.py answers, and the step's command line.
+# The fields compared one by one: those pipelines/backend/kfp_driver.py answers, and the step's command line.
 MODEL_FIELDS = ("image", "resources", "node_selector", "tolerations", "volumes", "volume_mounts", "env", "labels",
                 "annotations")
 
@@ -259,7 +259,7 @@ def differences(explained: dict, real: list[dict], spec: dict | None = None,
             if ours != theirs:
                 diffs.append(f"{name}: {field}: explain {json.dumps(ours)} / real {json.dumps(theirs)}")
         if spec is not None:
-            from pipelines.explain import all_tasks
+            from pipelines.backend.explain import all_tasks
 
             component = spec["components"][all_tasks(spec)[name]["componentRef"]["name"]]
             container = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
@@ -283,7 +283,7 @@ def differences(explained: dict, real: list[dict], spec: dict | None = None,
 def decision_outputs(spec: dict) -> dict:
     """True for every boolean output of the other tasks (the evaluation's `blessed`), so that the branches they
     guard run and their pods are made, as explain shows every step's pod."""
-    from pipelines.explain import PRODUCERS, all_tasks
+    from pipelines.backend.explain import PRODUCERS, all_tasks
 
     outputs = {}
     for name, task in all_tasks(spec).items():
@@ -382,7 +382,7 @@ def documented_rows() -> str:
 def compare(package_path: str, parameters: dict, release: str) -> tuple[dict, list[dict], list[str]]:
     """explain's answer, the real pods, and their differences for a compiled pipeline and run parameters. The
     producer steps' outputs (GPU check, images) come from running those steps here, as explain does."""
-    from pipelines import explain, kfp_driver
+    from pipelines.backend import explain, kfp_driver
 
     explained = explain.explain(package_path, parameters, release)
     spec, _ = kfp_driver.read_package(package_path)
@@ -417,7 +417,7 @@ def input_differences(resolved: dict, real: list[dict], counted: list | None = N
 
 
 def kfp_driver_unresolved():
-    from pipelines.kfp_driver import Unresolved
+    from pipelines.backend.kfp_driver import Unresolved
 
     return Unresolved
 
@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     print(f"# the real KFP {args.release} driver's pods (tests/kfp_backend/harness)")
-    from pipelines import kfp_driver
-    from pipelines.explain import all_tasks
+    from pipelines.backend import kfp_driver
+    from pipelines.backend.explain import all_tasks
 
     spec, _ = kfp_driver.read_package(args.pipeline)
     shown = []

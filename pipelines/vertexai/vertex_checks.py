@@ -1,7 +1,7 @@
 """What is sent to Vertex AI Pipelines, checked before the first request: the compiled pipeline spec, the run's
 root, parameters, service account and labels, and this project's run parameters (the registry on Vertex AI).
 
-pipelines/vertex.py sends it; everything here is plain data checking, no client.
+pipelines/vertexai/vertex.py sends it; everything here is plain data checking, no client.
 """
 
 from __future__ import annotations

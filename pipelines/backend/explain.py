@@ -1,8 +1,8 @@
 """`pipectl explain`: the pod a KFP backend release creates for each step of the compiled pipeline, for given
 parameter values, before anything is uploaded; for a cluster job, the nodes the training step's launcher creates;
-and what each pod's launcher downloads on that release (pipelines/kfp_launcher.py).
+and what each pod's launcher downloads on that release (pipelines/backend/kfp_launcher.py).
 
-The pods follow the driver model in pipelines/kfp_driver.py. The steps whose outputs place another task (the GPU
+The pods follow the driver model in pipelines/backend/kfp_driver.py. The steps whose outputs place another task (the GPU
 check, the images of the run's framework) run here, with the run's parameters, as they would on the cluster; a
 training step that launches a job gets its TaskConfig the way kfp's executor hands it over, and the launcher's own
 code builds the nodes from it.
@@ -18,7 +18,7 @@ import yaml
 
 from components import datadir, ops
 from components.launch.network import INTERFACES_ANNOTATION
-from pipelines import kfp_driver, kfp_launcher
+from pipelines.backend import kfp_driver, kfp_launcher
 
 # Steps whose outputs another task's pod depends on: run here, with the run's parameters.
 PRODUCERS = {ops.placement_op.name: ops.placement_op, ops.step_images_op.name: ops.step_images_op}
@@ -195,9 +195,9 @@ def run_layout(spec: dict, parameters: dict, pipeline_root: str = PIPELINE_ROOT,
 
 def pod_downloads(spec: dict, parameters: dict, release: str, pipeline_root: str = PIPELINE_ROOT,
                   bulk_dir=datadir.bulk_dir) -> dict[str, list[dict]]:
-    """Per task, what its pod's launcher downloads on `release` (pipelines/kfp_launcher.py): each input artifact,
-    and anything beside it that the release's prefix listing also brings, from the run laid out as the steps write
-    it (run_layout)."""
+    """Per task, what its pod's launcher downloads on `release` (pipelines/backend/kfp_launcher.py): each input
+    artifact, and anything beside it that the release's prefix listing also brings, from the run laid out as the steps
+    write it (run_layout)."""
     pipeline = spec["pipelineInfo"]["name"]
 
     def uri(task: str, output: str) -> str:
@@ -257,7 +257,7 @@ def checked_against(release: str) -> str:
 
 
 def launcher_rule(release: str) -> str:
-    """How `release`'s launcher picks the objects of an input artifact (pipelines/kfp_launcher.py)."""
+    """How `release`'s launcher picks the objects of an input artifact (pipelines/backend/kfp_launcher.py)."""
     if kfp_launcher.downloads_siblings(release):
         return (f"downloads every object whose key starts with an input artifact's key (objectstore.DownloadBlob "
                 f"before {kfp_launcher.UNDER_PREFIX_ONLY}, object_store.go:127-154 at 2.16.1); artifacts at "

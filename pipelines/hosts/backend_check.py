@@ -4,7 +4,7 @@
 2.17.0, backend/src/apiserver/main.go:465-491; the same keys since 2.0, main.go:231-234 at 2.4.1), `tag_name`
 being the TAG_NAME the release images are built with (backend/Dockerfile:65-66), "unknown" when a build did not
 set it. kfp.Client's generated model keeps only `multi_user` and `pipeline_store`, so the raw answer is read.
-The features and their first releases are pipelines/kfp_driver.py's FEATURES.
+The features and their first releases are pipelines/backend/kfp_driver.py's FEATURES.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 
-from pipelines import kfp_driver
+from pipelines.backend import kfp_driver
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import dataclasses
 import os
 from typing import Callable, Protocol
 
-from pipelines.kfp_driver import PINNED_RELEASE, release_tuple
+from pipelines.backend.kfp_driver import PINNED_RELEASE, release_tuple
 
 WORKSPACE_FLAG = "_kfp_workspace"
 LOCAL_SCHEMES = ("gs://", "minio://", "s3://", "oci://")  # LocalPathForURI, launcher_v2.go:1239-1253 [1208-1222]

@@ -15,8 +15,8 @@ projects or regions can be used side by side.
   it, or updates the existing one in place (`UpdateSchedule`), so re-deploying never leaves two schedules running.
   `pause_schedule`, `resume_schedule`, `delete_schedule` and `find_schedules` work by that name.
 
-Everything a user can get wrong is checked before the first request (pipelines/vertex_checks.py: a gs:// pipeline
-root, parameter names and types against the pipeline's inputs, a service account email, a YAML compiled for
+Everything a user can get wrong is checked before the first request (pipelines/vertexai/vertex_checks.py: a gs://
+pipeline root, parameter names and types against the pipeline's inputs, a service account email, a YAML compiled for
 Vertex AI; pipelines/cron.py: a 5-field cron with an optional `TZ=` prefix). Refusals from the API come back as
 `VertexPipelineError`s (the layer's `RemoteError`) that say what to do, e.g. a 403 names `roles/aiplatform.user`
 and, for the run-as service account, `roles/iam.serviceAccountUser`.
@@ -38,9 +38,9 @@ from typing import Any, Callable
 
 from components import gcp
 from pipelines.cron import parse_cron
-from pipelines.vertex_checks import (JOB_ID_RE, check_labels, check_service_account, load_pipeline_spec,
+from pipelines.vertexai.vertex_checks import (JOB_ID_RE, check_labels, check_service_account, load_pipeline_spec,
                                      make_job_id, runtime_config, set_caching)
-from pipelines.vertex_checks import vertex_run_parameters  # noqa: F401  (pipectl's entry to the checks)
+from pipelines.vertexai.vertex_checks import vertex_run_parameters  # noqa: F401  (pipectl's entry to the checks)
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Vertex AI Pipelines: submit runs and keep schedules, and what is checked before the first request."""
