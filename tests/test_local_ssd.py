@@ -124,3 +124,44 @@ def test_the_cli_dry_run_shows_the_empty_dir_and_the_request(capsys):
     assert_staged(pod, pod["containers"][0])
     assert launch.main(["--dry-run", "--name", "t-1", "--image", "img", "--local-ssd", "12G", "--", *COMMAND]) == 2
     assert capsys.readouterr().err.strip().startswith("error: the local-SSD size must be")
+
+
+# ---------------------------------------------------------------------------------------------- in the pipeline
+
+
+@pytest.mark.parametrize("launcher, task", [("trainjob", "train-cluster-job-op"), ("jobset", "train-cluster-job-op"),
+                                            ("tfjob", "train-cluster-job-op"), ("vertex-job", "train-job-op")])
+def test_train_stage_data_reaches_the_launchers_and_the_placement_check(tmp_path, launcher, task):
+    from tests.test_gpudirect import compiled
+
+    _, spec = compiled(tmp_path, launcher)
+    assert spec["root"]["inputDefinitions"]["parameters"]["train_stage_data"]["defaultValue"] is False
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks[task]["inputs"]["parameters"]["stage_data"] == {"componentInputParameter": "train_stage_data"}
+    assert tasks["placement-op"]["inputs"]["parameters"]["stage_data"] == {
+        "componentInputParameter": "train_stage_data"}
+
+
+REFUSAL = ("train_stage_data: a pipeline step's own training pod gets no room sized from the data (an emptyDir's "
+           "size is fixed when compiling, and KFP requests no ephemeral storage); use --train-launcher trainjob, "
+           "jobset, tfjob, pytorchjob, vertex-job, or the GCS FUSE file cache (--gcs-fuse-cache)")
+
+
+def test_staging_in_the_pipelines_own_pod_is_refused_in_one_line_by_pipectl_and_the_placement_step():
+    from components import ops
+    from pipelines import parameters
+
+    values = {"train_stage_data": True}
+    with pytest.raises(ValueError) as refused:
+        parameters.validate_parameters(dict(values), launcher="pod")
+    assert str(refused.value) == f"Invalid pipeline parameters:\n  {REFUSAL}"
+    assert parameters.validate_parameters(dict(values), launcher="jobset") == values
+    # An uploaded pipeline's launcher is unknown to pipectl: its placement step refuses the same.
+    assert parameters.validate_parameters(dict(values)) == values
+    with pytest.raises(ValueError) as refused:
+        ops.placement_op.python_func(accelerator="nvidia-l4", gpus=1, spot=False, node_pool="",
+                                     known_accelerators=ACCELERATORS, created_by="pod", stage_data=True)
+    assert str(refused.value) == REFUSAL
+    placed = ops.placement_op.python_func(accelerator="nvidia-l4", gpus=1, spot=False, node_pool="",
+                                          known_accelerators=ACCELERATORS, created_by="jobset", stage_data=True)
+    assert placed.gpu_limit == "1"

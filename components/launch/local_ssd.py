@@ -28,11 +28,11 @@ _QUANTITY = re.compile(r"([1-9][0-9]*)(Ki|Mi|Gi|Ti)")
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
 
-def check_size(size_limit: str) -> str:
+def check_size(size_limit: str, what: str = "the local-SSD size") -> str:
     """`size_limit` if it is a whole number of Ki, Mi, Gi or Ti (what staging.size_limit writes); ValueError
-    otherwise, in one line."""
+    otherwise, in one line saying `what` it is."""
     if not _QUANTITY.fullmatch(size_limit):
-        raise ValueError(f"the local-SSD size must be a Kubernetes quantity such as 20Gi (a whole number of Ki, Mi, "
+        raise ValueError(f"{what} must be a Kubernetes quantity such as 20Gi (a whole number of Ki, Mi, "
                          f"Gi or Ti), got {size_limit!r}")
     return size_limit
 
@@ -60,6 +60,19 @@ def requests(size_limit: str) -> dict:
 def vertex_boot_disk_gb(size_limit: str) -> int:
     """A Vertex AI worker's boot disk with room for the staged shards: the default 100 GB and the size, in GB."""
     return VERTEX_BOOT_DISK_GB + math.ceil(size_bytes(size_limit) / 1e9)
+
+
+# The launchers whose nodes get room for staged data: the node pods they build, a Vertex AI worker's boot disk.
+STAGING_LAUNCHERS = ("trainjob", "jobset", "tfjob", "pytorchjob", "vertex-job")
+
+
+def check_staging(stage_data: bool, *, launcher: str, flag: str = "--train-launcher") -> None:
+    """ValueError, in one line, for staging where the training pod is a pipeline step's own: its emptyDir could only
+    be sized when compiling, before the data exists, and KFP sets no ephemeral-storage request."""
+    if stage_data and launcher not in STAGING_LAUNCHERS:
+        raise ValueError(f"train_stage_data: a pipeline step's own training pod gets no room sized from the data (an "
+                         f"emptyDir's size is fixed when compiling, and KFP requests no ephemeral storage); use "
+                         f"{flag} {', '.join(STAGING_LAUNCHERS)}, or the GCS FUSE file cache (--gcs-fuse-cache)")
 
 
 def stage_dir(launcher: str) -> str:
