@@ -120,3 +120,23 @@ def test_the_empty_dir_holds_the_shards_with_room_to_spare(data_bytes, limit):
 def test_a_negative_size_is_refused():
     with pytest.raises(ValueError, match="data_bytes must be >= 0"):
         staging.size_limit(-1)
+
+
+def test_training_reads_the_staged_copy_and_a_resumed_attempt_downloads_nothing(bucket, tmp_path):
+    """The training step with --stage-dir on a gs:// dataset: the shards staged before the first epoch and recorded
+    in training.json; the checkpoints stay in backup_dir; a second attempt of the same task (same node, its staged
+    copies there) finds them verified and downloads nothing."""
+    from components.train import train
+
+    stage_dir, backup_dir = tmp_path / "ssd", tmp_path / "backup"
+    train(SOURCE, str(tmp_path / "model"), epochs=1, stage_dir=str(stage_dir), backup_dir=str(backup_dir))
+    info = json.loads((tmp_path / "model" / "training.json").read_text())
+    files = len(shards(SOURCE))
+    assert (info["staging"]["files"], info["staging"]["downloaded_files"]) == (files, files)
+    assert info["train_count"] == records.read_manifest(str(stage_dir / "dataset"))["splits"]["train"]["count"]
+    assert os.listdir(backup_dir) and not any(name.endswith(".tfrecord") for _, _, names in os.walk(backup_dir)
+                                              for name in names)
+    storage.use_tensorflow_io(False)  # (training chose TensorFlow's file functions for its framework)
+    train(SOURCE, str(tmp_path / "model-again"), epochs=1, stage_dir=str(stage_dir), backup_dir=str(backup_dir))
+    again = json.loads((tmp_path / "model-again" / "training.json").read_text())
+    assert (again["staging"]["files"], again["staging"]["downloaded_files"]) == (files, 0)

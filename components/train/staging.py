@@ -10,7 +10,8 @@ emptyDirs and ephemeral storage live on the machine's local NVMe SSDs
 (`sizeLimit`) and the pod's ephemeral-storage request from the datasets' bytes (`size_limit`), so that the
 scheduler places the pod on a node with room for it and the kubelet evicts nothing else for it.
 
-The copy is storage.gfile()'s copy of one file (tf.io.gfile's, or components/gcs.py's download); the check is
+The copy is storage.LocalFiles' copy of one file (for gs://, components/gcs.py's download with
+google-cloud-storage, the client records.py reads gs:// with whatever the framework); the check is
 records.iter_records with both checksums of every record (a corrupt or truncated shard raises DataError). A shard
 already present with the source's size and verified records is kept (a resumed attempt downloads nothing); one
 that fails is fetched again once, and a source that is itself corrupt is refused naming the file.
@@ -27,7 +28,7 @@ import os
 import time
 
 from components import records
-from components.storage import DataError, gfile, join, locate
+from components.storage import DataError, LocalFiles, locate
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,7 @@ def _sources(dataset_dir: str, augmented_dir: str | None) -> list[tuple[str, str
 
 def dataset_bytes(dataset_dir: str, augmented_dir: str | None = None) -> int:
     """The bytes of the shards that `stage` copies (every split of the dataset and of the augmented dataset)."""
-    files = gfile()
-    return sum(files.stat(path).length for _, source, manifest in _sources(dataset_dir, augmented_dir)
+    return sum(LocalFiles.stat(path).length for _, source, manifest in _sources(dataset_dir, augmented_dir)
                for _, paths in _split_shards(source, manifest).values() for path in paths)
 
 
@@ -108,14 +108,14 @@ def _verified(path: str, size: int) -> bool:
 
 def _stage_file(source: str, target: str) -> tuple[int, int, int]:
     """Copies one shard unless a verified copy is there; (bytes, bytes downloaded, 1 if it was fetched again)."""
-    size = gfile().stat(source).length
+    size = LocalFiles.stat(source).length
     present = os.path.exists(target)
     if _verified(target, size):
         return size, 0, 0
     for attempt in (1, 2):
         partial = f"{target}.part"
         try:
-            gfile().copy(source, partial, overwrite=True)
+            LocalFiles.copy(source, partial, overwrite=True)
         except Exception as e:  # google-cloud-storage's DataCorruption: the body failed the object's hash
             if type(e).__name__ != "DataCorruption":
                 raise
