@@ -165,3 +165,20 @@ def test_staging_in_the_pipelines_own_pod_is_refused_in_one_line_by_pipectl_and_
     placed = ops.placement_op.python_func(accelerator="nvidia-l4", gpus=1, spot=False, node_pool="",
                                           known_accelerators=ACCELERATORS, created_by="jobset", stage_data=True)
     assert placed.gpu_limit == "1"
+
+
+@pytest.mark.parametrize("launcher, room", [("jobset", "emptyDir staged-data with a sizeLimit"),
+                                            ("vertex-job", "a 100 GB pd-ssd boot disk plus the datasets' size")])
+def test_explain_says_where_each_node_stages_and_how_its_room_is_sized(tmp_path, launcher, room):
+    from pipelines import explain
+    from tests.test_gpudirect import compiled
+
+    path, _ = compiled(tmp_path, launcher)
+    task = "train-job-op" if launcher == "vertex-job" else "train-cluster-job-op"
+    parameters = {"project": "p", "location": "us-central1"} if launcher == "vertex-job" else {}
+    steps = {step["task"]: step for step in explain.explain(path, {**parameters, "train_stage_data": True})["steps"]}
+    nodes = steps[task]["nodes"]
+    assert nodes and all(node["staged"]["room"].startswith(room) for node in nodes)
+    assert {node["staged"]["stage_dir"] for node in nodes} == {local_ssd.stage_dir(launcher)}
+    plain = {step["task"]: step for step in explain.explain(path, parameters)["steps"]}
+    assert all("staged" not in node for node in plain[task]["nodes"])
