@@ -90,22 +90,24 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
 @dsl.component(base_image=UNSET_IMAGE, install_kfp_package=False)
 def placement_op(accelerator: str, gpus: int, spot: bool, node_pool: str, known_accelerators: dict,
                  gpu_partition: str = "", gpu_sharing: str = "", max_shared_clients: int = 0,
-                 other_nodes: int = 0, created_by: str = "pod", network: str = "") -> NamedTuple(
+                 other_nodes: int = 0, created_by: str = "pod", network: str = "",
+                 stage_data: bool = False) -> NamedTuple(
         "Placement", node_selector=dict, tolerations=list, vertex_accelerator=str, gpu_limit=str, shared_gpu=str):
     """Checks the run's GPU choice (a known GKE accelerator, a sane count, a MIG partition or GPU sharing that GKE
     would schedule for pods that `created_by` (a train launcher) makes on `other_nodes` nodes besides the first,
-    a GPUDirect `network` those pods can carry on those machines)
+    a GPUDirect `network` those pods can carry on those machines, data staged on nodes that get room for it)
     and turns it into the training pod's node
     selector, tolerations (accelerator, Spot VMs, node pool, shared GPU) and GPU limit (a string, empty for none:
     the form the KFP driver reads), and what training is told of a shared GPU."""
     import collections
 
-    from components.launch import SharedGpu, check_network, gpu_placement
+    from components.launch import SharedGpu, check_network, check_staging, gpu_placement
 
     placement = gpu_placement(accelerator, gpus, known_accelerators=known_accelerators, spot=spot,
                               node_pool=node_pool, shared=SharedGpu(gpu_partition, gpu_sharing, max_shared_clients),
                               workers=other_nodes, launcher=created_by)
     check_network(network, placement, launcher=created_by, flag="--train-launcher")
+    check_staging(stage_data, launcher=created_by)
     Placement = collections.namedtuple("Placement", ["node_selector", "tolerations", "vertex_accelerator",
                                                      "gpu_limit", "shared_gpu"])
     return Placement(placement.node_selector, placement.tolerations,
@@ -168,7 +170,7 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
                  model: Output[Model], metrics: Output[Metrics], tensorboard: Output[Artifact],
                  network: str = "reference-cnn", pretrained: str = "none", freeze_epochs: int = -1,
                  fine_tune_layers: int = 0, fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                 framework: str = "tensorflow") -> float:
+                 framework: str = "tensorflow", stage_data: bool = False) -> float:
     """Trains on a chief and `workers` more machines placed by this task's parameters: creates a Vertex AI CustomJob
     (launcher=vertex-job; or a Kubernetes job, see train_cluster_job_op) running the training image with
     `framework` (torch and JAX: their variables from Vertex's CLUSTER_SPEC), follows it, and
@@ -182,7 +184,7 @@ def train_job_op(dataset: Input[Dataset], augmented: Input[Dataset], recipe: str
     stepcli.setup_logging(force=True)
     where = LaunchSettings(launcher, image, workers=workers, accelerator=accelerator, gpus=gpus, spot=spot,
                            node_pool=node_pool, kueue_queue=kueue_queue, namespace=namespace, project=project,
-                           location=location, framework=framework)
+                           location=location, framework=framework, stage_data=stage_data)
     # The replicas read and write the pipeline root directly (gs://): URIs, not this pod's local paths.
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
@@ -212,7 +214,8 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
                          tensorboard: Output[Artifact], network: str = "reference-cnn", pretrained: str = "none",
                          freeze_epochs: int = -1, fine_tune_layers: int = 0,
                          fine_tune_lr_factor: float = 0.0, weights_cache: str = "",
-                         framework: str = "tensorflow", shared_gpu: str = "", gpudirect: str = "") -> float:
+                         framework: str = "tensorflow", shared_gpu: str = "", gpudirect: str = "",
+                         stage_data: bool = False) -> float:
     """Trains on a chief and `workers` more nodes of this cluster: creates a Kubeflow Trainer v2 TrainJob on the
     ClusterTrainingRuntime `runtime` (launcher=trainjob), a JobSet (jobset) or a legacy TFJob (tfjob) or PyTorchJob
     (pytorchjob) running the training image with `framework` (torch: torchrun on every node), follows it, and
@@ -220,7 +223,8 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
     none) and gets the node selector and tolerations set on this task (KFP passes them on instead of applying them
     to this pod). The job reads and writes the pipeline root directly (gs://); each node is told of a shared GPU
     (`shared_gpu`) as the training pod is. On a GPUDirect network (`gpudirect`: rdma, tcpxo; the launcher's
-    --network) the nodes also carry its interfaces, volumes and NCCL settings. Returns the job's training seconds.
+    --network) the nodes also carry its interfaces, volumes and NCCL settings. With `stage_data` each node stages
+    the shards on its local disk first (an emptyDir sized from them). Returns the job's training seconds.
     """
     import dataclasses
 
@@ -232,7 +236,7 @@ def train_cluster_job_op(dataset: Input[Dataset], augmented: Input[Dataset], rec
     where = LaunchSettings(launcher, image, workers=workers, kueue_queue=kueue_queue, namespace=namespace,
                            runtime=runtime, task_config=dataclasses.asdict(task_config),
                            node_resources=node_resources(node_cpu, node_memory, node_gpus), framework=framework,
-                           network=gpudirect)
+                           network=gpudirect, stage_data=stage_data)
     info = launch_pipeline_training(
         where, dataset_uri=dataset.uri, augmented_uri=augmented.uri, model_uri=model.uri, model_path=model.path,
         tensorboard_path=tensorboard.path, recipe=recipe, epochs=epochs, batch_size=batch_size,

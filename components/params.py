@@ -166,6 +166,10 @@ PARAMETERS: dict[str, Param] = {p.name: p for p in [
         # The nodes' GPU NICs on A3 Ultra, A4 and A3 Mega (docs/multi-node-training.md): checked with the placement.
         Param("train_network", str, "", "GPUDirect network of the training nodes: rdma (A3 Ultra, A4) or tcpxo "
               "(A3 Mega) (empty: the pod network; all 8 GPUs a node, the trainjob or jobset launcher)."),
+        # Each node copies the shards to its local disk first (components/train/staging.py, docs/training.md).
+        Param("train_stage_data", bool, False, "Stage the shards on each training node's local SSD (an emptyDir "
+              "sized from the data; Vertex AI: a larger SSD boot disk) before the first epoch; a cluster or Vertex "
+              "AI train launcher."),
     ),
     # The network and its initial weights (components/train/models.py, pretrained.py, which check them together).
     *_used_by(

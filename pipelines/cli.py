@@ -68,6 +68,10 @@ def add_image_options(parser: argparse.ArgumentParser) -> None:
                             f"MOUNT/{config.DATA_ROOT_UNDER_MOUNT} (docs/data-by-reference.md)")
     group.add_argument("--gcs-fuse-mount", default=config.GCS_FUSE_MOUNT,
                        help="where --gcs-fuse-pvc is mounted (default: %(default)s)")
+    group.add_argument("--gcs-fuse-cache", default="", metavar="SIZE",
+                       help="with --gcs-fuse-pvc: the file cache's volume (gke-gcsfuse-cache), an emptyDir of SIZE "
+                            "(e.g. 50Gi; on local SSD where the node pool has it) in each data-heavy step; the "
+                            "PersistentVolume's file-cache:max-size-mb must be below it (docs/data-by-reference.md)")
 
 
 def add_host_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -97,7 +101,7 @@ def settings_from(args: argparse.Namespace) -> config.PipelineSettings:
                                    train_launcher=args.train_launcher,
                                    train_namespace=args.train_namespace, train_runtime=args.train_runtime,
                                    kueue_queue=args.kueue_queue, gcs_fuse_pvc=args.gcs_fuse_pvc,
-                                   gcs_fuse_mount=args.gcs_fuse_mount,
+                                   gcs_fuse_mount=args.gcs_fuse_mount, gcs_fuse_cache=args.gcs_fuse_cache,
                                    framework=compiled_framework(args) if args.target == "vertex" else "")
 
 

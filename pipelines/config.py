@@ -14,6 +14,7 @@ import dataclasses
 # in components/ (one table) and the pipeline reads them from there.
 from components.gcp.accelerators import ACCELERATORS  # noqa: F401
 from components.launch.placement import ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL  # noqa: F401
+from components.launch.local_ssd import check_size
 from components.launch.placement import SHARING_STRATEGIES, SharedGpu  # noqa: F401
 # The TrainJob's default runtime: the plain ClusterTrainingRuntime shipped in manifests/trainer/.
 from components.launch.trainjob import RUNTIME_NAME as DEFAULT_TRAIN_RUNTIME  # noqa: F401
@@ -34,6 +35,11 @@ GCS_FUSE_MOUNT = "/mnt/gcs"  # not under /gcs/, where the KFP launcher downloads
 # The annotation that makes GKE inject the GCS FUSE CSI driver's sidecar into a pod
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver-pv).
 GCS_FUSE_ANNOTATION = ("gke-gcsfuse/volumes", "true")
+# The volume of the GCS FUSE sidecar's file cache: a pod volume of this name replaces the sidecar's own emptyDir
+# (gcs-fuse-csi-driver v1.24.4, pkg/webhook/sidecar_spec.go:35 and mutatingwebhook.go:362-363); on a node pool with
+# --ephemeral-storage-local-ssd, an emptyDir is on the local SSDs.
+GCS_FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+GCS_FUSE_CACHE_MOUNT = "/gcsfuse-cache"  # where the sidecar mounts it (sidecar_spec.go:36); unused in the step
 DATA_ROOT_UNDER_MOUNT = "kfp-data"
 # Where training runs: "pod" trains in the pipeline task's own pod; "trainjob" launches a Kubeflow Trainer v2
 # TrainJob (chief + workers) on the cluster, "jobset" the same pods as a JobSet where Trainer v2 is not installed,
@@ -96,6 +102,9 @@ class PipelineSettings:
     # (manifests/gcsfuse/) and where it is mounted; the run's data_root defaults to a folder of that mount.
     gcs_fuse_pvc: str = ""
     gcs_fuse_mount: str = GCS_FUSE_MOUNT
+    # The size of the GCS FUSE file cache's volume (a Kubernetes quantity, e.g. 50Gi): an emptyDir of that size named
+    # gke-gcsfuse-cache in each data-heavy step; the PersistentVolume's file-cache:max-size-mb must stay below it.
+    gcs_fuse_cache: str = ""
     # Vertex AI Pipelines runs the images fixed at compile time, so there the framework (and with it the images of
     # training, evaluation and batch prediction: components/step_images.py) is chosen when compiling; empty: the
     # run parameter's default. On a KFP backend a step picks the images per run, and this stays empty.
@@ -123,9 +132,13 @@ class PipelineSettings:
                 raise ValueError(f"--gcs-fuse-pvc mounts the bucket into the pipeline's own pods; the nodes of "
                                  f"--train-launcher {self.train_launcher} do not mount it, so they could not read "
                                  "the shards there. Use --train-launcher pod, or no mount and a gs:// data_root")
+            if self.gcs_fuse_cache:
+                check_size(self.gcs_fuse_cache, "--gcs-fuse-cache")
             if not self.gcs_fuse_mount.startswith("/") or self.gcs_fuse_mount.rstrip("/") in ("", "/gcs"):
                 raise ValueError(f"--gcs-fuse-mount must be an absolute path other than / and /gcs (where the KFP "
                                  f"launcher puts gs:// artifacts), got {self.gcs_fuse_mount!r}")
+        if self.gcs_fuse_cache and not self.gcs_fuse_pvc:
+            raise ValueError("--gcs-fuse-cache sizes the file cache of the GCS FUSE mount: give --gcs-fuse-pvc too")
         check_accelerator(self.train_accelerator)
         check_accelerator(self.predict_accelerator)
         if self.train_gpus < 0 or self.predict_gpus < 0:

@@ -76,6 +76,7 @@ def problems(values: dict, *, launcher: str | None = None) -> list[str]:
         found += dataflow.parameter_problems({name: values.get(name, params.default(name)) for name in names})
     if {"train_accelerator_type", "train_gpu_count", "train_spot", "train_node_pool"} <= values.keys():
         from components.gcp.accelerators import ACCELERATORS
+        from components.launch.local_ssd import check_staging
         from components.launch.network import NETWORKS, check_network
         from components.launch.placement import SharedGpu, gpu_placement
 
@@ -92,6 +93,8 @@ def problems(values: dict, *, launcher: str | None = None) -> list[str]:
             # outside the vocabulary was reported above.
             if launcher is not None and network in NETWORKS:
                 check_network(network, placement, launcher=launcher, flag="--train-launcher")
+            if launcher is not None:
+                check_staging(values.get("train_stage_data", False), launcher=launcher)
         except ValueError as e:
             found.append(str(e))
     return found

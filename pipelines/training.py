@@ -124,12 +124,16 @@ def on_data(task: dsl.PipelineTask, settings: config.PipelineSettings) -> dsl.Pi
     the annotation that has GKE add the GCS FUSE CSI driver's sidecar. The KFP driver turns the mount into the pod's
     volume and volumeMount (backend/src/v2/driver/k8s.go:156-172, makeVolumeMountPatch 1111-1170 at 2.17.0); the
     Argo compiler puts the annotation on the pod (compiler/argocompiler/container.go:744-787 extendPodMetadata,
-    called at :590-592)."""
+    called at :590-592). With --gcs-fuse-cache, the file cache's volume: an emptyDir named gke-gcsfuse-cache
+    (k8s.go:589-613 makes the pod's emptyDir with its sizeLimit)."""
     if settings.gcs_fuse_pvc:
         from kfp import kubernetes
 
         kubernetes.mount_pvc(task, pvc_name=settings.gcs_fuse_pvc, mount_path=settings.gcs_fuse_mount)
         kubernetes.add_pod_annotation(task, *config.GCS_FUSE_ANNOTATION)
+        if settings.gcs_fuse_cache:  # the driver (k8s.go:589-613) also mounts it in the step, where it is unused
+            kubernetes.empty_dir_mount(task, volume_name=config.GCS_FUSE_CACHE_VOLUME,
+                                       mount_path=config.GCS_FUSE_CACHE_MOUNT, size_limit=settings.gcs_fuse_cache)
     return task
 
 
@@ -175,6 +179,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
         train_gpu_sharing: str = params.default("train_gpu_sharing"),
         train_max_shared_clients: int = params.default("train_max_shared_clients"),
         train_network: str = params.default("train_network"),
+        train_stage_data: bool = params.default("train_stage_data"),
         min_accuracy: float = params.default("min_accuracy"),
         min_class_recall: float = params.default("min_class_recall"),
         tolerance: float = params.default("tolerance"),
@@ -221,7 +226,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                                      gpu_partition=train_gpu_partition, gpu_sharing=train_gpu_sharing,
                                      max_shared_clients=train_max_shared_clients,
                                      other_nodes=placement_workers(launcher, train_workers), created_by=launcher,
-                                     network=train_network)
+                                     network=train_network, stage_data=train_stage_data)
         on_cpu(placement.set_display_name("Check GPU choice"), settings, "0.5", "512M")
         images = choose_images(settings, framework)
 
@@ -247,7 +252,7 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 **training_inputs, launcher=settings.train_launcher, image=images["train"], workers=train_workers,
                 kueue_queue=settings.kueue_queue, namespace=settings.train_namespace, runtime=settings.train_runtime,
                 node_cpu=TRAIN_NODE_CPU, node_memory=TRAIN_NODE_MEMORY, node_gpus=placement.outputs["gpu_limit"],
-                shared_gpu=placement.outputs["shared_gpu"], gpudirect=train_network)
+                shared_gpu=placement.outputs["shared_gpu"], gpudirect=train_network, stage_data=train_stage_data)
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
             place_training(train, placement, gpus_on_task=False)
         else:
@@ -256,7 +261,8 @@ def build_pipeline(settings: config.PipelineSettings | None = None):
                 **training_inputs, launcher=settings.train_launcher, image=images["train"],
                 workers=train_workers, accelerator=train_accelerator_type, gpus=train_gpu_count, spot=train_spot,
                 node_pool=train_node_pool, kueue_queue=settings.kueue_queue,
-                namespace=settings.train_namespace, project=project, location=location)
+                namespace=settings.train_namespace, project=project, location=location,
+                stage_data=train_stage_data)
             on_cpu(train.set_display_name(f"Train ({settings.train_launcher})"), settings, *LAUNCHER_REQUEST)
             train.after(placement)
         # Retries resume from the task's checkpoints, so a preempted (Spot) node costs minutes; a permanent

@@ -172,3 +172,36 @@ def test_data_by_reference_on_a_kfp_backend_only(tmp_path, target, by_reference)
         assert inputs["by_reference"] == {"runtimeValue": {"constant": by_reference}}, task
         assert inputs["data_root"] == {"componentInputParameter": "data_root"}, task
     assert spec["root"]["inputDefinitions"]["parameters"]["data_root"]["defaultValue"] == ""
+
+
+def test_the_file_cache_volume_reaches_each_data_heavy_steps_pod(tmp_path):
+    """--gcs-fuse-cache: the pod of each data-heavy step, as the driver makes it from emptyDirMounts (k8s.go:589-613
+    at 2.17.0, kfp_driver.empty_dir_mounts), has the emptyDir named gke-gcsfuse-cache that the GCS FUSE sidecar
+    takes for its file cache instead of its own (gcs-fuse-csi-driver v1.24.4, pkg/webhook/sidecar_spec.go:35,
+    mutatingwebhook.go:362-363), with the size given; the pods stay valid against the Kubernetes schema."""
+    from pipelines.backend import explain
+
+    out = tmp_path / "pipeline.yaml"
+    assert cli.main(["compile", "--output", str(out), "--gcs-fuse-pvc", "training-data",
+                     "--gcs-fuse-cache", "50Gi"]) == 0
+    steps = {step["task"]: step for step in explain.explain(str(out), {})["steps"]}
+    for task in DATA_STEPS:
+        volumes = {v["name"]: v for v in steps[task]["volumes"]}
+        assert volumes[config.GCS_FUSE_CACHE_VOLUME] == {"name": "gke-gcsfuse-cache", "emptyDir": {"sizeLimit": "50Gi"}}
+        assert "training-data" in volumes
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": task},
+               "spec": {"containers": [{"name": "main", "image": "i", "volumeMounts": steps[task]["volume_mounts"]}],
+                        "volumes": steps[task]["volumes"]}}
+        assert resource_problems(pod) == []
+    assert not any(config.GCS_FUSE_CACHE_VOLUME in {v["name"] for v in step.get("volumes", [])}
+                   for task, step in steps.items() if task not in DATA_STEPS)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    (dict(gcs_fuse_cache="50Gi"), "^--gcs-fuse-cache sizes the file cache of the GCS FUSE mount: give --gcs-fuse-pvc"),
+    (dict(gcs_fuse_pvc="training-data", gcs_fuse_cache="50GB"), "^--gcs-fuse-cache must be a Kubernetes quantity"),
+])
+def test_a_file_cache_without_a_mount_or_a_size_is_refused_in_one_line(settings, problem):
+    with pytest.raises(ValueError, match=problem) as e:
+        config.PipelineSettings(**settings)
+    assert "\n" not in str(e.value)

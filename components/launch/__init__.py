@@ -12,6 +12,7 @@ cancelled pipeline run sends SIGTERM to the step's pod, and a GPU job must not o
 - placement.py: GPU placement (`gpu_placement`, `placement_from_task_config`): node selector, tolerations, Spot,
   node pool, Kueue label, a shared GPU (`SharedGpu`); shared with the single-pod path of the pipeline.
 - network.py: GPUDirect networking on A3 Mega, A3 Ultra and A4 nodes (`check_network`, the pod fields).
+- local_ssd.py: each node's room for staged data (`check_staging`, the emptyDir, its mount and request).
 - job.py: `TrainingJob`, `job_name`, and `Launcher`, which runs any kind of job on components/gcp's
   `follow_job` (polling, progress lines, cancel on SIGTERM/timeout/failure, errors and exit codes).
 - k8s.py: the Kubernetes client, the pod-log follower, and `CustomResourceLauncher` for jobs that are custom
@@ -41,6 +42,7 @@ from components.launch.cli import main
 from components.launch.job import Cancelled, JobOutcome, LaunchError, Launcher, TrainingJob, job_name
 from components.launch.k8s import CustomResourceLauncher, LogFollower, kubernetes_client
 from components.launch.jobset import JobSetLauncher, jobset_manifest, jobset_status
+from components.launch.local_ssd import check_staging
 from components.launch.network import check_network
 from components.launch.frameworks import FRAMEWORKS
 from components.launch.placement import (ACCELERATOR_NODE_LABEL, GPU_RESOURCE, KUEUE_QUEUE_LABEL, NODE_POOL_LABEL,
@@ -59,7 +61,7 @@ __all__ = [
     "JobOutcome", "JobSetLauncher", "KUBERNETES_LAUNCHERS", "KUEUE_QUEUE_LABEL", "LAUNCHERS", "LaunchError",
     "LaunchSettings", "Launcher", "LogFollower", "NODE_POOL_LABEL", "Placement", "PyTorchJobLauncher",
     "RUNTIME_NAME", "SPOT_NODE_LABEL", "SharedGpu", "TFJobLauncher", "TrainJobLauncher", "TrainingJob",
-    "VERTEX_MACHINES", "VertexJobLauncher", "check_network", "copy_tree", "custom_job", "gpu_placement",
+    "VERTEX_MACHINES", "VertexJobLauncher", "check_network", "check_staging", "copy_tree", "custom_job", "gpu_placement",
     "job_manifests", "job_name", "jobset_manifest", "jobset_status", "kubernetes_client",
     "launch_pipeline_training", "launch_training", "main", "node_resources", "placement_from_task_config",
     "pytorchjob_manifest", "pytorchjob_status", "runtime_manifest", "tfjob_manifest", "tfjob_status",

@@ -25,6 +25,7 @@ import sys
 
 from components import stepcli
 from components.gcp.accelerators import ACCELERATORS
+from components.launch import local_ssd
 from components.launch.job import TrainingJob
 from components.launch.k8s import kubernetes_client
 from components.launch.placement import SHARING_STRATEGIES, SharedGpu, gpu_placement
@@ -97,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--network", default="", choices=("", *NETWORKS),
                         help="GPUDirect network of the nodes: rdma (A3 Ultra, A4) or tcpxo (A3 Mega); --gpus 8, "
                              "--launcher trainjob or jobset (tcpxo on a TrainJob: its runtime in manifests/trainer/)")
+    parser.add_argument("--local-ssd", default="", metavar="SIZE",
+                        help="an emptyDir of SIZE (e.g. 12Gi: `python -m components.train.staging DATASET` says it) "
+                             f"at {local_ssd.MOUNT_PATH} on each node, and SIZE of ephemeral storage requested, for "
+                             f"the training command's --stage-dir {local_ssd.MOUNT_PATH}")
     parser.add_argument("--kueue-queue", default="")
     parser.add_argument("--service-account", default="")
     parser.add_argument("--known-accelerators", default=",".join(ACCELERATORS))
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return TrainingJob(name=args.name, image=args.image, command=setup(args.framework).node_command(command),
                            workers=args.workers, placement=placement, cpu=args.cpu, memory=args.memory,
                            kueue_queue=args.kueue_queue, service_account=args.service_account,
-                           framework=args.framework, network=args.network)
+                           framework=args.framework, network=args.network, local_ssd=args.local_ssd)
 
     def manifests() -> list[dict]:
         return job_manifests(args.launcher, training_job(), args.namespace, runtime=args.runtime)

@@ -15,6 +15,7 @@ import hashlib
 from typing import Any, Callable, Iterator
 
 from components import gcp
+from components.launch import local_ssd
 from components.launch.frameworks import DEFAULT_FRAMEWORK, check_framework
 from components.launch.placement import CPU_ONLY, DNS_LABEL_CHARS, GPU_RESOURCE, Placement
 
@@ -53,9 +54,12 @@ class TrainingJob:
     grace_seconds: int = 30  # SIGTERM to SIGKILL: time to write the preemption checkpoint
     framework: str = DEFAULT_FRAMEWORK  # what the nodes train with: how they find each other (frameworks/)
     network: str = ""  # GPUDirect: rdma or tcpxo (network.py); empty: the pod network only
+    local_ssd: str = ""  # the staged data's emptyDir size (local_ssd.py), e.g. 12Gi; empty: nothing staged
 
     def __post_init__(self):
         check_framework(self.framework)
+        if self.local_ssd:
+            local_ssd.check_size(self.local_ssd)
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         if not self.command:
@@ -72,8 +76,9 @@ class TrainingJob:
         return self.placement.gpus or 1
 
     def container_resources(self) -> dict:
-        """Each replica's container resources: CPU and memory requested, the GPUs as a limit."""
-        resources = {"requests": {"cpu": self.cpu, "memory": self.memory}}
+        """Each replica's container resources: CPU and memory requested (and the staged data's ephemeral storage),
+        the GPUs as a limit."""
+        resources = {"requests": {"cpu": self.cpu, "memory": self.memory, **local_ssd.requests(self.local_ssd)}}
         if self.placement.gpus:
             resources["limits"] = {GPU_RESOURCE: str(self.placement.gpus)}
         return resources

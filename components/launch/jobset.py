@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 
 from components import gcp
+from components.launch import local_ssd
 from components.launch.frameworks import NODE, setup
 from components.launch.frameworks.tensorflow import cluster_env, node_hosts  # noqa: F401 (the TF nodes' env)
 from components.launch.job import TrainingJob
@@ -129,22 +130,24 @@ def jobset_manifest(job: TrainingJob, namespace: str, *, max_restarts: int | Non
     """The JobSet for `job`, for clusters with JobSet but without Kubeflow Trainer v2: the same pods a TrainJob
     on the runtime in manifests/trainer/ gets, and the same failure rules. On a GPU shared through MPS the pods
     also share the node's IPC namespace (`mps_pod_fields`), which a pipeline's own pod cannot. On a GPUDirect
-    network (network.py) they carry its interfaces, volumes, NCCL settings and sidecar."""
+    network (network.py) they carry its interfaces, volumes, NCCL settings and sidecar; with staged data
+    (local_ssd.py), its emptyDir."""
     check_name(job)
     check_network(job.network, job.placement, launcher="jobset")
     container = {"name": NODE, "image": job.image, "command": list(job.command),
                  "env": job.env_list() + node_env(job), "ports": node_ports(job.framework),
                  "resources": job.container_resources()}
     pod_spec = {**job.pod_placement(), **mps_pod_fields(job.placement.node_selector)}
-    annotations = {}
+    annotations, volumes, volume_mounts = {}, local_ssd.volumes(job.local_ssd), local_ssd.mounts(job.local_ssd)
     if job.network:
         gpudirect = pod_network(job.network)
-        container.update(command=gpudirect.node_command(job.command), env=container["env"] + gpudirect.env,
-                         volumeMounts=gpudirect.mounts)
-        pod_spec["volumes"] = gpudirect.volumes
+        container.update(command=gpudirect.node_command(job.command), env=container["env"] + gpudirect.env)
+        volumes, volume_mounts = gpudirect.volumes + volumes, gpudirect.mounts + volume_mounts
         if gpudirect.sidecars:
             pod_spec["initContainers"] = gpudirect.sidecars
         annotations = gpudirect.annotations
+    if volumes:
+        container["volumeMounts"], pod_spec["volumes"] = volume_mounts, volumes
     template = node_job_template(container, pod_spec=pod_spec, pod_labels=job.pod_labels(),
                                  pod_annotations=annotations, nodes=job.nodes)
     labels = job.pod_labels()

@@ -16,6 +16,7 @@ import json
 import logging
 
 from components import gcp
+from components.launch import local_ssd
 from components.launch.frameworks import setup
 from components.launch.job import LaunchError, TrainingJob
 from components.launch.k8s import CustomResourceLauncher, api_reason
@@ -50,6 +51,9 @@ def operator_job_manifest(job: TrainingJob, namespace: str, *, kind: str, contai
     check_network(job.network, job.placement, launcher=kind.lower())
     labels = job.pod_labels()
     pod_spec = {"containers": [container], **job.pod_placement()}
+    if job.local_ssd:  # the staged data's emptyDir (local_ssd.py)
+        container["volumeMounts"] = local_ssd.mounts(job.local_ssd)
+        pod_spec["volumes"] = local_ssd.volumes(job.local_ssd)
 
     def replicas(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "ExitCode",

@@ -14,6 +14,7 @@ import logging
 
 from components import gcp, storage
 from components.gcp.accelerators import ACCELERATORS
+from components.launch import local_ssd
 from components.launch.frameworks import DEFAULT_FRAMEWORK, check_framework, legacy_launchers, setup
 from components.launch.job import LaunchError, TrainingJob, job_name
 from components.launch.jobset import JobSetLauncher, jobset_manifest, max_name_length
@@ -25,6 +26,7 @@ from components.launch.tfjob import TFJobLauncher, tfjob_manifest
 from components.launch.trainjob import (RUNTIME_NAME, SHIPPED_RUNTIMES, TrainJobLauncher, runtime_for,
                                         runtime_manifest, runtime_network, trainjob_manifest)
 from components.launch.vertex import VertexJobLauncher, custom_job
+from components.train import staging
 from components.train.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,9 @@ class LaunchSettings:
     runtime: str = RUNTIME_NAME  # trainjob: the ClusterTrainingRuntime (a shipped name: the framework's, trainjob.py)
     framework: str = DEFAULT_FRAMEWORK  # what the nodes train with (frameworks/): their command and how they meet
     network: str = ""  # GPUDirect network of the nodes (network.py: rdma, tcpxo), checked with the placement
+    # Stage the datasets' shards onto each node's local disk before the first epoch (components/train/staging.py):
+    # an emptyDir (on local SSD where the node pool has it) sized from the datasets, a larger boot disk on Vertex.
+    stage_data: bool = False
     # The pipeline task's own resources, node selector and tolerations (KFP's TaskConfig passthrough, as
     # `dataclasses.asdict(dsl.TaskConfig)`): when given, they place the nodes instead of
     # accelerator/gpus/spot/node_pool, so that the pipeline says where training runs in one place.
@@ -104,10 +109,12 @@ class LaunchSettings:
             raise ValueError("launcher=vertex-job picks machines from accelerator/gpus, not from a task's config")
 
 
-def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, task_name: str) -> TrainingJob:
+def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, task_name: str,
+                 stage_size: str = "") -> TrainingJob:
     """The job `launch` runs the training command `command` as: each node runs it as its framework starts a node
     (torchrun for torch, frameworks/); its replicas placed by the pipeline task's config (KFP's TaskConfig
-    passthrough) when given, else by launch's accelerator, GPUs, Spot and node pool."""
+    passthrough) when given, else by launch's accelerator, GPUs, Spot and node pool. `stage_size`: the room for each
+    node's staged data (local_ssd.py)."""
     if launch.task_config is not None:
         from_task = placement_from_task_config(launch.task_config, launch.node_resources)
         if from_task is None:
@@ -127,8 +134,19 @@ def training_job(launch: LaunchSettings, command: list[str], *, run_id: str, tas
     return TrainingJob(name=job_name("train", run_id, task_name, max_length=longest), image=launch.image,
                        command=setup(launch.framework).node_command(command), workers=launch.workers,
                        placement=placement, kueue_queue=launch.kueue_queue, framework=launch.framework,
-                       network=launch.network, **sizes,
+                       network=launch.network, local_ssd=stage_size, **sizes,
                        labels={"pipeline-run": job_name("", run_id)[:63], "pipeline-task": job_name("", task_name)})
+
+
+def staged_input(settings: TrainSettings, launch: LaunchSettings) -> tuple[TrainSettings, str]:
+    """With `launch.stage_data`: the settings that stage the datasets on each node (where the launcher mounts room
+    for them), and that room, sized from the datasets' bytes (staging.size_limit); else `settings` and ""."""
+    if not launch.stage_data:
+        return settings, ""
+    size = staging.size_limit(staging.dataset_bytes(settings.dataset_dir, settings.augmented_dir))
+    staged = dataclasses.replace(settings, stage_dir=local_ssd.stage_dir(launch.launcher))
+    log.info("launch: each node stages the datasets into %s (%s)", staged.stage_dir, size)
+    return staged, size
 
 
 def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_path: str, tensorboard_path: str,
@@ -146,7 +164,8 @@ def launch_training(settings: TrainSettings, launch: LaunchSettings, *, model_pa
                              "pipeline root (or a checkpoint_root and pipeline root they can reach)")
     staged_model, staged_logs = f"{staging_dir.rstrip('/')}/model", f"{staging_dir.rstrip('/')}/tensorboard"
     staged = dataclasses.replace(settings, model_dir=staged_model, tensorboard_dir=staged_logs)
-    job = training_job(launch, staged.command(), run_id=run_id, task_name=task_name)
+    staged, size = staged_input(staged, launch)
+    job = training_job(launch, staged.command(), run_id=run_id, task_name=task_name, stage_size=size)
     polling = {"poll_seconds": poll_seconds} if poll_seconds else {}
     if launch.launcher in KUBERNETES_LAUNCHERS:
         launcher = KUBERNETES_LAUNCHERS[launch.launcher](api_client or kubernetes_client(), launch.namespace, **polling)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 from components import gcp
+from components.launch import local_ssd
 from components.launch.job import LaunchError, TrainingJob
 from components.launch.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, check_framework, setup
 from components.launch.jobset import (MAX_RESTARTS, NODE, NodePodsLauncher, check_name, jobset_spec,
@@ -148,9 +149,12 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
                          f"{runtime!r} ({RUNTIME_GRACE_SECONDS} s), not {grace} s; use the JobSet launcher for "
                          f"another one.")
     node_pods = {"metadata": {"labels": job.pod_labels()}, "spec": placement}
+    volumes, volume_mounts = local_ssd.volumes(job.local_ssd), local_ssd.mounts(job.local_ssd)
     if gpudirect and gpudirect.network != TCPXO:
         node_pods["metadata"]["annotations"] = gpudirect.annotations
-        placement.update(volumes=gpudirect.volumes, containers=[{"name": NODE, "volumeMounts": gpudirect.mounts}])
+        volumes, volume_mounts = gpudirect.volumes + volumes, gpudirect.mounts + volume_mounts
+    if volumes:  # (TCPXO's own volumes and mounts are its runtime's)
+        placement.update(volumes=volumes, containers=[{"name": NODE, "volumeMounts": volume_mounts}])
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": NODE, "template": {"spec": {"template": node_pods}}}]}}}}
     labels = {**job.pod_labels(), FRAMEWORK_LABEL: job.framework}

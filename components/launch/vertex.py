@@ -6,6 +6,7 @@ import logging
 
 from components import gcp
 from components.gcp.accelerators import vertex_machine_type
+from components.launch import local_ssd
 from components.launch.frameworks import setup
 from components.launch.job import Launcher, TrainingJob
 from components.launch.network import check_network
@@ -29,9 +30,14 @@ def custom_job(job: TrainingJob, *, vertex_accelerators: dict, spot: bool, machi
     env = {**job.env, **setup(job.framework).process_env(job.processes_per_node)}
     container = v1.ContainerSpec(image_uri=job.image, command=list(job.command),
                                  env=[v1.EnvVar(name=k, value=str(v)) for k, v in sorted(env.items())])
-    pools = [v1.WorkerPoolSpec(machine_spec=machine, replica_count=1, container_spec=container)]
+    # Staged data (local_ssd.py): a worker has no emptyDir or local SSD, but a boot disk (an SSD persistent disk)
+    # made larger by the staged bytes.
+    disk = {"disk_spec": v1.DiskSpec(boot_disk_type="pd-ssd", boot_disk_size_gb=local_ssd.vertex_boot_disk_gb(
+        job.local_ssd))} if job.local_ssd else {}
+    pools = [v1.WorkerPoolSpec(machine_spec=machine, replica_count=1, container_spec=container, **disk)]
     if job.workers:
-        pools.append(v1.WorkerPoolSpec(machine_spec=machine, replica_count=job.workers, container_spec=container))
+        pools.append(v1.WorkerPoolSpec(machine_spec=machine, replica_count=job.workers, container_spec=container,
+                                       **disk))
     spec = v1.CustomJobSpec(
         worker_pool_specs=pools,
         # A restarted worker cannot rejoin a running all-reduce: restart them all (they resume from checkpoints).

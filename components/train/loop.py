@@ -43,7 +43,7 @@ import numpy as np
 
 from components import augment as augment_lib
 from components import data
-from components.train import batchnorm, frameworks, gpu_usage, models
+from components.train import batchnorm, frameworks, gpu_usage, models, staging
 from components.train import pretrained as pretrained_lib
 from components.train.cluster import ClusterRole
 from components.train.faults import (NonFiniteLossError, Preempted, PreemptionWatch, check_not_failed_before,
@@ -128,6 +128,7 @@ class TrainingLoop:
         self.recalibration = None  # the training images that estimate them (run_epochs), when the model has any
         self.gpu_sampler = None  # GPU utilization over run_epochs (gpu_usage.py)
         self.gpus = 0  # the GPUs this process trains on (Backend.start)
+        self.staged = None  # the local copy of the input (staging.py), with settings.stage_dir
 
     def run(self) -> TrainResult:
         # A peer lost in any phase, not only between steps, is a preemption: every phase outside the epoch loop
@@ -148,6 +149,10 @@ class TrainingLoop:
         recipe = settings.resolve_recipe()
         role = backend.role(self.tf_config)
         check_not_failed_before(settings.backup_dir)
+        if settings.stage_dir:  # every later read of the input is local; checkpoints stay in backup_dir
+            self.staged = staging.stage(settings.dataset_dir, settings.stage_dir, augmented_dir=settings.augmented_dir)
+            settings = self.settings = dataclasses.replace(settings, dataset_dir=self.staged.dataset_dir,
+                                                           augmented_dir=self.staged.augmented_dir)
         manifest = data.read_manifest(settings.dataset_dir)
         pretrained_lib.check_settings(settings.model, settings.pretrained, manifest["image_shape"],
                                       freeze_epochs=settings.freeze_epochs, fine_tune_layers=settings.fine_tune_layers,
@@ -476,6 +481,7 @@ class TrainingLoop:
                 "class_names": plan.class_names, "image_shape": plan.image_shape, "train_count": plan.train_count,
                 "model": self.model_lineage(), "gpu_usage": self.gpu_sampler.summary() if self.gpu_sampler is not None
                 else {"recorded": False, "reason": "no training in this attempt"},
+                **({"staging": self.staged.metrics()} if self.staged else {}),
             })
             self.writer.flush()
         if self.scratch:

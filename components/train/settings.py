@@ -25,7 +25,7 @@ JIT_CHOICES = ("auto", "on", "off")
 RECIPE_OVERRIDES = ("epochs", "batch_size", "learning_rate", "scale_lr", "steps_per_execution", "precision",
                     "jit_compile", "seed", "fine_tune_lr_factor")
 # Directories (and the shared GPU) that may be absent: launchers and ops pass "" for "none", which means None here.
-OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir", "weights_cache", "shared_gpu")
+OPTIONAL_DIRS = ("augmented_dir", "backup_dir", "tensorboard_dir", "weights_cache", "shared_gpu", "stage_dir")
 
 
 def _option(help: str, **argparse_kwargs) -> dict:
@@ -80,6 +80,9 @@ class TrainSettings:
         "hold the training images in memory, stream them, or choose by size (default: %(default)s)",
         choices=INPUT_MODES))
     tensorboard_dir: str | None = dataclasses.field(default=None, metadata=_option("TensorBoard logs (chief only)"))
+    stage_dir: str | None = dataclasses.field(default=None, metadata=_option(
+        "copy the datasets' shards here (a local-SSD emptyDir) before the first epoch, verified, and train from the "
+        "copy; checkpoints and the model stay where they are (components/train/staging.py)"))
     shared_gpu: str | None = dataclasses.field(default=None, metadata=_option(
         "the GPU is a share of one, as the placement step describes it (mig 1g.10gb, time-sharing 4, mps 2): on a "
         "time-shared or MPS GPU the framework takes memory as it needs it instead of most of the GPU's"))

@@ -57,8 +57,25 @@ def task_config_as_step_reads_it(task_config: dict):
 
 def cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     """The nodes a training step's launcher creates (one entry per replica group: count, resources, node selector,
-    tolerations, or the Vertex AI machine, and the image and command each node runs for the step's framework), from
-    the step's resolved inputs and TaskConfig; [] for other steps."""
+    tolerations, or the Vertex AI machine, and the image and command each node runs for the step's framework, and
+    where the data is staged with train_stage_data), from the step's resolved inputs and TaskConfig; [] for other
+    steps."""
+    nodes = _cluster_nodes(pod)
+    if nodes and pod.inputs.get("stage_data") is True:
+        from components.launch import local_ssd
+
+        launcher = pod.inputs["launcher"]
+        room = (f"a {local_ssd.VERTEX_BOOT_DISK_GB} GB pd-ssd boot disk plus the datasets' size"
+                if launcher == "vertex-job" else
+                f"emptyDir {local_ssd.VOLUME} with a sizeLimit and an {local_ssd.EPHEMERAL_STORAGE} request of the "
+                "datasets' size")
+        staged = {"stage_dir": local_ssd.stage_dir(launcher), "room": room,
+                  "size": "the datasets' bytes + 5% + 1 GiB, in whole GiB, measured when the job starts"}
+        nodes = [{**node, "staged": staged} for node in nodes]
+    return nodes
+
+
+def _cluster_nodes(pod: kfp_driver.TaskPod) -> list[dict]:
     from components.gcp.accelerators import ACCELERATORS
     from components.launch import LaunchSettings, custom_job, job_manifests, node_resources, training_job
 

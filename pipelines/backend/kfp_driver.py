@@ -425,6 +425,19 @@ def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict) -> tuple[list
     return mounts, volumes
 
 
+def empty_dir_mounts(config: dict) -> tuple[list, list]:
+    """driver/k8s.go:589-613 at 2.17.0: each `emptyDirMounts` entry of the task's Kubernetes config as an emptyDir
+    volume (medium, sizeLimit) and its mount on the main container, appended after the claims' (and whether or not
+    the task passes its volumes through: the driver applies them either way, k8s.go:611)."""
+    mounts, volumes = [], []
+    for mount in config.get("emptyDirMounts") or []:
+        source = {key: mount[field] for key, field in (("medium", "medium"), ("sizeLimit", "sizeLimit"))
+                  if mount.get(field)}
+        volumes.append({"name": mount["volumeName"], "emptyDir": source})
+        mounts.append({"name": mount["volumeName"], "mountPath": mount["mountPath"]})
+    return mounts, volumes
+
+
 def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, dag_inputs: dict,
                  task_outputs: dict, release: str = PINNED_RELEASE) -> TaskPod:
     """The pod (and TaskConfig) the driver creates for one container task of a DAG whose inputs are `dag_inputs`."""
@@ -464,6 +477,9 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
     annotations = dict((config.get("podMetadata") or {}).get("annotations") or {}) \
         if has(release, "pod_labels") else {}
     mounted = pvc_mounts(config, dag_inputs, task_outputs) if "KUBERNETES_VOLUMES" in on_pod else None
+    empty_dirs = empty_dir_mounts(config)
+    if empty_dirs[0]:
+        mounted = ((mounted or ([], []))[0] + empty_dirs[0], (mounted or ([], []))[1] + empty_dirs[1])
     return TaskPod(
         task=task_name, display_name=task.get("taskInfo", {}).get("name", task_name),
         image=resolve_placeholder(container["image"], inputs, "image"),  # driver.go:449

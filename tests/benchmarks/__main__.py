@@ -1,7 +1,7 @@
 """`make bench`: every benchmark, each side by side with its baseline measured in the same run.
 
 python -m tests.benchmarks [NAME ...]   (names: ingest, augment, train, predict, models, photos, portable_input,
-                                         shards, ceilings, frameworks; default: all;
+                                         shards, staging, ceilings, frameworks; default: all;
                                          `accelerator` needs a GPU and runs only when named; `near_copies`,
                                          three trainings, too)
 """
@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
-BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos", "portable_input", "shards", "ceilings",
-              "frameworks")
+BENCHMARKS = ("ingest", "predict", "train", "models", "augment", "photos", "portable_input", "shards", "staging",
+              "ceilings", "frameworks")
 ON_REQUEST = ("accelerator", "near_copies")
 
 

@@ -305,7 +305,8 @@ class Comparison:
 
 
 # The pipeline variants we compile (compile options, run parameters): the frameworks, the train launchers, GPU
-# type/count/pool/Spot, GCS FUSE, data_root, Kueue, the Vertex target, shared GPUs and GPUDirect.
+# type/count/pool/Spot, GCS FUSE (and its file cache's volume), data_root, Kueue, the Vertex target, shared GPUs and
+# GPUDirect.
 VARIANTS = {
     "default": ([], {}),
     "torch": (["--framework", "torch"], {}),
@@ -319,6 +320,7 @@ VARIANTS = {
     "pytorchjob": (["--train-launcher", "pytorchjob", "--framework", "torch"], {}),
     "vertex-job": (["--train-launcher", "vertex-job"], {"project": "p", "location": "us-central1"}),
     "gcs-fuse": (["--gcs-fuse-pvc", "kfp-data"], {}),
+    "gcs-fuse-file-cache": (["--gcs-fuse-pvc", "kfp-data", "--gcs-fuse-cache", "50Gi"], {}),
     "data-root": ([], {"data_root": "gs://BUCKET/kfp-data"}),
     "kueue": (["--kueue-queue", "team-a", "--train-launcher", "trainjob"], {}),
     "vertex-target": (["--target", "vertex"], {}),

@@ -54,7 +54,7 @@ Follows the public JSON API reference (cloud.google.com/storage/docs/json_api/v1
   cloud.google.com/storage/docs/hashes-etags#json-api), `x-goog-generation` and
   `x-goog-stored-content-length`: the client checks a whole download against the hash
   (google/cloud/storage/_media/requests/download.py:117-184 at 3.17.1; a 206 is not checked). `corrupt_next`
-  flips a byte of the next downloads' bodies, to show that check fails.
+  flips a byte of the next downloads' bodies (of names ending with `corrupt_suffix`), to show that check fails.
 - An error the stand-in did not foresee answers 500 with Google's JSON error body (INTERNAL), as the service does,
   instead of dropping the connection (cloud.google.com/storage/docs/json_api/v1/status-codes, 500).
 """
@@ -99,6 +99,7 @@ class GcsStandIn(StandIn):
         self.root = str(root)
         self.uploads: dict[str, dict] = {}  # resumable upload sessions: upload_id -> bucket, name, bytes so far
         self.corrupt_next = 0  # the next downloads whose body has a byte flipped (the hash stays the object's)
+        self.corrupt_suffix = ""  # with corrupt_next: only downloads of objects whose names end with this
         self.lost_answers: dict[str, int] = {}  # rpc -> calls carried out whose answer is then a 503 (lose_answer)
 
     def lose_answer(self, rpc: str, count: int = 1) -> None:
@@ -294,7 +295,7 @@ class GcsStandIn(StandIn):
                 return 416, b""
             headers["Content-Range"] = f"bytes {start}-{end}/{len(contents)}"
             body, status = contents[start:end + 1], 206
-        if self.corrupt_next and body:
+        if self.corrupt_next and body and path.endswith(self.corrupt_suffix):
             self.corrupt_next -= 1
             body = bytes([body[0] ^ 0xFF]) + body[1:]
         return status, body
