@@ -57,10 +57,10 @@ def test_noise_that_flipped_the_single_probe_does_not_flip_the_plan():
         finals.append(report["final"])
         seconds.append(sum(n / TRUE_RATES[label] for label, n in taken.items()))
     assert old_wrong >= 8  # what the issue saw: the pick flips with the machine's noise
-    assert chosen_right >= 93  # the probe alone: medians of interleaved chunks
+    assert chosen_right >= 90  # the probe alone: medians of interleaved chunks
     assert finals == [TF] * 100  # and what the probe gets wrong, the run puts right
-    # the worst of the 100 runs, 1.5x, had 6 of its first 7 chunks on TensorFlow taken while a core was held
-    assert statistics.mean(seconds) < 1.06 * ideal and max(seconds) < 1.6 * ideal
+    # 13 of 100 old picks wrong; the planner's probe 7, its runs 1.04x the ideal time on average, 1.37x at worst
+    assert statistics.mean(seconds) < 1.06 * ideal and max(seconds) < 1.5 * ideal
     # the old plan's runs: 1.0x when right, 2.03x when wrong
     assert statistics.mean(seconds) < (100 - old_wrong + old_wrong * TRUE_RATES[TF] / TRUE_RATES["one worker"]) / 100 \
         * ideal
@@ -111,7 +111,7 @@ def test_the_run_switches_when_its_plan_falls_behind():
     assert report["chosen"] == "one worker" and report["final"] == TF
     [switch] = report["switches"]
     assert switch["from"] == "one worker" and switch["to"] == TF
-    assert 400_000 < switch["at_input"] < 400_000 + (decoding.RECHECK_MAX + 1) * 7_000 * decoding.CHUNK_SECONDS
+    assert 400_000 < switch["at_input"] < 400_000 + (decoding.RECHECK_MAX + 1) * 7_000 * decoding.RUN_CHUNK_SECONDS
     assert taken[TF] > 500_000
 
     steady = decoding.DecodePlanner([ONE, TENSORFLOW], expected=1_000_000)
@@ -133,7 +133,8 @@ def test_a_run_that_switches_midway_gives_the_examples_of_one_plan(image_folder)
     src = sources.folder_source(root, 28, 1, None, 2, None)
     shape = dict(height=28, width=28, channels=1, check_extension=True)
     planner = decoding.DecodePlanner([ONE, TENSORFLOW], expected=360, first_chunk=10, min_chunk=10,
-                                     chunk_seconds=0.001, recheck_every=2, window=3)
+                                     chunk_seconds=0.001, run_chunk_seconds=0.001, recheck_every=2,
+                                     window=3)
     now = [0.0]
     report: dict = {}
     planned = []

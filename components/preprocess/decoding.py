@@ -342,7 +342,10 @@ PROCESSES_WORTH_SECONDS = 10.0
 # takes on a busy machine: one such sample per plan picked one worker in one run of three on the same million files
 # (7.7k images/s against 19.3k with TensorFlow's batches), so each plan decodes several longer chunks, interleaved.
 PROBE_ROUNDS = 3  # chunks of each candidate before the first choice, in rounds of alternating order
-CHUNK_SECONDS = 0.25  # a chunk lasts about this long at its plan's measured rate
+CHUNK_SECONDS = 0.25  # a chunk of the probe or of a re-check lasts about this long at its plan's measured rate
+# a chunk of the running plan, this long: each chunk ends with its last batches draining (a thread idle while the
+# other finishes), a few percent of a 0.25 s chunk
+RUN_CHUNK_SECONDS = 1.0
 FIRST_CHUNK = 128  # inputs of a plan's first chunk, before it has a rate
 MIN_CHUNK = 50
 MAX_CHUNK = 16384
@@ -350,8 +353,8 @@ PROBE_SHARE = 0.2  # the probe's chunks take at most this share of the expected 
 # A plan simpler than the fastest (earlier in candidate_plans) and within this share of its rate is kept; a run
 # switches plans only when the other is faster by this share
 KEEP_MARGIN = 0.15
-RECHECK_EVERY = 4  # chunks of the running plan before the runner-up decodes one; doubled after each re-check that
-RECHECK_MAX = 32   # confirms the running plan, up to this; back to RECHECK_EVERY after a switch
+RECHECK_EVERY = 2  # chunks of the running plan before the runner-up decodes one; doubled after each re-check that
+RECHECK_MAX = 16   # confirms the running plan, up to this; back to RECHECK_EVERY after a switch
 WINDOW = 5  # a plan's rate: the median of its last WINDOW chunks
 
 
@@ -374,14 +377,14 @@ class DecodePlanner:
     within `margin` of it: that one is kept. Worker processes are dropped untried when a plan measured before them
     would finish the run within PROCESSES_WORTH_SECONDS.
 
-    Then the run goes on in chunks of the chosen plan. Every `recheck_every` chunks the runner-up decodes one, and
+    Then the run goes on in longer chunks of the chosen plan. Every `recheck_every` chunks the runner-up decodes one, and
     the run switches to it when the median of its last `window` chunks beats the running plan's by `margin`. A
     re-check that finds the running plan ahead by `margin` doubles the interval (to `recheck_max`); a switch, or a
     re-check too close to tell, sets it back to `recheck_every`."""
 
     def __init__(self, plans: list[dict], *, expected: int, rounds: int | None = None, margin: float | None = None,
                  recheck_every: int | None = None, recheck_max: int | None = None, window: int | None = None,
-                 chunk_seconds: float | None = None, first_chunk: int | None = None, min_chunk: int | None = None,
+                 chunk_seconds: float | None = None, run_chunk_seconds: float | None = None, first_chunk: int | None = None, min_chunk: int | None = None,
                  max_chunk: int | None = None, probe_share: float | None = None):
         """Each setting left None is the module's constant of that name (PROBE_ROUNDS, KEEP_MARGIN, ...)."""
         if not plans:
@@ -393,6 +396,7 @@ class DecodePlanner:
         rounds, margin = setting(rounds, PROBE_ROUNDS), setting(margin, KEEP_MARGIN)
         recheck_every, recheck_max = setting(recheck_every, RECHECK_EVERY), setting(recheck_max, RECHECK_MAX)
         window, chunk_seconds = setting(window, WINDOW), setting(chunk_seconds, CHUNK_SECONDS)
+        run_chunk_seconds = setting(run_chunk_seconds, RUN_CHUNK_SECONDS)
         first_chunk, min_chunk = setting(first_chunk, FIRST_CHUNK), setting(min_chunk, MIN_CHUNK)
         max_chunk, probe_share = setting(max_chunk, MAX_CHUNK), setting(probe_share, PROBE_SHARE)
         self.plans = {plan_label(plan): plan for plan in plans}
@@ -401,6 +405,7 @@ class DecodePlanner:
         self.margin, self.window = margin, window
         self.recheck_every, self.recheck_max = recheck_every, recheck_max
         self.chunk_seconds, self.first_chunk = chunk_seconds, first_chunk
+        self.run_chunk_seconds = run_chunk_seconds
         self.min_chunk, self.max_chunk = min_chunk, max_chunk
         self.probe_chunk = max(min_chunk, int(expected * probe_share / (rounds * len(plans))))
         self.recent = {label: collections.deque(maxlen=window) for label in self.plans}
@@ -436,10 +441,12 @@ class DecodePlanner:
         return self.plans[self.running]
 
     def chunk_size(self, plan: dict) -> int:
-        """Inputs for a chunk of `plan`: about `chunk_seconds` of it at its measured rate."""
+        """Inputs for a chunk of `plan`: about `chunk_seconds` of it at its measured rate (`run_chunk_seconds` for
+        the running plan once the probe is over)."""
         label = plan_label(plan)
+        seconds = self.run_chunk_seconds if label == self.current else self.chunk_seconds
         size = (self.first_chunk if not self.recent[label]
-                else int(statistics.median(self.recent[label]) * self.chunk_seconds))
+                else int(statistics.median(self.recent[label]) * seconds))
         if self.probing:
             size = min(size, self.probe_chunk)
         return max(self.min_chunk, min(self.max_chunk, size))
