@@ -343,12 +343,12 @@ PROCESSES_WORTH_SECONDS = 10.0
 # (7.7k images/s against 19.3k with TensorFlow's batches), so each plan decodes several longer chunks, interleaved.
 PROBE_ROUNDS = 3  # chunks of each candidate before the first choice, in rounds of alternating order
 CHUNK_SECONDS = 0.25  # a chunk of the probe or of a re-check lasts about this long at its plan's measured rate
-# a chunk of the running plan, this long: each chunk ends with its last batches draining (a thread idle while the
-# other finishes), a few percent of a 0.25 s chunk
+# a chunk of the running plan, this long: each chunk ends with its last batches draining (a thread may wait while
+# the other finishes its batch), which longer chunks pay less often
 RUN_CHUNK_SECONDS = 1.0
 FIRST_CHUNK = 128  # inputs of a plan's first chunk, before it has a rate
 MIN_CHUNK = 50
-MAX_CHUNK = 16384
+MAX_CHUNK = 65536
 PROBE_SHARE = 0.2  # the probe's chunks take at most this share of the expected inputs
 # A plan simpler than the fastest (earlier in candidate_plans) and within this share of its rate is kept; a run
 # switches plans only when the other is faster by this share
@@ -378,7 +378,8 @@ class DecodePlanner:
     would finish the run within PROCESSES_WORTH_SECONDS.
 
     Then the run goes on in longer chunks of the chosen plan. Every `recheck_every` chunks the runner-up decodes one, and
-    the run switches to it when the median of its last `window` chunks beats the running plan's by `margin`. A
+    the run switches to it when the median of its last `window` chunks beats the running plan's by `margin` at two
+    re-checks in a row (the second after one more chunk of the running plan). A
     re-check that finds the running plan ahead by `margin` doubles the interval (to `recheck_max`); a switch, or a
     re-check too close to tell, sets it back to `recheck_every`."""
 
@@ -419,6 +420,7 @@ class DecodePlanner:
         self.running: str | None = None  # the plan of the chunk handed out last
         self.interval = recheck_every
         self.since_check = 0
+        self.leading = False  # the runner-up was ahead at the last re-check
         self.done = 0
         self.switches: list[dict] = []
         self.decision = ""
@@ -470,7 +472,13 @@ class DecodePlanner:
             self.since_check += 1
             return
         self.since_check = 0
-        if self._rate(label) > self._rate(self.current) * (1 + self.margin):
+        if self._rate(label) > self._rate(self.current) * (1 + self.margin) and not self.leading:
+            # ahead once: looked at again after one more chunk of the running plan (whose window a few disturbed
+            # chunks in a row can drag down), and switched to if still ahead
+            self.leading = True
+            self.interval = 1
+        elif self._rate(label) > self._rate(self.current) * (1 + self.margin):
+            self.leading = False
             self.switches.append({"at_input": self.done, "from": self.current, "to": label,
                                   "rates": {self.current: round(self._rate(self.current)),
                                             label: round(self._rate(label))}})
@@ -480,8 +488,10 @@ class DecodePlanner:
             self.current, self.challenger = label, self.current
             self.interval = self.recheck_every
         elif self._rate(self.current) > self._rate(label) * (1 + self.margin):
+            self.leading = False
             self.interval = min(2 * self.interval, self.recheck_max)
         else:  # too close to tell: looked at again as soon as at first
+            self.leading = False
             self.interval = self.recheck_every
 
     def finish(self) -> None:
