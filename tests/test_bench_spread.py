@@ -28,6 +28,10 @@ def test_the_spread_of_runs_keeps_what_agrees_and_lists_what_does_not():
     assert text(merged["images"], "{:,.0f}") == "20,000"  # the runs agree: one figure
     json.dumps(merged)  # what __main__ writes to runs/bench.json
     assert merge([3, "3"]) == {"each run": [3, "3"]} and merge([None, None]) is None
+    # a benchmark that reports its own repeats' spread (shards): each of its figures gets the spread over the runs
+    nested = merge([{"read": spread([1.0, 2.0, 4.0])}, {"read": spread([1.5, 3.0, 3.5])}])
+    assert nested["read"]["median"] == {"min": 2.0, "median": 2.5, "max": 3.0, "runs": 2}
+    assert lines(nested) == ["read.min: 1 / 1.25 / 1.5", "read.median: 2 / 2.5 / 3", "read.max: 3.5 / 3.75 / 4"]
 
 
 def test_every_benchmark_make_bench_names_has_a_main_that_takes_its_arguments():

@@ -45,15 +45,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"({name}: {seconds[name][-1]:.0f}s)", flush=True)
     results = {name: {"spread": merge(runs[name]), "seconds": merge(seconds[name]), "runs": runs[name]}
                for name in names}
+    out = os.environ.get("BENCH_JSON", "runs/bench.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=2, default=str)
     print(f"\n=== min / median / max over {args.runs} run(s) (what changed from run to run) ===")
     for name in names:
         print(f"\n{name} ({'; '.join(lines(results[name]['seconds'], 'seconds')) or 'seconds: same'})")
         for line in lines(results[name]["spread"]) or ["(every figure the same in each run)"]:
             print(f"  {line}")
-    out = os.environ.get("BENCH_JSON", "runs/bench.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(results, f, indent=2, default=str)
     print(f"\nresults: {out}")
     return 0
 

@@ -19,7 +19,8 @@ def spread(values: list[float]) -> dict:
 
 
 def is_spread(value) -> bool:
-    return isinstance(value, dict) and set(value) == {"min", "median", "max", "runs"}
+    return (isinstance(value, dict) and set(value) == {"min", "median", "max", "runs"}
+            and all(_number(v) for v in value.values()))
 
 
 def figure(x: float) -> str:
