@@ -100,7 +100,7 @@ lock: $(BIN)/pipectl ## resolve every image's requirements from PyPI into images
 audit: $(BIN)/pipectl ## pip-audit over every image's lock (asks api.osv.dev; Cloud Build runs it)
 	$(BIN)/python images/audit.py
 
-bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines (BENCH="train predict" for some); minutes
+bench: install photos $(if $(filter frameworks,$(BENCH)),$(BIN)/.framework-torch $(BIN)/.framework-jax) ## benchmarks side by side with their baselines, min / median / max of BENCH_RUNS runs (default 3; BENCH="train predict" for some); minutes
 	$(BIN)/python -m tests.benchmarks $(BENCH)
 
 # The GPU check runs on a lent machine's own python3 (torch and JAX, no TensorFlow, no network), from the files

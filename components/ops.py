@@ -58,6 +58,11 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
         stats.log_metric(f"rejected: {reason}", count)
     for field in ("groups", "images", "test_images_shared"):
         stats.log_metric(f"near-duplicate {field.replace('_', ' ')}", result.near_duplicates[field])
+    # the decode plans measured on this run's files, median rates (records built), and how often the run switched
+    for label, measured in result.decode_plan.get("plans", {}).items():
+        stats.log_metric(f"decode images/s: {label}", measured["median_per_s"])
+    if result.decode_plan.get("measured"):
+        stats.log_metric("decode plan switches", len(result.decode_plan["switches"]))
     with open(card.path, "w") as f:
         f.write(dataset_card(dataset.path))
     dataset.metadata.update({"class_names": result.class_names, "image_shape": result.image_shape, **result.counts,

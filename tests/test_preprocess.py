@@ -572,11 +572,10 @@ def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch)
     root = image_folder(per_class=120)
     src = sources.folder_source(root, 28, 1, None, 2, None)
     monkeypatch.setattr(decoding, "MEASURE_MIN_INPUTS", 100)
-    monkeypatch.setattr(decoding, "MEASURE_SAMPLE", 200)
     caplog.set_level("INFO")
     plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000)
     assert plan in decoding.candidate_plans(root, 2)
-    line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
+    line = next(r.getMessage() for r in caplog.records if "decoding with" in r.getMessage())
     for label in ("one worker", "2 processes", "TensorFlow batches x2"):
         assert re.search(label + r" [\d,]+/s", line), line
     # raw records of files TensorFlow decodes: plain threads, the same threads less its C++ decode, are not measured
@@ -584,22 +583,24 @@ def test_decode_plan_is_measured_on_the_files(image_folder, caplog, monkeypatch)
     caplog.clear()
     # as RGB the grayscale PNGs need PIL's conversion: TensorFlow has nothing to decode, threads are measured
     plan = decoding.decode_plan(root, 2, src.items, expected=1_000_000, channels=3)
-    line = next(r.getMessage() for r in caplog.records if "measured on 200 files" in r.getMessage())
+    line = next(r.getMessage() for r in caplog.records if "decoding with" in r.getMessage())
     for label in ("one worker", "2 threads", "2 processes"):
         assert re.search(label + r" [\d,]+/s", line), line
     assert "TensorFlow" not in line, line
 
 
 
-@pytest.mark.parametrize("sample", [50, 200])
-def test_the_measured_plans_decodes_are_the_runs_own(image_folder, monkeypatch, sample):
-    """Each candidate plan is measured on the next inputs, which are yielded (nothing decoded twice): the planned
-    stream is every input once, in order, as one worker decodes it; with too few inputs for a sample per plan, the
-    later plans are measured on the first inputs again and what they decode is dropped."""
+@pytest.mark.parametrize("chunk", [16, 128])
+def test_the_measured_plans_decodes_are_the_runs_own(image_folder, monkeypatch, chunk):
+    """Each candidate plan is measured on the next chunk of inputs, which is yielded (nothing decoded twice): the
+    planned stream is every input once, in order, as one worker decodes it, whether the probe ends before the
+    inputs (small chunks: the run goes on, with re-checks) or the inputs end during the probe."""
     root = image_folder(per_class=120)
     src = sources.folder_source(root, 28, 1, None, 2, None)
     monkeypatch.setattr(decoding, "MEASURE_MIN_INPUTS", 100)
-    monkeypatch.setattr(decoding, "MEASURE_SAMPLE", sample)
+    monkeypatch.setattr(decoding, "FIRST_CHUNK", chunk)
+    monkeypatch.setattr(decoding, "MIN_CHUNK", chunk)
+    monkeypatch.setattr(decoding, "CHUNK_SECONDS", 0.001)
     shape = dict(height=28, width=28, channels=1, check_extension=True)
     planned = list(decoding.planned_decode(src.items, source=root, cpus=2, expected=1_000_000, **shape))
     alone = list(decoding.parallel_decode(src.items, **shape, workers=1, use_processes=False))

@@ -10,6 +10,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import statistics
 import time
 from typing import Callable, Iterable, Iterator
 
@@ -217,72 +218,316 @@ def _unbatch(decoded: tuple[list[tuple], np.ndarray]) -> Iterator[Example]:
             next_image += 1
 
 
-def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int, channels: int,
-                    check_extension: bool, workers: int, use_processes: bool,
-                    use_tensorflow: bool = False, tensorflow_batch: int = 256) -> Iterator[Example]:
-    """Decodes the files of `items()` in parallel and yields them in input order, with at most 4 batches per
-    worker in flight (memory stays bounded whatever the number of files).
+def _noop() -> None:
+    return None
 
-    See `decode_plan` for when processes and when threads are used. If worker processes cannot start (e.g. a
-    calling script without an `if __name__ == "__main__"` guard), decoding falls back to threads with a warning.
-    """
-    args = (height, width, channels, check_extension)
-    if use_tensorflow:  # threads that hand whole batches to TensorFlow, overlapping the main process's work
-        decoder = tensorflow_decoder(height, width, channels)
-        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
+
+class PlanDecoder:
+    """One plan's way of decoding, kept from one chunk of inputs to the next (`decode`): its worker threads or
+    processes start once (`startup` seconds, the processes' start included), so that a run can go from one plan to
+    another and back between chunks without starting them again. `close` stops them.
+
+    If worker processes cannot start (e.g. a calling script without an `if __name__ == "__main__"` guard), the
+    plan decodes with threads instead, with a warning."""
+
+    def __init__(self, plan: dict, *, height: int, width: int, channels: int, check_extension: bool,
+                 clock: Callable[[], float] = time.monotonic):
+        self.plan = plan
+        self.args = (height, width, channels, check_extension)
+        self.workers = max(1, plan["workers"])
+        self.use_tensorflow = bool(plan.get("use_tensorflow"))
+        self.use_processes = plan["use_processes"] and self.workers > 1 and not self.use_tensorflow
+        start = clock()
+        self.executor: concurrent.futures.Executor | None = None
+        if self.use_processes:
+            # forkserver: children start clean instead of inheriting TensorFlow's threads through fork.
+            self.executor = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("forkserver"))
+            try:
+                for future in [self.executor.submit(_noop) for _ in range(self.workers)]:
+                    future.result()
+            except concurrent.futures.process.BrokenProcessPool as e:
+                self._to_threads(e)
+        elif self.use_tensorflow or self.workers > 1:
+            self.executor = concurrent.futures.ThreadPoolExecutor(self.workers)
+        self.tensorflow = tensorflow_decoder(height, width, channels) if self.use_tensorflow else None
+        self.traced = False
+        self.startup = clock() - start
+
+    def _to_threads(self, error: Exception) -> None:
+        log.warning("decode worker processes could not start (%s); decoding with threads instead", error)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor = concurrent.futures.ThreadPoolExecutor(self.workers)
+        self.use_processes = False
+
+    def trace(self, items: list[Item]) -> None:
+        """TensorFlow's plan: traces its decoders on these files' kinds (what a first call costs), once."""
+        if self.tensorflow is not None and not self.traced:
+            self.tensorflow.trace(items[:8])
+            self.traced = True
+
+    def decode(self, items: Iterable[Item], tensorflow_batch: int = 256) -> Iterator[Example]:
+        """The examples of `items`, decoded with this plan, in input order, with at most a few batches per worker
+        in flight (memory stays bounded whatever the number of files)."""
+        height, width, channels, check_extension = self.args
+        if self.tensorflow is not None:  # threads that hand whole batches to TensorFlow
             pending: collections.deque = collections.deque()
-            for batch in data.batched(items(), tensorflow_batch):
-                pending.append(executor.submit(decoder.decode_examples, batch, check_extension))
-                if len(pending) >= 2 * max(1, workers):
+            for batch in data.batched(items, tensorflow_batch):
+                pending.append(self.executor.submit(self.tensorflow.decode_examples, batch, check_extension))
+                if len(pending) >= 2 * self.workers:
                     yield from pending.popleft().result()
             while pending:
                 yield from pending.popleft().result()
-        return
-    if workers <= 1:
-        for batch in data.batched(items(), 64):
-            yield from decode_files(batch, *args)
-        return
-    if use_processes:
-        # forkserver: children start clean instead of inheriting TensorFlow's threads through fork.
-        executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
-    else:
-        executor = concurrent.futures.ThreadPoolExecutor(workers)
-    yielded = False
-    try:
-        with executor:
-            pending: collections.deque = collections.deque()
+            return
+        if self.executor is None:
+            for batch in data.batched(items, 64):
+                yield from decode_files(batch, *self.args)
+            return
+        pending = collections.deque()
+        yielded = False
+        items = iter(items)
+        submitted: list[list[Item]] = []  # the batches in flight, to decode again with threads if processes fail
+        try:
             # processes return rows and one array (decode_batch), threads their examples as they are
-            decode, unbatch = (decode_batch, _unbatch) if use_processes else (decode_files, iter)
-            for batch in data.batched(items(), 64 if use_processes else 8):
-                pending.append(executor.submit(decode, batch, *args))
-                if len(pending) >= 4 * workers:
+            decode, unbatch = (decode_batch, _unbatch) if self.use_processes else (decode_files, iter)
+            for batch in data.batched(items, 64 if self.use_processes else 8):
+                pending.append(self.executor.submit(decode, batch, *self.args))
+                submitted.append(batch)
+                if len(pending) >= 4 * self.workers:
                     yield from unbatch(pending.popleft().result())
+                    submitted.pop(0)
                     yielded = True
             while pending:
                 yield from unbatch(pending.popleft().result())
+                submitted.pop(0)
                 yielded = True
-    except concurrent.futures.process.BrokenProcessPool as e:
-        if yielded:
-            raise
-        log.warning("decode worker processes could not start (%s); decoding with threads instead", e)
-        yield from parallel_decode(items, height=height, width=width, channels=channels,
-                                   check_extension=check_extension, workers=workers, use_processes=False)
+        except concurrent.futures.process.BrokenProcessPool as e:
+            if yielded:
+                raise
+            self._to_threads(e)
+            yield from self.decode(itertools.chain.from_iterable(submitted + [list(items)]))
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+            self.executor = None
+
+
+def parallel_decode(items: Callable[[], Iterable[Item]], *, height: int, width: int, channels: int,
+                    check_extension: bool, workers: int, use_processes: bool,
+                    use_tensorflow: bool = False, tensorflow_batch: int = 256) -> Iterator[Example]:
+    """Decodes the files of `items()` with one plan (see `PlanDecoder`) and yields them in input order; see
+    `planned_decode` for how the plan is chosen."""
+    decoder = PlanDecoder({"workers": workers, "use_processes": use_processes, "use_tensorflow": use_tensorflow},
+                          height=height, width=width, channels=channels, check_extension=check_extension)
+    try:
+        yield from decoder.decode(items(), tensorflow_batch)
+    finally:
+        decoder.close()
 
 
 # Below this many inputs one worker is used: measuring would cost more than it could save.
 MEASURE_MIN_INPUTS = 1000
-MEASURE_SAMPLE = 300  # the most files each candidate plan decodes (fewer for smaller runs: 5% of them)
+MEASURE_SAMPLE = 300  # the first files, whose heads say which share TensorFlow's batches would decode themselves
 # Files above this size on average are photos: below MEASURE_MIN_INPUTS they are decoded by one thread per CPU
 # (PIL releases the GIL while decoding, resizing and encoding: 2 threads win on 480x480 JPEGs, see planned_decode)
-# rather than by one worker, and above it one worker is measured but not chosen (see _measure_plans). npm's
-# 307x173 food photos average 17 KB: 2 threads decoded 2,000 of them in 0.93-0.97 s, one worker in 2.1-2.7 s.
+# rather than by one worker, and above it one worker is not a candidate: on photos it decodes in the thread that
+# builds and writes the records, which nothing overlaps. npm's 307x173 food photos average 17 KB: 2 threads decoded
+# 2,000 of them in 0.93-0.97 s, one worker in 2.1-2.7 s.
 PHOTO_BYTES = 8 << 10
 # Worker processes take a second or two to start: they are only tried when the run would take longer than this.
 PROCESSES_WORTH_SECONDS = 10.0
 
+# How DecodePlanner measures. A chunk of 300 28x28 PNGs lasts 10-20 ms, less than one time slice another process
+# takes on a busy machine: one such sample per plan picked one worker in one run of three on the same million files
+# (7.7k images/s against 19.3k with TensorFlow's batches), so each plan decodes several longer chunks, interleaved.
+PROBE_ROUNDS = 3  # chunks of each candidate before the first choice, in rounds of alternating order
+CHUNK_SECONDS = 0.25  # a chunk of the probe or of a re-check lasts about this long at its plan's measured rate
+# a chunk of the running plan, this long: each chunk ends with its last batches draining (a thread may wait while
+# the other finishes its batch), which longer chunks pay less often
+RUN_CHUNK_SECONDS = 1.0
+FIRST_CHUNK = 128  # inputs of a plan's first chunk, before it has a rate
+MIN_CHUNK = 50
+MAX_CHUNK = 65536
+PROBE_SHARE = 0.2  # the probe's chunks take at most this share of the expected inputs
+# A plan simpler than the fastest (earlier in candidate_plans) and within this share of its rate is kept; a run
+# switches plans only when the other is faster by this share
+KEEP_MARGIN = 0.15
+RECHECK_EVERY = 2  # chunks of the running plan before the runner-up decodes one; doubled after each re-check that
+RECHECK_MAX = 16   # confirms the running plan, up to this; back to RECHECK_EVERY after a switch
+WINDOW = 5  # a plan's rate: the median of its last WINDOW chunks
+
+
+def plan_label(plan: dict) -> str:
+    if plan.get("use_tensorflow"):
+        return f"TensorFlow batches x{plan['workers']}"
+    if plan["workers"] <= 1:
+        return "one worker"
+    return f"{plan['workers']} {'processes' if plan['use_processes'] else 'threads'}"
+
+
+class DecodePlanner:
+    """Which candidate plan decodes the next chunk of inputs, from the rates (files a second, the step's work on
+    them included) of the chunks measured before; `planned_decode` asks it (`next_plan`, `chunk_size`) and tells it
+    each chunk's measurement (`record`). It never sees a clock: tests drive it with measurements.
+
+    Probe: PROBE_ROUNDS rounds, each running every candidate on one chunk, in alternating order (A B C, C B A,
+    A B C), so that load that comes or goes during the probe hits every plan alike; a plan's rate is the median of its
+    chunks, so one disturbed chunk moves nothing. The fastest wins, unless a simpler plan (earlier in `plans`) is
+    within `margin` of it: that one is kept. Worker processes are dropped untried when a plan measured before them
+    would finish the run within PROCESSES_WORTH_SECONDS.
+
+    Then the run goes on in longer chunks of the chosen plan. Every `recheck_every` chunks the runner-up decodes one, and
+    the run switches to it when the median of its last `window` chunks beats the running plan's by `margin` at two
+    re-checks in a row (the second after one more chunk of the running plan). A
+    re-check that finds the running plan ahead by `margin` doubles the interval (to `recheck_max`); a switch, or a
+    re-check too close to tell, sets it back to `recheck_every`."""
+
+    def __init__(self, plans: list[dict], *, expected: int, rounds: int | None = None, margin: float | None = None,
+                 recheck_every: int | None = None, recheck_max: int | None = None, window: int | None = None,
+                 chunk_seconds: float | None = None, run_chunk_seconds: float | None = None, first_chunk: int | None = None, min_chunk: int | None = None,
+                 max_chunk: int | None = None, probe_share: float | None = None):
+        """Each setting left None is the module's constant of that name (PROBE_ROUNDS, KEEP_MARGIN, ...)."""
+        if not plans:
+            raise ValueError("DecodePlanner needs at least one candidate plan")
+
+        def setting(value, default):
+            return default if value is None else value
+
+        rounds, margin = setting(rounds, PROBE_ROUNDS), setting(margin, KEEP_MARGIN)
+        recheck_every, recheck_max = setting(recheck_every, RECHECK_EVERY), setting(recheck_max, RECHECK_MAX)
+        window, chunk_seconds = setting(window, WINDOW), setting(chunk_seconds, CHUNK_SECONDS)
+        run_chunk_seconds = setting(run_chunk_seconds, RUN_CHUNK_SECONDS)
+        first_chunk, min_chunk = setting(first_chunk, FIRST_CHUNK), setting(min_chunk, MIN_CHUNK)
+        max_chunk, probe_share = setting(max_chunk, MAX_CHUNK), setting(probe_share, PROBE_SHARE)
+        self.plans = {plan_label(plan): plan for plan in plans}
+        self.candidates = list(self.plans)  # simplest first
+        self.expected = expected
+        self.margin, self.window = margin, window
+        self.recheck_every, self.recheck_max = recheck_every, recheck_max
+        self.chunk_seconds, self.first_chunk = chunk_seconds, first_chunk
+        self.run_chunk_seconds = run_chunk_seconds
+        self.min_chunk, self.max_chunk = min_chunk, max_chunk
+        self.probe_chunk = max(min_chunk, int(expected * probe_share / (rounds * len(plans))))
+        self.recent = {label: collections.deque(maxlen=window) for label in self.plans}
+        self.history: dict[str, list[float]] = {label: [] for label in self.plans}
+        self.inputs = {label: 0 for label in self.plans}
+        self.startup = {label: 0.0 for label in self.plans}
+        self.probe = [label for r in range(rounds) for label in (self.candidates if r % 2 == 0
+                                                                 else reversed(self.candidates))]
+        self.current: str | None = None  # the chosen plan, once the probe is over
+        self.challenger: str | None = None  # the runner-up the re-checks measure
+        self.running: str | None = None  # the plan of the chunk handed out last
+        self.interval = recheck_every
+        self.since_check = 0
+        self.leading = False  # the runner-up was ahead at the last re-check
+        self.done = 0
+        self.switches: list[dict] = []
+        self.decision = ""
+
+    @property
+    def probing(self) -> bool:
+        return self.current is None
+
+    def next_plan(self) -> dict:
+        """The plan of the next chunk."""
+        while self.probe and self.probe[0] not in self.candidates:
+            self.probe.pop(0)
+        if self.probe:
+            self.running = self.probe.pop(0)
+        else:
+            if self.current is None:
+                self._choose()
+            self.running = (self.challenger if self.challenger and self.since_check >= self.interval
+                            else self.current)
+        return self.plans[self.running]
+
+    def chunk_size(self, plan: dict) -> int:
+        """Inputs for a chunk of `plan`: about `chunk_seconds` of it at its measured rate (`run_chunk_seconds` for
+        the running plan once the probe is over)."""
+        label = plan_label(plan)
+        seconds = self.run_chunk_seconds if label == self.current else self.chunk_seconds
+        size = (self.first_chunk if not self.recent[label]
+                else int(statistics.median(self.recent[label]) * seconds))
+        if self.probing:
+            size = min(size, self.probe_chunk)
+        return max(self.min_chunk, min(self.max_chunk, size))
+
+    def record(self, plan: dict, inputs: int, files: int, seconds: float, startup: float = 0.0) -> None:
+        """One chunk's measurement: `inputs` taken from the stream, `files` of them decoded (not rejected before
+        decoding), in `seconds`; `startup`: the seconds the plan's workers took to start, if they started for it."""
+        label = plan_label(plan)
+        rate = max(files, 1) / max(seconds, 1e-9)
+        self.recent[label].append(rate)
+        self.history[label].append(rate)
+        self.inputs[label] += inputs
+        self.startup[label] += startup
+        self.done += inputs
+        if self.probing:
+            left = max(self.expected - self.done, 0)
+            if not plan["use_processes"] and left / rate < PROCESSES_WORTH_SECONDS:
+                self.candidates = [c for c in self.candidates if not self.plans[c]["use_processes"]]
+            return
+        if label == self.current:
+            self.since_check += 1
+            return
+        self.since_check = 0
+        if self._rate(label) > self._rate(self.current) * (1 + self.margin) and not self.leading:
+            # ahead once: looked at again after one more chunk of the running plan (whose window a few disturbed
+            # chunks in a row can drag down), and switched to if still ahead
+            self.leading = True
+            self.interval = 1
+        elif self._rate(label) > self._rate(self.current) * (1 + self.margin):
+            self.leading = False
+            self.switches.append({"at_input": self.done, "from": self.current, "to": label,
+                                  "rates": {self.current: round(self._rate(self.current)),
+                                            label: round(self._rate(label))}})
+            log.info("preprocess: switched to decoding with %s (at input %d: %s %s/s against %s %s/s, the medians "
+                     "of their last %d chunks)", label, self.done, label, f"{self._rate(label):,.0f}",
+                     self.current, f"{self._rate(self.current):,.0f}", self.window)
+            self.current, self.challenger = label, self.current
+            self.interval = self.recheck_every
+        elif self._rate(self.current) > self._rate(label) * (1 + self.margin):
+            self.leading = False
+            self.interval = min(2 * self.interval, self.recheck_max)
+        else:  # too close to tell: looked at again as soon as at first
+            self.leading = False
+            self.interval = self.recheck_every
+
+    def finish(self) -> None:
+        """The inputs ran out: a probe cut short chooses from what it measured."""
+        if self.current is None and any(self.recent.values()):
+            self._choose()
+
+    def _rate(self, label: str) -> float:
+        return statistics.median(self.recent[label])
+
+    def _choose(self) -> None:
+        measured = [label for label in self.candidates if self.recent[label]]
+        best = max(measured, key=self._rate)
+        self.current = next(label for label in measured
+                            if self._rate(label) * (1 + self.margin) >= self._rate(best))
+        others = [label for label in measured if label != self.current]
+        self.challenger = max(others, key=self._rate) if others else None
+        chunks = "/".join(str(len(self.history[label])) for label in measured)
+        kept = f"; kept within {self.margin:.0%} of {best}" if self.current != best else ""
+        self.decision = (f"decoding with {self.current} (medians of {chunks} interleaved chunks, records built: "
+                         + ", ".join(f"{label} {self._rate(label):,.0f}/s" for label in measured) + kept
+                         + (f"; re-checking {self.challenger} as the run goes on" if self.challenger else "") + ")")
+        log.info("preprocess: %s", self.decision)
+
+    def report(self) -> dict:
+        """What was measured and chosen: the step's result carries it (PreprocessResult.decode_plan)."""
+        return {"measured": True, "chosen": self.switches[0]["from"] if self.switches else self.current,
+                "final": self.current, "decision": self.decision, "switches": self.switches,
+                "plans": {label: {"chunks": len(rates), "inputs": self.inputs[label],
+                                  "median_per_s": round(statistics.median(rates)), "min_per_s": round(min(rates)),
+                                  "max_per_s": round(max(rates)), "startup_s": round(self.startup[label], 3)}
+                          for label, rates in self.history.items() if rates}}
+
 
 def candidate_plans(source: str, cpus: int) -> list[dict]:
-    """The ways to decode `source` with `cpus` CPUs that `decode_plan` chooses from."""
+    """The ways to decode `source` with `cpus` CPUs that `planned_decode` chooses from, simplest first."""
     if "://" in source:
         # Remote files: the cost is waiting on the network, which threads overlap; a short sample of a bucket's
         # latency says little about the rest of the run, so this one stays a rule.
@@ -300,53 +545,119 @@ def candidate_plans(source: str, cpus: int) -> list[dict]:
             {"workers": cpus, "use_processes": False, "use_tensorflow": True}]
 
 
-def _label(plan: dict) -> str:
-    if plan.get("use_tensorflow"):
-        return f"TensorFlow batches x{plan['workers']}"
-    if plan["workers"] <= 1:
-        return "one worker"
-    return f"{plan['workers']} {'processes' if plan['use_processes'] else 'threads'}"
+def measured_candidates(items: Callable[[], Iterable[Item]], plans: list[dict], *, height: int, width: int,
+                        channels: int) -> list[dict]:
+    """The candidates worth measuring on these files: one worker not on photos (it decodes in the thread that
+    builds and writes the records, which nothing overlaps: a sample of a hundred files on a busy machine measured
+    it ahead of 2 threads in one run of three that the whole runs then lost by 2-3x); TensorFlow's batches only
+    where they would decode at least half the files themselves (the rest need PIL's conversions: nothing for
+    TensorFlow to win, a tracing to pay); plain threads not where TensorFlow's batches decode most files of raw
+    records (they are the same threads less TensorFlow's C++ decode, and measuring them cost 0.003 ms of CPU a file
+    over a 10,000-PNG run: 300 28x28 PNGs at 6.9k/s, GIL-bound, against 30k/s)."""
+    photos = _photos(items)
+    first = list(itertools.islice(items(), MEASURE_SAMPLE))
+    share = (_share_for_tensorflow(first, height, width, channels) if any(p.get("use_tensorflow") for p in plans)
+             else 0.0)
+    threads_lose = not photos and share >= 0.5 and data.record_encoding(width, "file") == data.RAW
+    kept = []
+    for plan in plans:
+        if plan.get("use_tensorflow"):
+            if share < 0.5:
+                continue
+        elif plan["workers"] <= 1:
+            if photos:
+                continue
+        elif not plan["use_processes"] and threads_lose:
+            continue
+        kept.append(plan)
+    return kept or plans[:1]
 
 
 def decode_plan(source: str, cpus: int, items: Callable[[], Iterable[Item]] | None = None, *, expected: int = 0,
                 height: int = 28, width: int = 28, channels: int = 1, check_extension: bool = True,
                 clock: Callable[[], float] = time.monotonic) -> dict:
-    """How to decode the files of `source` with `cpus` CPUs: measured on this machine and these files (see
-    `planned_decode`, which yields what the measurement decoded instead of dropping it)."""
+    """The plan `planned_decode` would start the run of `source` with (its probe run on the first inputs of
+    `items()`, their examples dropped)."""
     plans = candidate_plans(source, cpus)
     if len(plans) == 1 or items is None or expected < MEASURE_MIN_INPUTS:
         return plans[0]
-    chosen: dict = {}
-    for _ in _measure_plans(items, _sample_size(expected), plans, expected, (height, width, channels, check_extension),
-                            clock, chosen=chosen):
+    shape = dict(height=height, width=width, channels=channels)
+    planner = DecodePlanner(measured_candidates(items, plans, **shape), expected=expected)
+    for _ in _chunked(items, planner, shape=dict(shape, check_extension=check_extension), clock=clock,
+                      probe_only=True):
         pass
-    return chosen["plan"]
+    return planner.plans[planner.current]
 
 
 def planned_decode(items: Callable[[], Iterable[Item]], *, source: str, cpus: int, expected: int, height: int,
-                   width: int, channels: int, check_extension: bool,
-                   clock: Callable[[], float] = time.monotonic) -> Iterator[Example]:
-    """Decodes the inputs of `items()` in order with the plan that measures fastest here.
+                   width: int, channels: int, check_extension: bool, clock: Callable[[], float] = time.monotonic,
+                   planner: DecodePlanner | None = None, report: dict | None = None) -> Iterator[Example]:
+    """Decodes the inputs of `items()` in order with the plan that measures fastest here, measured as the run goes.
 
     Which plan wins depends on the files and the machine, not on a rule: for 28x28 PNGs on 2 CPUs, one worker
     decoded 14.8k/s, 2 threads 6.9k/s (GIL contention: most of a small decode is Python inside PIL), 2
     processes 18.2k/s and TensorFlow batches from 2 threads 30.1k/s; for 480x480 JPEGs, which need resizing (PIL's
     job), 2 threads win (PIL releases the GIL while decoding). So with at least MEASURE_MIN_INPUTS inputs expected,
-    each candidate (`candidate_plans`) decodes the next few hundred inputs, which are yielded as they come (the
-    step's own work on them is part of the measured time), and the shortest projected time for `expected` inputs
-    (worker start-up included) wins: the measurement's decodes are the run's own, nothing is decoded twice. The
-    choice and the measured rates are logged.
+    the inputs are decoded in chunks, each by the plan `planner` (a DecodePlanner over `measured_candidates`) names:
+    first each candidate on a few chunks in turn, then the chosen plan, with the runner-up re-checked now and then.
+    Each chunk's examples are yielded as they come, and its time runs until the last is taken (the step's work on
+    them is part of the measurement): nothing is decoded twice, and every plan gives the same examples, so the
+    stream is the same whichever plans ran. The choice and the measured rates are logged (one line, and one per
+    switch) and, where `report` is given, put in it (DecodePlanner.report).
     """
     plans = candidate_plans(source, cpus)
     shape = dict(height=height, width=width, channels=channels, check_extension=check_extension)
-    if len(plans) == 1 or expected < MEASURE_MIN_INPUTS:
+    if planner is None and (len(plans) == 1 or expected < MEASURE_MIN_INPUTS):
         few = plans[0] if len(plans) == 1 or not _photos(items) else {"workers": cpus, "use_processes": False}
+        if report is not None:
+            report.update(measured=False, chosen=plan_label(few), final=plan_label(few), switches=[], plans={},
+                          decision=f"decoding with {plan_label(few)} (by rule: "
+                                   + ("one candidate" if len(plans) == 1 else
+                                      f"under {MEASURE_MIN_INPUTS} inputs") + ")")
         yield from parallel_decode(items, **shape, **few)
         return
-    chosen: dict = {}
-    yield from _measure_plans(items, _sample_size(expected), plans, expected,
-                              (height, width, channels, check_extension), clock, photos=_photos(items), chosen=chosen)
-    yield from parallel_decode(lambda: itertools.islice(items(), chosen["consumed"], None), **shape, **chosen["plan"])
+    if planner is None:
+        planner = DecodePlanner(measured_candidates(items, plans, height=height, width=width, channels=channels),
+                                expected=expected)
+    yield from _chunked(items, planner, shape=shape, clock=clock)
+    if report is not None:
+        report.update(planner.report())
+
+
+def _chunked(items: Callable[[], Iterable[Item]], planner: DecodePlanner, *, shape: dict,
+             clock: Callable[[], float], probe_only: bool = False) -> Iterator[Example]:
+    """The examples of `items()`, in order, decoded chunk by chunk with the plans `planner` names (each plan's
+    workers started once and kept until the end, or until the plan is out of the running)."""
+    decoders: dict[str, PlanDecoder] = {}
+    remaining = iter(items())
+    try:
+        while True:
+            plan = planner.next_plan()
+            if probe_only and not planner.probing:
+                break
+            label = plan_label(plan)
+            chunk = list(itertools.islice(remaining, planner.chunk_size(plan)))
+            if not chunk:
+                planner.finish()
+                break
+            startup = 0.0
+            if label not in decoders:
+                decoders[label] = PlanDecoder(plan, **shape, clock=clock)
+                started = clock()
+                decoders[label].trace(chunk)  # TensorFlow's tracing: start-up, not rate
+                startup = decoders[label].startup + clock() - started
+            decoder = decoders[label]
+            workers = max(1, plan["workers"])
+            per_thread = -(-len(chunk) // workers)  # a chunk in one batch per thread: every thread busy
+            start = clock()
+            yield from decoder.decode(chunk, tensorflow_batch=min(256, -(-per_thread // EXACT_REST) * EXACT_REST))
+            planner.record(plan, len(chunk), sum(1 for item in chunk if not item.problem), clock() - start, startup)
+            for gone in [name for name in decoders if not planner.probing
+                         and name not in (planner.current, planner.challenger)]:
+                decoders.pop(gone).close()
+    finally:
+        for decoder in decoders.values():
+            decoder.close()
 
 
 def _photos(items: Callable[[], Iterable[Item]], sample: int = 16) -> bool:
@@ -359,106 +670,3 @@ def _photos(items: Callable[[], Iterable[Item]], sample: int = 16) -> bool:
             except OSError:
                 pass
     return bool(sizes) and sum(sizes) / len(sizes) > PHOTO_BYTES
-
-
-def _sample_size(expected: int) -> int:
-    return max(50, min(MEASURE_SAMPLE, expected // 20))
-
-
-def _measure_plans(items: Callable[[], Iterable[Item]], sample: int, plans: list[dict], expected: int, args: tuple,
-                   clock: Callable[[], float], photos: bool = False, *, chosen: dict) -> Iterator[Example]:
-    """Yields, in input order, the examples of the inputs the candidate plans decode while they are measured,
-    each plan on the next `sample` inputs (a run with too few inputs for that measures the later plans on the first
-    inputs again and drops what they decode). Then sets chosen["plan"] (the best plan) and chosen["consumed"] (how
-    many inputs were yielded). With `photos`, one worker is measured but another plan is chosen: on photos it
-    decodes in the thread that builds and writes the records, which nothing overlaps, and a sample of a hundred
-    files on a busy machine measured it ahead of 2 threads in one run of three that the whole runs then lost by
-    2-3x."""
-    remaining = iter(items())
-    consumed = 0
-    first: list[Item] = list(itertools.islice(remaining, sample))
-    remaining = itertools.chain(first, remaining)
-    # The share of the files TensorFlow's batches would decode themselves, from the first sample (their heads read)
-    tensorflow_share = (_share_for_tensorflow(first, *args[:3]) if any(p.get("use_tensorflow") for p in plans)
-                        else 0.0)
-    # Raw records (pixels, below data.ENCODED_MIN_SIZE) decode every file whole whichever plan runs. Where most files
-    # are TensorFlow's, its batches run in as many threads as plain threads would, the same PIL code for the rest
-    # and the routed files' decode in C++ without the GIL: plain threads cannot win there, and measuring them cost
-    # 0.003 ms of CPU a file over a 10,000-PNG run (300 28x28 PNGs at 6.9k/s, GIL-bound, against 30k/s).
-    threads_lose = (not photos and tensorflow_share >= 0.5
-                    and data.record_encoding(args[1], "file") == data.RAW)
-    measured: list[tuple[float, float, dict]] = []
-    for plan in plans:
-        if plan["use_processes"] and measured and min(m[0] for m in measured) < PROCESSES_WORTH_SECONDS:
-            continue
-        if threads_lose and plan["workers"] > 1 and not plan["use_processes"] and not plan.get("use_tensorflow"):
-            continue
-        batch = list(itertools.islice(remaining, sample))
-        fresh = bool(batch)
-        batch = batch or first
-        if plan.get("use_tensorflow") and tensorflow_share < 0.5:
-            # most files need PIL's conversions: nothing for TensorFlow to win, a tracing to pay
-            if fresh:  # these inputs go to the next plan measured, or to the chosen one
-                remaining = itertools.chain(batch, remaining)
-            continue
-        files = sum(1 for item in batch if not item.problem) or len(batch)
-        timing: list[tuple[float, float]] = []
-        decoded = _measured(batch, files, plan, args, clock, timing)
-        if fresh:
-            yield from decoded
-            consumed += len(batch)
-        else:
-            for _ in decoded:
-                pass
-        rate, startup = timing[0]
-        measured.append((startup + expected / rate, rate, plan))
-    best = min(measured[1:] if photos and len(measured) > 1 else measured, key=lambda m: m[0])[2]
-    log.info("preprocess: decoding with %s (measured on %d files each, records built: %s)", _label(best), sample,
-             ", ".join(f"{_label(plan)} {rate:,.0f}/s" for _, rate, plan in measured))
-    chosen.update(plan=best, consumed=consumed)
-
-
-def _noop() -> None:
-    return None
-
-
-def _measured(batch: list[Item], count: int, plan: dict, args: tuple, clock: Callable[[], float],
-              timing: list[tuple[float, float]]) -> Iterator[Example]:
-    """Yields the examples of `batch` decoded with `plan`, then appends to `timing` its (files per second once
-    started, start-up seconds): the time between the yields, the consumer's work on each example, counts."""
-    shape = dict(zip(("height", "width", "channels", "check_extension"), args))
-    start = clock()
-    if plan.get("use_tensorflow"):
-        tensorflow_decoder(*args[:3]).trace(batch[:8])  # start-up, not rate
-        started = clock()
-        # the sample in one batch per thread, as the run keeps every thread busy: in batches of 256, 300 files were
-        # one thread's 256 beside another's 44, measured at about one thread's rate
-        share = -(-len(batch) // max(1, plan["workers"]))
-        yield from parallel_decode(lambda: batch, **shape, **plan, tensorflow_batch=-(-share // EXACT_REST) * EXACT_REST)
-        timing.append((count / max(clock() - started, 1e-9), started - start))
-        return
-    if not plan["use_processes"]:
-        yield from parallel_decode(lambda: batch, **shape, **plan)
-        timing.append((count / max(clock() - start, 1e-9), 0.0))
-        return
-    executor = concurrent.futures.ProcessPoolExecutor(plan["workers"],
-                                                      mp_context=multiprocessing.get_context("forkserver"))
-    yielded = False
-    try:
-        with executor:
-            for future in [executor.submit(_noop) for _ in range(plan["workers"])]:
-                future.result()
-            started = clock()
-            futures = [executor.submit(decode_batch, part, *args) for part in data.batched(batch, 64)]
-            for future in futures:
-                examples = list(_unbatch(future.result()))
-                yielded = True
-                yield from examples
-            timing.append((count / max(clock() - started, 1e-9), started - start))
-            return
-    except concurrent.futures.process.BrokenProcessPool:
-        if yielded:
-            raise
-        # processes cannot start here (parallel_decode would fall back to threads): one worker decodes the batch
-    yield from parallel_decode(lambda: batch, **shape, workers=1, use_processes=False)
-    timing.append((1e-9, 0.0))

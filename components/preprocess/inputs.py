@@ -53,6 +53,8 @@ class Source:
     # File sources: every input in stream order as an `Item` (what the Beam runner distributes); None for
     # array sources (idx, tfds), which only run in process.
     items: Callable[[], Iterator["Item"]] | None = None
+    # How the files were decoded (decoding.DecodePlanner.report), filled in as `examples` is streamed
+    decode_report: dict = dataclasses.field(default_factory=dict)
 
 
 class Item(NamedTuple):

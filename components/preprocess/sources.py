@@ -109,12 +109,14 @@ def folder_source(root: str, image_size: int, channels: int, limit: int | None, 
             for uri in listing(folder):
                 yield Item(uri, label, None)
 
+    report: dict = {}
+
     def examples() -> Iterator[Example]:
         yield from planned_decode(items, source=root, cpus=workers, expected=sum(counts.values()), height=image_size,
-                                  width=image_size, channels=channels, check_extension=True)
+                                  width=image_size, channels=channels, check_extension=True, report=report)
 
     locations = {label: data.join(root, folder) for folder, label in labelled}
-    return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations, items)
+    return Source("folder", class_names, {None: sum(counts.values())}, examples(), locations, items, report)
 
 
 @dataclasses.dataclass
@@ -231,13 +233,16 @@ def manifest_source(path: str, image_size: int, channels: int, limit: int | None
                 source_split = ("test" if row.ml_use == "test" else "train") if has_test else None
                 yield Item(resolve(row.uri), index[row.label], source_split)
 
+    report: dict = {}
+
     def examples() -> Iterator[Example]:
         yield from planned_decode(items, source=path, cpus=workers, expected=test_rows + other_rows,
-                                  height=image_size, width=image_size, channels=channels, check_extension=False)
+                                  height=image_size, width=image_size, channels=channels, check_extension=False,
+                                  report=report)
 
     expected = {"test": test_rows, "train": other_rows} if has_test else {None: test_rows + other_rows}
     locations = {index[name]: f"label {name!r} in {path}" for name in class_names}
-    return Source("manifest", class_names, expected, examples(), locations, items)
+    return Source("manifest", class_names, expected, examples(), locations, items, report)
 
 
 def tfds_source(spec: str, image_size: int, channels: int, limit: int | None, data_dir: str | None,

@@ -45,6 +45,10 @@ class PreprocessResult:
     rejected_by_reason: dict[str, int]
     seconds: float
     near_duplicates: dict = dataclasses.field(default_factory=dict)  # the manifest's near_duplicates
+    # How the files were decoded: the plan chosen, each plan's measured rates, any switch during the run
+    # (decoding.DecodePlanner.report); empty for array sources and the Beam runner. Not in the manifest: the rates
+    # change from run to run, the dataset does not.
+    decode_plan: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -80,7 +84,7 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
     source, the first rows of a manifest;
     `min_shards` is the number of readers that will share a split (training workers), so each gets at least
     one shard; `classes` (comma-separated or a list) is the allowed class list, in label order; `workers` is
-    the number of CPUs to decode with (default: those this process may use; see `decode_plan`).
+    the number of CPUs to decode with (default: those this process may use; see `decoding.planned_decode`).
     `runner`: "local" decodes in this process (and its workers); "beam" runs the same per-image logic as an
     Apache Beam pipeline (components/preprocess/beam.py) with `beam_options` (a
     `apache_beam.options.pipeline_options.PipelineOptions`; default: Beam's in-process FnApiRunner); "dataflow"
@@ -124,7 +128,8 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
              "after opening the source)", output_dir, counts["train"], counts["validation"], counts["test"], rejected,
              seconds, seen / max(time.monotonic() - started, 1e-9))
     return PreprocessResult(output_dir, src.class_names, [image_size, image_size, channels], counts, rejected,
-                            dict(tally.rejected_by_reason), seconds, manifest["near_duplicates"])
+                            dict(tally.rejected_by_reason), seconds, manifest["near_duplicates"],
+                            dict(src.decode_report) if runner == "local" else {})
 
 
 SPOOL_BATCH = 512  # kept images per pickle in _run_local's spool (16 when they are encoded files: photos)

@@ -15,8 +15,9 @@ One run measures, on the same files and machine:
     preprocess with it taken out (each image split by its own bytes, as before), interleaved in the same run;
     and its parts per image at a million images: the near keys of kept pixels, in the step's batches, and the
     grouping of a million keys where every image has 12 near-copies.
-Timings on a shared machine are noisy: runs are interleaved and repeated (best of each is kept), and the
-ratios are what to compare.
+Timings on a shared machine are noisy: runs are interleaved and repeated, each figure is reported as min /
+median / max over the repeats (tests/benchmarks/spread.py), with the decode plan each preprocess run chose (and
+any switch during the run); the medians' ratios are what to compare.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from components import data
 from components import preprocess as pp
 from components.preprocess.decoding import available_cpus, parallel_decode
 from components.preprocess.inputs import Item
+from tests.benchmarks.spread import spread, text
 
 
 def make_png_tree(root: str, count: int) -> str:
@@ -98,11 +100,20 @@ def baseline_rate(root: str) -> tuple[float, int]:
     return count / (time.monotonic() - start), count
 
 
-def preprocess_rate(root: str, out: str, workers: int, runner: str = "local") -> tuple[float, int]:
+def preprocess_rate(root: str, out: str, workers: int, runner: str = "local") -> tuple[float, int, str]:
+    """Images/s, images kept, and the decode plan the run took ("A" or "A, then B" where it switched)."""
     shutil.rmtree(out, ignore_errors=True)
     start = time.monotonic()
     result = pp.preprocess(root, out, workers=workers, min_shards=2, runner=runner)
-    return sum(result.counts.values()) / (time.monotonic() - start), sum(result.counts.values())
+    return (sum(result.counts.values()) / (time.monotonic() - start), sum(result.counts.values()),
+            plan_taken(result.decode_plan))
+
+
+def plan_taken(report: dict) -> str:
+    """The plans a run decoded with, from PreprocessResult.decode_plan: "A", or "A, then B at input N"."""
+    if not report:
+        return "none (not decoded in process)"
+    return ", then ".join([report["chosen"]] + [f"{s['to']} at input {s['at_input']}" for s in report["switches"]])
 
 
 def decode_rate(root: str, workers: int, use_processes: bool, use_tensorflow: bool = False) -> float:
@@ -225,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=20_000, help="PNGs in the throughput folder")
     parser.add_argument("--memory", default="10000,40000", help="image counts for the peak-memory runs")
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each; the best is reported")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved runs of each; min / median / max reported (default: %(default)s)")
     parser.add_argument("--photos", type=int, default=2000, help="480x480 JPEGs for the photo run (0: skip)")
     parser.add_argument("--workdir", help="where the PNG trees go (default: a temporary directory, removed)")
     parser.add_argument("--near-images", type=int, default=1_000_000,
@@ -239,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"generating PNG trees in {workdir} ...", flush=True)
         trees = {n: make_png_tree(os.path.join(workdir, f"png{n}"), n) for n in sorted({args.images, *memory_counts})}
         root = trees[args.images]
-        # Interleaved repeats, best of each: other load on a shared machine comes and goes within a run.
+        # Interleaved repeats, the spread of each: other load on a shared machine comes and goes within a run.
         runs = {"baseline": [], "ours": [], "1 worker": [], f"{cpus} threads": [], f"{cpus} processes": [],
                 f"TensorFlow batches x{cpus}": [], "ours without near-copy grouping": []}
         for _ in range(args.repeats):
@@ -252,51 +264,65 @@ def main(argv: list[str] | None = None) -> dict:
             runs[f"{cpus} threads"].append((decode_rate(root, cpus, False), 0))
             runs[f"{cpus} processes"].append((decode_rate(root, cpus, True), 0))
             runs[f"TensorFlow batches x{cpus}"].append((decode_rate(root, cpus, False, True), 0))
-        (baseline, baseline_count), (ours, ours_count) = max(runs["baseline"]), max(runs["ours"])
-        ungrouped = max(rate for rate, _ in runs.pop("ours without near-copy grouping"))
-        decode = {name: max(rate for rate, _ in runs[name]) for name in list(runs)[2:]}
+        rates = {name: spread([run[0] for run in taken]) for name, taken in runs.items()}
+        baseline_count, ours_count = runs["baseline"][0][1], runs["ours"][0][1]
+        plans = [run[2] for run in runs["ours"]]
+        baseline, ours = rates["baseline"]["median"], rates["ours"]["median"]
+        ungrouped = rates["ours without near-copy grouping"]["median"]
+        decode = {name: rates[name] for name in list(runs)[2:-1]}
         near_parts = near_grouping_parts(args.near_images)
-        beam_rate, _ = preprocess_rate(root, os.path.join(workdir, "out-beam"), workers=cpus, runner="beam")
+        beam_rate = preprocess_rate(root, os.path.join(workdir, "out-beam"), workers=cpus, runner="beam")[0]
         memory = {n: peak_memory(trees[n], os.path.join(workdir, f"out{n}")) for n in memory_counts}
         photos = {}
         if args.photos:
             photo_root = make_photo_tree(os.path.join(workdir, f"jpeg{args.photos}"), args.photos)
-            photos["baseline"] = max(baseline_rate(photo_root)[0] for _ in range(args.repeats))
-            photos["ours"] = max(preprocess_rate(photo_root, os.path.join(workdir, "out-photos"), workers=cpus)[0]
-                                 for _ in range(args.repeats))
+            taken = {"baseline": [], "ours": [], "plans": []}
+            for _ in range(args.repeats):
+                taken["baseline"].append(baseline_rate(photo_root)[0])
+                rate, _, plan = preprocess_rate(photo_root, os.path.join(workdir, "out-photos"), workers=cpus)
+                taken["ours"].append(rate)
+                taken["plans"].append(plan)
+            photos = {"baseline": spread(taken["baseline"]), "ours": spread(taken["ours"]), "plans": taken["plans"]}
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"\nIngestion of {args.images} Fashion-MNIST PNGs (28x28), {cpus} CPUs available, "
-          f"best of {args.repeats} interleaved runs")
-    print(f"{'':44} {'images/s':>10} {'vs baseline':>12}")
-    print(f"{'baseline: image_dataset_from_directory x1':44} {baseline:10.0f} {1.0:11.2f}x   ({baseline_count} images)")
-    print(f"{'ours: preprocess (decode+split+write shards)':44} {ours:10.0f} {ours / baseline:11.2f}x   "
-          f"({ours_count} images)")
-    print(f"{'ours without near-copy grouping':44} {ungrouped:10.0f} {ungrouped / baseline:11.2f}x   "
-          f"(grouping: {1e6 / ours - 1e6 / ungrouped:+.1f} us per image, {100 * (ungrouped / ours - 1):+.1f}%)")
-    for name, rate in decode.items():
-        print(f"{'  decode only, ' + name:44} {rate:10.0f} {rate / baseline:11.2f}x")
-    print(f"{'ours, Beam runner (in process, one run)':44} {beam_rate:10.0f} {beam_rate / baseline:11.2f}x")
+          f"{args.repeats} interleaved runs: min / median / max, and the medians' ratio")
+    print(f"{'':44} {'images/s':>28} {'vs baseline':>12}")
+
+    def row(name: str, figures: dict, note: str = "") -> None:
+        print(f"{name:44} {text(figures, '{:,.0f}'):>28} {figures['median'] / baseline:11.2f}x   {note}".rstrip())
+
+    row("baseline: image_dataset_from_directory x1", rates["baseline"], f"({baseline_count} images)")
+    row("ours: preprocess (decode+split+write shards)", rates["ours"], f"({ours_count} images)")
+    row("ours without near-copy grouping", rates["ours without near-copy grouping"],
+        f"(grouping: {1e6 / ours - 1e6 / ungrouped:+.1f} us per image, {100 * (ungrouped / ours - 1):+.1f}%)")
+    for name, figures in decode.items():
+        row("  decode only, " + name, figures)
+    print(f"{'ours, Beam runner (in process, one run)':44} {beam_rate:28,.0f} {beam_rate / baseline:11.2f}x")
+    print("decode plan of each preprocess run: " + "; ".join(plans))
     if photos:
         print(f"\nIngestion of {args.photos} camera-sized JPEGs (480x480 RGB) to 28x28 grayscale")
-        print(f"{'baseline: image_dataset_from_directory x1':44} {photos['baseline']:10.0f} {1.0:11.2f}x")
-        print(f"{'ours: preprocess (decode+split+write shards)':44} {photos['ours']:10.0f} "
-              f"{photos['ours'] / photos['baseline']:11.2f}x")
+        print(f"{'baseline: image_dataset_from_directory x1':44} {text(photos['baseline'], '{:,.0f}'):>28} "
+              f"{1.0:11.2f}x")
+        print(f"{'ours: preprocess (decode+split+write shards)':44} {text(photos['ours'], '{:,.0f}'):>28} "
+              f"{photos['ours']['median'] / photos['baseline']['median']:11.2f}x")
+        print("decode plan of each preprocess run: " + "; ".join(photos["plans"]))
     print(f"\nNear-copy grouping's parts at {near_parts['images']} images: near keys of 28x28 pixels "
           f"{near_parts['near_keys_us_per_image']} us per image (in the step's batches, one core), grouping "
           f"{near_parts['grouping_us_per_image']} us per image ({near_parts['groups']} groups of 13)")
     print("\nPeak memory of a preprocess process (RSS, MB)")
     growth = print_memory(memory, "images")
-    return {"images": args.images, "cpus": cpus, "baseline_images_per_s": round(baseline, 1),
-            "ours_images_per_s": round(ours, 1), "speedup": round(ours / baseline, 2),
-            "decode_only_images_per_s": {k: round(v, 1) for k, v in decode.items()},
+    return {"images": args.images, "cpus": cpus, "repeats": args.repeats,
+            "baseline_images_per_s": rates["baseline"], "ours_images_per_s": rates["ours"],
+            "ours_decode_plans": plans, "speedup": round(ours / baseline, 2),
+            "decode_only_images_per_s": decode,
             "beam_runner_images_per_s": round(beam_rate, 1),
-            "without_near_grouping_images_per_s": round(ungrouped, 1),
+            "without_near_grouping_images_per_s": rates["ours without near-copy grouping"],
             "near_grouping_us_per_image": round(1e6 / ours - 1e6 / ungrouped, 2), "near_grouping_parts": near_parts,
             "peak_memory": {str(n): m for n, m in memory.items()}, "memory_growth_mb": round(growth, 1),
-            "photos": {k: round(v, 1) for k, v in photos.items()}}
+            "photos": photos}
 
 
 if __name__ == "__main__":

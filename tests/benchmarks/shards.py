@@ -22,9 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
+
+from tests.benchmarks.spread import spread
 
 # The last revision whose components/records.py had the numpy crc32c (checking records in batches) and the
 # hand-written tf.train.Example parser: the 'before' of docs/benchmarks.md#shards.
@@ -64,10 +65,6 @@ def _photos(count: int):
         with open(path, "rb") as f:
             contents.append(f.read())
     return [(contents[i % len(contents)], i % 12, f"photos/{i}.jpg") for i in range(count)]
-
-
-def _spread(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def _seconds(run) -> float:
@@ -133,7 +130,7 @@ def measure(files: list[str], repeats: int, sides: dict) -> dict:
                 add("tensorflow", "read_mb_per_s", size / read / 1e6)
                 add("tensorflow", "parse_example_us", parse / count * 1e6)
     return {"records": count, "bytes": size,
-            "sides": {side: {figure: _spread(values) for figure, values in figures.items()}
+            "sides": {side: {figure: spread(values) for figure, values in figures.items()}
                       for side, figures in runs.items()}}
 
 

@@ -29,9 +29,7 @@ import statistics
 import tempfile
 import time
 
-
-def _spread(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+from tests.benchmarks.spread import spread
 
 
 def _read_epoch(files: list[str]) -> int:
@@ -97,7 +95,7 @@ def measure(source: str, local_root: str, epochs: int, repeats: int) -> dict:
             add("resume_check_s", resume_seconds)
             add("total_ratio", sum(streamed) / (stage_seconds + sum(local_epochs)))
             add("later_epoch_ratio", statistics.median(streamed) / statistics.median(local_epochs[1:] or local_epochs))
-    return {figure: _spread(values) for figure, values in runs.items()}
+    return {figure: spread(values) for figure, values in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
