@@ -353,6 +353,36 @@ def test_each_launcher_creates_follows_and_deletes_its_job_as_pipeline_runner(re
     assert left is None or left["metadata"].get("deletionTimestamp"), left
 
 
+# ---- the stand-in beside the real API server ----------------------------------------------------------------------
+
+def test_a_field_the_crd_lacks_stops_the_launcher_on_the_real_api_server_as_on_the_stand_in(control_plane_api):
+    """The Kubernetes stand-in refuses a custom resource with a field its CRD lacks (tests/standins/validation.py).
+    The real API server's default (fieldValidation=Warn) stores it without the field and says so only in a Warning
+    header, which the `kubernetes` client discards: a field of a newer Trainer than the cluster's would be lost
+    without a word. The launcher asks for Strict (components/launch/k8s.py), so both stop it, naming the field."""
+    from kubernetes import client
+
+    from components.launch.job import LaunchError
+    from components.launch.trainjob import TrainJobLauncher
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    runtime, trainjob = dry_run(dry_run_cases()[0][1])
+    trainjob["metadata"]["name"] = "unknown-field"
+    trainjob["spec"]["trainer"]["numNodez"] = 2
+    applied(control_plane_api, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}}, runtime])
+    with KubernetesStandIn(run_containers=False) as k8s:
+        k8s.add_runtime(runtime)
+        configuration = client.Configuration()
+        configuration.host = k8s.url
+        for api in (control_plane_api, client.ApiClient(configuration)):
+            with pytest.raises(LaunchError, match=r'unknown field \\?"spec.trainer.numNodez\\?"'):
+                TrainJobLauncher(api, "kubeflow").create(trainjob)
+    # what the API server does without Strict: the TrainJob is stored without the field
+    stored = client.CustomObjectsApi(control_plane_api).create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", "kubeflow", "trainjobs", trainjob)
+    assert "numNodez" not in stored["spec"]["trainer"]
+
+
 # ---- the command ---------------------------------------------------------------------------------------------------
 
 def test_the_apply_command_prints_what_the_api_server_answers(control_plane_api, tmp_path, capsys):
