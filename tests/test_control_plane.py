@@ -30,6 +30,7 @@ from tests import control_plane
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "components" / "launch"
 RUNNER = "system:serviceaccount:kubeflow:pipeline-runner"
+KUBEFLOW = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}}
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +370,7 @@ def test_a_field_the_crd_lacks_stops_the_launcher_on_the_real_api_server_as_on_t
     runtime, trainjob = dry_run(dry_run_cases()[0][1])
     trainjob["metadata"]["name"] = "unknown-field"
     trainjob["spec"]["trainer"]["numNodez"] = 2
-    applied(control_plane_api, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}}, runtime])
+    applied(control_plane_api, [KUBEFLOW, runtime])
     with KubernetesStandIn(run_containers=False) as k8s:
         k8s.add_runtime(runtime)
         configuration = client.Configuration()
@@ -381,6 +382,45 @@ def test_a_field_the_crd_lacks_stops_the_launcher_on_the_real_api_server_as_on_t
     stored = client.CustomObjectsApi(control_plane_api).create_namespaced_custom_object(
         "trainer.kubeflow.org", "v1alpha1", "kubeflow", "trainjobs", trainjob)
     assert "numNodez" not in stored["spec"]["trainer"]
+
+
+def test_the_stand_in_accepts_and_refuses_what_the_real_api_server_does(control_plane_api):
+    """Each job the launchers make (and a TrainJob with a name its CRD's CEL rule refuses), created through the
+    `kubernetes` client on the stand-in and on the real API server: the two answer with the same status."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    plurals = {"TrainJob": "trainjobs", "JobSet": "jobsets", "TFJob": "tfjobs", "PyTorchJob": "pytorchjobs"}
+
+    def status(api, job: dict) -> int:
+        group, version = job["apiVersion"].split("/")
+        try:
+            client.CustomObjectsApi(api).create_namespaced_custom_object(group, version, "kubeflow",
+                                                                         plurals[job["kind"]], job)
+            return 201
+        except ApiException as e:
+            return e.status
+
+    answers = []
+    with KubernetesStandIn(run_containers=False) as k8s:
+        configuration = client.Configuration()
+        configuration.host = k8s.url
+        stand_in = client.ApiClient(configuration)
+        for case, argv in dry_run_cases():
+            *runtimes, job = dry_run(argv)
+            applied(control_plane_api, [KUBEFLOW, *runtimes])
+            for runtime in runtimes:
+                k8s.runtimes.setdefault(runtime["metadata"]["name"], runtime)
+            bad = {**job, "metadata": {**job["metadata"], "name": f"{case}.x"}}
+            job = {**job, "metadata": {**job["metadata"], "name": f"{case}-x"}}
+            # a JobSet's and the Training Operator's name rules are their webhooks', which do not run here
+            bodies = (("as made", job), ("dotted name", bad)) if job["kind"] == "TrainJob" else (("as made", job),)
+            answers += [(case, name, status(control_plane_api, body), status(stand_in, body))
+                        for name, body in bodies]
+    assert [a for a in answers if a[2] != a[3]] == []
+    assert {a[2] for a in answers if a[1] == "as made"} == {201}
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
