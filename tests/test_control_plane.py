@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import json
 import os
 import re
 from pathlib import Path
@@ -421,6 +422,34 @@ def test_the_stand_in_accepts_and_refuses_what_the_real_api_server_does(control_
                         for name, body in bodies]
     assert [a for a in answers if a[2] != a[3]] == []
     assert {a[2] for a in answers if a[1] == "as made"} == {201}
+
+
+@pytest.mark.parametrize("case", ["jobset-tensorflow", "jobset-tcpxo", "jobset-mps"])
+@pytest.mark.parametrize("tolerations", ["as made", "none"])
+def test_gke_admission_plugin_adds_the_tolerations_the_stand_in_adds(control_plane_api, case, tolerations):
+    """The pod of a JobSet the launcher makes (as made, and with its tolerations dropped, as a Kueue flavor may
+    drop them), created (dry run) on the real API server with GKE's ExtendedResourceToleration plugin on: it gets
+    the tolerations tests/standins/admission.py gives it."""
+    from kubernetes import client
+
+    from tests.standins import admission
+
+    (jobset,) = dry_run(dict(dry_run_cases())[case])
+    spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    if tolerations == "none":
+        spec.pop("tolerations", None)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{case}-pod", "namespace": "kubeflow"},
+           "spec": spec}
+    applied(control_plane_api, [KUBEFLOW])
+    core = client.CoreV1Api(control_plane_api)
+    real = core.api_client.sanitize_for_serialization(core.create_namespaced_pod("kubeflow", pod, dry_run="All"))
+    expected = json.loads(json.dumps(spec))
+    admission.admit_pod((admission.EXTENDED_RESOURCE_TOLERATION,), expected)
+    assert expected.get("tolerations")  # the pods request GPUs: the plugin has a toleration to give
+    # the API server's DefaultTolerationSeconds plugin adds its not-ready/unreachable tolerations besides
+    ours = [t for t in real["spec"]["tolerations"] if t["key"] not in ("node.kubernetes.io/not-ready",
+                                                                       "node.kubernetes.io/unreachable")]
+    assert ours == expected["tolerations"]
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
