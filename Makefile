@@ -12,7 +12,7 @@ BENCH ?=
 FRAMEWORK ?= tensorflow
 
 .DEFAULT_GOAL := help
-.PHONY: help install data photos browser gpu-wheels run test lock audit compile bench bench-gpu bench-gpu-bundle clean framework kfp-backend
+.PHONY: help install data photos browser gpu-wheels run test lock audit compile bench bench-gpu bench-gpu-bundle clean framework kfp-backend control-plane
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -90,8 +90,13 @@ kfp-backend: $(BIN)/pipectl ## build the Go harness that runs KFP's real backend
 	if [ "$(REQUIRE_GO)" = 1 ]; then echo "REQUIRE_GO=1: the KFP backend harness must build."; exit 1; \
 	else echo "The KFP backend harness is not built: its tests will be skipped."; fi
 
+control-plane: $(BIN)/pipectl ## build kube-apiserver and etcd from source for tests/test_control_plane.py (Go 1.26)
+	@$(BIN)/python -m tests.control_plane build || \
+	if [ "$(REQUIRE_GO)" = 1 ]; then echo "REQUIRE_GO=1: the control plane must build."; exit 1; \
+	else echo "The control plane is not built: tests/test_control_plane.py builds it or skips."; fi
+
 # REQUIRE_FRAMEWORKS=1: torch, JAX and Beam are installed here, so a test that finds one missing fails, not skips.
-test: install browser photos kfp-backend $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
+test: install browser photos kfp-backend control-plane $(BIN)/.framework-torch $(BIN)/.framework-jax ## run the test suite
 	REQUIRE_FRAMEWORKS=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 lock: $(BIN)/pipectl ## resolve every image's requirements from PyPI into images/locks/IMAGE.txt, with hashes (uv)

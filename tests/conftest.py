@@ -186,6 +186,26 @@ def kfp_backend_built() -> str:
     return "built"
 
 
+@pytest.fixture(scope="session")
+def real_api_server():
+    """A real kube-apiserver and etcd (tests.control_plane.ControlPlane: `.api_client()` is a system:masters
+    `kubernetes` ApiClient on it), started once per session on a loopback port (tests/control_plane: envtest, the CRDs of tests/schemas, RBAC, GKE's admission plugins);
+    skipped without Go, a failure where REQUIRE_GO=1 (CI: .ci/run)."""
+    from tests import control_plane
+
+    plane = control_plane.ControlPlane()
+    try:
+        plane.start()
+    except control_plane.GoMissing as missing:
+        if os.environ.get("REQUIRE_GO") == "1":
+            pytest.fail(f"REQUIRE_GO=1 and {missing}")
+        pytest.skip(str(missing))
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
 def write_png(path: str, array: np.ndarray, mode: str | None = None) -> None:
     from PIL import Image
 

@@ -79,7 +79,9 @@ class CustomResourceLauncher(Launcher):
 
         name = manifest["metadata"]["name"]
         try:
-            self._api("create", body=manifest)
+            # Strict: a field the cluster's CRD lacks (an older Trainer, JobSet or operator) is refused by name;
+            # the API server's default (Warn) drops it and only says so in a response header the client discards
+            self._api("create", body=manifest, field_validation="Strict")
             log.info("launch: created %s", self.what(name))
         except ApiException as e:
             if e.status != 409:

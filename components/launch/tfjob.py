@@ -112,7 +112,7 @@ class OperatorJobLauncher(CustomResourceLauncher):
         name, queue = manifest["metadata"]["name"], manifest["metadata"]["labels"][KUEUE_QUEUE_LABEL]
         integration = f"{self.group}/{self.kind.lower()}"  # Kueue's FrameworkName (tfjob_controller.go:37)
         try:
-            answered = self._api("create", body=manifest, dry_run="All")
+            answered = self._api("create", body=manifest, dry_run="All", field_validation="Strict")
         except ApiException as e:
             if e.status == 409:
                 return

@@ -1,0 +1,5 @@
+import sys
+
+from tests.control_plane import main
+
+sys.exit(main())
