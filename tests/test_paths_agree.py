@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import data, images, records, storage
+from components.dataio import data, images, records, storage
 from tests.standins.gcs import GcsStandIn
 
 # ---------------------------------------------------------------------------------------------- globs
@@ -110,7 +110,7 @@ def test_shards_of_a_split_are_the_same_files_with_and_without_tensorflow(tmp_pa
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs_storage
 
-    from components import gcs
+    from components.dataio import gcs
 
     local = tmp_path / "local"
     _dataset(local)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import data
+from components.dataio import data
 from components import predict as predict_lib
 from components.predict import decode, sources
 from components.predict import predict
@@ -845,7 +845,7 @@ def test_a_model_on_gs_has_the_digest_of_its_local_copy(bucket, tiny_model):
     digest of the same files."""
     import shutil
 
-    from components import storage
+    from components.dataio import storage
     from components.predict.output import digest_of
     from components.registry import model_digest
 

@@ -12,7 +12,8 @@ import dataclasses
 import json
 import logging
 
-from components import gcp, storage
+from components import gcp
+from components.dataio import storage
 from components.gcp.accelerators import ACCELERATORS
 from components.launch.frameworks import check_framework, setup
 from components.launch.job import LaunchError, TrainingJob, job_name

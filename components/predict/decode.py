@@ -1,6 +1,6 @@
 """From inputs to model pixels: file and TFRecord reading, a JPEG header parser, and the two decoders (the
 fast TensorFlow path and the reference path, training's own decoder). Where TensorFlow is not installed (the
-PyTorch image), every file takes the reference path, with the TensorFlow-free readers (components/pixels.py) for
+PyTorch image), every file takes the reference path, with the TensorFlow-free readers (components/dataio/pixels.py) for
 the readers' rule."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from components import data, pixels, records, storage
-from components.images import jpeg_orientation
+from components.dataio import data, pixels, records, storage
+from components.dataio.images import jpeg_orientation
 from components.predict.sources import Chunk, Unlisted, _is_remote
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,8 @@ def iter_records(shard: str) -> Iterator[tuple[str, bytes | str]]:
 
 
 def _iter_records_without_tensorflow(shard: str) -> Iterator[tuple[str, bytes | str]]:
-    """iter_records with the TensorFlow-free TFRecord reader (components/records.py): uncompressed shards only."""
+    """iter_records with the TensorFlow-free TFRecord reader (components/dataio/records.py): uncompressed shards
+    only."""
     if shard.lower().endswith(".gz"):
         yield shard, "a GZIP-compressed TFRecord shard: reading one needs TensorFlow, which is not installed here"
         return

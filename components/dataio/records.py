@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterator
 
 import google_crc32c
 
-from components.storage import DataError, glob, join, locate
+from components.dataio.storage import DataError, glob, join, locate
 
 _MASK_DELTA = 0xA282EAD8
 _READ_BUFFER = 4 << 20
@@ -58,7 +58,7 @@ def frame(record: bytes) -> bytes:
 
 
 def _gcs_client():
-    from components import gcs  # the client of every gs:// path without TensorFlow (credentials, endpoint)
+    from components.dataio import gcs  # the client of every gs:// path without TensorFlow (credentials, endpoint)
 
     return gcs.client()
 
