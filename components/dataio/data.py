@@ -57,7 +57,7 @@ from components.dataio import pixels, records  # TFRecords and record images wit
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]
-MANIFEST = "dataset.json"
+MANIFEST = records.MANIFEST
 REJECTED = "rejected.jsonl"
 SPLITS = ("train", "validation", "test")
 TARGET_SHARD_BYTES = 128 << 20  # within the 100-200 MB that object stores and tf.data readers like
@@ -265,14 +265,9 @@ class ShardWriter:
 
 
 def split_files(dataset_dir: str, split: str) -> list[str]:
-    """The shard files of a split, resolving splits that live elsewhere (see `locate`)."""
-    manifest = read_manifest(dataset_dir)
-    info = manifest["splits"][split]
-    base = locate(dataset_dir, info["path"])
-    files = glob(join(base, info["pattern"]))
-    if not files:
-        raise DataError(f"No {split} shards found under {base} (pattern {info['pattern']})")
-    return files
+    """The shard files of a split, resolving splits that live elsewhere (see `locate`): records.split_files, with
+    the manifest read through gfile()."""
+    return records.split_files(dataset_dir, split, read_manifest(dataset_dir))
 
 
 def decode_record_image(image_bytes, image_shape, encoding: str):
@@ -499,11 +494,7 @@ def write_json(path: str, obj) -> None:
 
 
 def read_manifest(dataset_dir: str) -> dict:
-    path = join(dataset_dir, MANIFEST)
-    if not gfile().exists(path):
-        raise DataError(f"{dataset_dir} is not a dataset produced by preprocess (no {MANIFEST})")
-    with gfile().GFile(path) as f:
-        return json.load(f)
+    return records.read_manifest(dataset_dir, gfile())
 
 
 def iter_jsonl(path: str) -> Iterator[dict]:
