@@ -26,7 +26,8 @@ import logging
 import math
 import time
 
-from components import data, params, stepcli
+from components import params, stepcli
+from components.dataio import data
 
 log = logging.getLogger(__name__)
 

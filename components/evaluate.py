@@ -22,7 +22,8 @@ import math
 
 import numpy as np
 
-from components import data, params, stepcli
+from components import params, stepcli
+from components.dataio import data
 
 log = logging.getLogger(__name__)
 

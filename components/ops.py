@@ -27,10 +27,11 @@ def preprocess_op(source: str, validation_fraction: float, test_fraction: float,
     train/validation/test; unusable inputs are listed in rejected.jsonl and counted per reason. With
     runner=dataflow the same preprocessing runs as an Apache Beam job on Dataflow (workers on `image`), followed
     and cancelled with the run, writing to the same dataset. With `data_root` or `by_reference` the shards are
-    written outside the artifact, which holds their manifest (components/datadir.py)."""
+    written outside the artifact, which holds their manifest (components/dataio/datadir.py)."""
     import collections
 
-    from components import datadir, stepcli
+    from components import stepcli
+    from components.dataio import datadir
     from components.preprocess import dataset_card, preprocess
 
     stepcli.setup_logging(force=True)
@@ -76,8 +77,9 @@ def augment_op(dataset: Input[Dataset], copies: int, mode: str, policy: str, aug
                preview: Output[HTML], data_root: str = "", by_reference: bool = False):
     """Writes augmented training shards (offline), or hands the policy to training (online); the preview shows
     originals next to their augmented copies. With `data_root` or `by_reference` the shards are written outside
-    the artifact, which holds their manifest (components/datadir.py)."""
-    from components import datadir, stepcli
+    the artifact, which holds their manifest (components/dataio/datadir.py)."""
+    from components import stepcli
+    from components.dataio import datadir
     from components.augment import AugmentPolicy, augment, policy_preview
 
     stepcli.setup_logging(force=True)
@@ -289,11 +291,12 @@ def predict_op(model: Input[Model], dataset: Input[Dataset], images: str, predic
                data_root: str = "", by_reference: bool = False) -> int:
     """Classifies every image of a folder, glob, manifest or TFRecord shards (local or gs://), streamed in
     chunks written as they finish; with no source, 10 test images per class. With `data_root` or `by_reference`
-    the predictions are written outside the artifact, which holds their summary (components/datadir.py).
+    the predictions are written outside the artifact, which holds their summary (components/dataio/datadir.py).
 
     Returns the number of predictions.
     """
-    from components import data, datadir, stepcli
+    from components import stepcli
+    from components.dataio import data, datadir
     from components.predict import export_samples, predict
 
     stepcli.setup_logging(force=True)
@@ -343,6 +346,6 @@ def register_op(model: Input[Model], evaluation: Input[Artifact], registry: str,
     return result.version.version
 
 
-# The output each data-heavy step writes by reference (components/datadir.py): its bulk goes where
+# The output each data-heavy step writes by reference (components/dataio/datadir.py): its bulk goes where
 # datadir.bulk_dir says, its artifact holds a manifest. pipelines/backend/explain.py shows what that means for each pod.
 BY_REFERENCE = {preprocess_op.name: "dataset", augment_op.name: "augmented", predict_op.name: "predictions"}

@@ -25,7 +25,7 @@ FRAMEWORKS = ("tensorflow", "torch", "jax")  # what the train step runs the Kera
 FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}  # as the registry, pages say them
 PREPROCESS_RUNNERS = ("local", "dataflow")  # components/preprocess/step.py also takes "beam" (tests, benchmarks)
 MIN_IMAGE_SIZE = 8
-MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/data.py)
+MAX_IMAGE_SIZE = 512  # photos for the backbones; above 64 px the shards hold PNG/JPEG (components/dataio/data.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -132,7 +132,7 @@ def _artifact(run_dir: str, task: str, output: str) -> str | None:
 
 def collect_summary(run_dir: str, settings: config.PipelineSettings | None = None) -> dict:
     """What a local run produced, read back from its artifacts (the same files a cluster run writes)."""
-    from components import data
+    from components.dataio import data
 
     tasks = training.task_names(settings)
     dataset = _artifact(run_dir, tasks["preprocess"], "dataset")

@@ -168,7 +168,7 @@ class PipelineSettings:
     @property
     def by_reference(self) -> bool:
         """On a KFP backend the launcher copies artifacts whole in and out of each pod, so the data-heavy steps
-        write their data outside the artifacts (components/datadir.py); Vertex AI mounts them (GCS FUSE)."""
+        write their data outside the artifacts (components/dataio/datadir.py); Vertex AI mounts them (GCS FUSE)."""
         return self.target == "kfp"
 
     @property

@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from components import data  # noqa: E402
+from components.dataio import data  # noqa: E402
 from tests.standins.kfp_api import KfpStandIn  # noqa: E402
 
 FASHION_DIR = data.DEFAULT_SOURCE

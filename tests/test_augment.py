@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from components import augment as aug
-from components import data
+from components.dataio import data
 from tests.conftest import preprocessed_slice
 
 NONE = {"rotation_degrees": 0, "shift_fraction": 0, "zoom_range": 0}  # the default geometric changes off

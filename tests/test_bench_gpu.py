@@ -29,7 +29,7 @@ def test_resnet50_forward_flops_match_its_published_count():
 
 
 def test_repeated_records_are_read_back_as_copies(tmp_path):
-    from components import data
+    from components.dataio import data
     from components.preprocess import preprocess
 
     dataset = tmp_path / "fashion"

@@ -25,7 +25,8 @@ import sys
 import numpy as np
 import pytest
 
-from components import data, train
+from components import train
+from components.dataio import data
 from components.register import describe_lineage, register
 from components.registry import LocalRegistry, identity, model_digest, model_lineage
 from components.registry.vertex import FRAMEWORK_LABEL, SERVING_FORMAT_LABEL, ServingFormatUnsupported
@@ -161,7 +162,7 @@ def test_load_classifier_serves_the_torchscript_with_the_modules_probabilities(t
     out = subprocess.run([sys.executable, "-c", f"""
 import sys, numpy as np
 sys.modules['tests.byo_torch'] = None  # importing it fails
-from components import data
+from components.dataio import data
 print(data.load_classifier({model_dir!r}).predict_proba(np.zeros((2, 28, 28, 1), 'uint8')).shape)
 """], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **THREADS})
     assert out.returncode == 0 and out.stdout.strip() == "(2, 3)", out.stderr[-2000:]
@@ -173,7 +174,7 @@ def test_without_torch_load_classifier_says_what_to_install(tmp_path):
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('No module named torch')\n")
     out = subprocess.run([sys.executable, "-c", f"""
-from components import data
+from components.dataio import data
 try:
     data.load_classifier({model_dir!r})
 except data.DataError as e:
@@ -406,7 +407,7 @@ def test_evaluation_and_batch_prediction_run_where_tensorflow_cannot_be_imported
     out = subprocess.run([sys.executable, "-c", f"""
 import json, os, sys
 import numpy as np
-from components import data
+from components.dataio import data
 from components.evaluate import evaluate, write_report
 from components.predict import export_samples, predict
 from components.registry import LocalRegistry
@@ -420,7 +421,7 @@ write_report(result, {model_dir!r}, {small_dataset!r}, {str(tmp_path / "report.h
 export_samples({small_dataset!r}, {str(tmp_path / "samples")!r}, per_class=3)
 # predict_op's output folder on a KFP backend (by reference, beside the gs:// artifact) stays on gs:// without
 # TensorFlow (google-cloud-storage writes it: tests/test_storage_gcs.py); the predictions here go to a local folder
-from components import datadir
+from components.dataio import datadir
 predicted_dir = datadir.bulk_dir("gs://bucket/root/image-classification/run/predict-op/1/predictions",
                                  {str(tmp_path / "predicted")!r}, by_reference=True)
 samples = predict({model_dir!r}, {str(tmp_path / "samples")!r}, {str(tmp_path / "predicted")!r}, print_first=0)
@@ -488,7 +489,7 @@ def test_a_model_trained_on_jax_is_evaluated_and_predicted_in_the_pytorch_image(
     env = no_tensorflow_env(tmp_path)
     saved = subprocess.run([sys.executable, "-c", f"""
 import os, numpy as np, keras
-from components import data
+from components.dataio import data
 keras.utils.set_random_seed(3)
 inputs = keras.Input({tuple(shape)!r})
 hidden = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs)))
@@ -504,7 +505,7 @@ print(keras.backend.backend())
     assert saved.returncode == 0 and saved.stdout.split()[-1] == "jax", saved.stderr[-3000:]
     loaded = subprocess.run([sys.executable, "-c", f"""
 import json, sys, numpy as np
-from components import data
+from components.dataio import data
 from components.evaluate import evaluate
 from components.predict import export_samples, predict
 probabilities = data.load_classifier({str(model_dir)!r}).predict_proba(np.load({str(batch)!r}))

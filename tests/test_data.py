@@ -1,4 +1,4 @@
-"""The image, idx and shard helpers of components/data.py, on real bytes (PIL-written files, real idx files)."""
+"""The image, idx and shard helpers of components/dataio/data.py, on real bytes (PIL-written files, real idx files)."""
 
 import gzip
 import io
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import data
+from components.dataio import data
 
 
 def encoded(array: np.ndarray, fmt: str, mode: str | None = None, **save) -> bytes:
@@ -245,7 +245,7 @@ def test_the_exif_orientation_is_read_as_pillow_reads_it():
     import struct
     import warnings
 
-    from components import images
+    from components.dataio import images
 
     def jpeg_with(exif_block: bytes | None, xmp: bytes | None = None) -> bytes:
         buffer = io.BytesIO()

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from components import data, datadir
+from components.dataio import data, datadir
 from pipelines import cli, config, training
 from pipelines.backend import kfp_launcher
 from tests.conftest import write_png

@@ -12,7 +12,8 @@ from tests.conftest import require_framework
 
 require_framework("apache_beam")
 
-from components import data, params  # noqa: E402
+from components import params  # noqa: E402
+from components.dataio import data  # noqa: E402
 from components import preprocess as pp  # noqa: E402
 from components.gcp.errors import JobError, JobFailed, JobStopped  # noqa: E402
 from components.stepcli import EXIT_PERMANENT, EXIT_RETRY  # noqa: E402

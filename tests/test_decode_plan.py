@@ -7,7 +7,7 @@ import statistics
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from components.preprocess import decoding, sources
 

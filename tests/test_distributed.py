@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from components import data, train
+from components import train
+from components.dataio import data
 from tests.conftest import accuracy_of, preprocessed_slice
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

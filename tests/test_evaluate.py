@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from components import data
+from components.dataio import data
 from components.evaluate import (Champion, decide, decision_markdown, evaluate, log_to_kfp, score,
                                  write_report)
 

@@ -18,7 +18,8 @@ import sys
 import numpy as np
 import pytest
 
-from components import data, train
+from components import train
+from components.dataio import data
 from components.train import frameworks
 from components.train.model import cpu_has_bf16, precision_for
 from tests.conftest import accuracy_of, require_framework
@@ -101,7 +102,7 @@ def test_processes_on_one_machine_share_its_cpus_for_their_input(framework, smal
     """Two processes of a job on this machine (real torchrun; two jax.distributed processes) each decode on its
     share of the CPUs, not on all of them (which oversubscribed the machine twice), and say so once."""
     require_framework(framework)
-    from components.images import available_cpus
+    from components.dataio.images import available_cpus
 
     (tmp_path / "input_share.py").write_text(INPUT_SHARE)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -283,7 +284,7 @@ def test_event_files_without_tensorflow_are_read_by_tensorflow(tmp_path):
 
 
 def test_local_files_without_tensorflow(tmp_path):
-    from components import storage
+    from components.dataio import storage
 
     files = storage.LocalFiles
     files.makedirs(str(tmp_path / "a" / "b"))

@@ -199,3 +199,28 @@ def test_the_room_rule_catches_a_model_that_imports_the_cli(tmp_path):
     assert graph["pipelines.backend.kfp_driver"] == {"pipelines.cli"}
     module, other = "pipelines.backend.kfp_driver", "pipelines.cli"
     assert pipelines_room(other) not in PIPELINES_MAY_IMPORT[pipelines_room(module)]
+
+
+# What the data layer (components/dataio/) may import from the rest of the project: the parameter table every layer
+# reads, and the GPU driver check (with the exit codes it stops with) that loading a TorchScript model runs first.
+# Nothing of a step: every step reads its data through this package, so the package cannot lean on one.
+DATA_LAYER_MAY_IMPORT = {"components.params", "components.gpu_driver", "components.stepcli"}
+
+
+def test_the_data_layer_imports_no_step():
+    graph = import_graph(REPO_ROOT)
+    layer = {module for module in graph if module == "components.dataio" or module.startswith("components.dataio.")}
+    assert {"components.dataio.storage", "components.dataio.records", "components.dataio.data"} <= layer
+    outside = {(module, other) for module in layer for other in graph[module] - layer}
+    assert {other for _, other in outside} <= DATA_LAYER_MAY_IMPORT, sorted(outside)
+    # and what it may import reaches nothing else of the project either
+    for other in DATA_LAYER_MAY_IMPORT:
+        assert graph[other] <= DATA_LAYER_MAY_IMPORT, (other, graph[other])
+
+
+def test_the_data_helpers_sit_in_the_data_layer_only():
+    # A newcomer opening components/ sees the steps and one folder of data helpers: none beside the steps.
+    helpers = ("augment_numpy", "data", "datadir", "gcs", "images", "pixels", "records", "storage")
+    top = set(os.listdir(os.path.join(REPO_ROOT, "components")))
+    assert {f"{name}.py" for name in helpers} & top == set()
+    assert {f"{name}.py" for name in helpers} <= set(os.listdir(os.path.join(REPO_ROOT, "components", "dataio")))

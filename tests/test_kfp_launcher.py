@@ -1,17 +1,18 @@
 """The model of the KFP launcher's artifact rule (pipelines/backend/kfp_launcher.py), and what it says of this pipeline:
-with data by reference (components/datadir.py), no pod of any step or train launcher copies more than a few MB,
+with data by reference (components/dataio/datadir.py), no pod of any step or train launcher copies more than a few MB,
 however large the dataset; with the data inside the artifacts, the pods copy all of it."""
 
 import pytest
 import yaml
 
-from components import datadir, ops
+from components import ops
+from components.dataio import datadir
 from pipelines import config, training
 from pipelines.backend import kfp_launcher
 
 MB = 1 << 20
 LIMIT = 10 * MB
-SHARD = 128 * MB  # components/data.py's TARGET_SHARD_BYTES
+SHARD = 128 * MB  # components/dataio/data.py's TARGET_SHARD_BYTES
 RUN = "gs://bucket/pipeline-root/image-classification/run-1"
 
 

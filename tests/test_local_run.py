@@ -104,7 +104,7 @@ def test_a_failed_step_ends_with_one_short_block_and_no_traceback(tmp_path, fash
     for step in ("augment", "train", "evaluate", "predict", "register"):
         assert f"  {step:<10}  skipped: preprocess failed" in done.stdout, step
     log = (out / "logs" / "preprocess.log").read_text()
-    assert "Traceback (most recent call last):" in log and "components.storage.DataError: Need at least 2" in log
+    assert "Traceback (most recent call last):" in log and "components.dataio.storage.DataError: Need at least 2" in log
 
 
 # ---------------------------------------------------------------------------------------------- the pieces
@@ -145,7 +145,8 @@ def test_error_message_is_the_exception_a_traceback_ends_with():
              "Traceback (most recent call last):", '  File "a.py", line 1, in <module>', "    f()",
              "KeyError: 'x'", "", "During handling of the above exception, another exception occurred:", "",
              "Traceback (most recent call last):", '  File "b.py", line 2, in f', "    raise DataError(...)",
-             "    ^^^^^^^^^^^^^^^^", "components.data.DataError: Invalid parameters:", "  epochs must be >= 0", "", ""]
+             "    ^^^^^^^^^^^^^^^^", "components.dataio.data.DataError: Invalid parameters:", "  epochs must be >= 0",
+             "", ""]
     assert steplogs.error_message(lines) == "DataError: Invalid parameters:\n  epochs must be >= 0"
     assert steplogs.error_message(["x", "2026-01-01 00:00:00,000 ERROR [components.train.loop] train: loss is NaN",
                                    "2026-01-01 00:00:01,000 INFO [root] done"]) == "train: loss is NaN"

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from components import data, params
+from components import params
+from components.dataio import data
 from components.train import TrainingLoop, TrainSettings, models, train
 from components.train.faults import PreemptionWatch
 from pipelines import parameters

@@ -8,7 +8,7 @@ import html
 import numpy as np
 import pytest
 
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from components.preprocess import per_image
 from tests.test_data import encoded

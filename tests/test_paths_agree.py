@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import io
+import json
 import os
 import random
 import shutil
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import data, images, records, storage
+from components.dataio import data, images, records, storage
 from tests.standins.gcs import GcsStandIn
 
 # ---------------------------------------------------------------------------------------------- globs
@@ -110,7 +111,7 @@ def test_shards_of_a_split_are_the_same_files_with_and_without_tensorflow(tmp_pa
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs_storage
 
-    from components import gcs
+    from components.dataio import gcs
 
     local = tmp_path / "local"
     _dataset(local)
@@ -150,6 +151,25 @@ def test_shards_of_a_split_are_the_same_files_with_and_without_tensorflow(tmp_pa
                                                          "train/train-00001-of-00002.tfrecord", "train/train-old")]
         finally:
             gcs.set_client(None)
+
+
+def test_the_manifest_and_a_missing_split_read_the_same_with_and_without_tensorflow(tmp_path):
+    """data.read_manifest/split_files (through gfile(): tf.io.gfile here) are records' one copy with the file system
+    handed in: the same manifest, and for a split the manifest lacks the same one-line DataError naming the splits
+    there are (data.split_files raised a bare KeyError('holdout') before it was records')."""
+    pytest.importorskip("tensorflow")
+    _dataset(tmp_path)
+    assert data.read_manifest(str(tmp_path)) == records.read_manifest(str(tmp_path)) == json.loads(
+        (tmp_path / "dataset.json").read_text())
+    messages = []
+    for split_files in (data.split_files, records.split_files):
+        with pytest.raises(storage.DataError) as raised:
+            split_files(str(tmp_path), "holdout")
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1] == f"{tmp_path} has no holdout split (it has test, train)"
+    for read in (data.read_manifest, records.read_manifest):
+        with pytest.raises(storage.DataError, match="is not a dataset produced by preprocess"):
+            read(str(tmp_path / "train"))
 
 
 # ---------------------------------------------------------------------------------------------- EXIF

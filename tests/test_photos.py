@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from components import augment as augment_lib
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from components.train.inputs import TrainInput
 from tests.test_records import photo, source_pixels

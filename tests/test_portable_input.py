@@ -1,4 +1,4 @@
-"""The input without TensorFlow (components/records.py, pixels.py, augment_numpy.py, train/portable_input.py),
+"""The input without TensorFlow (components/dataio/records.py, pixels.py, augment_numpy.py, train/portable_input.py),
 against the TensorFlow path it stands in for: the same records, labels and pixels (raw and PNG exactly; JPEG and
 the resize rule within a level; the crop of a source file within the stated tolerance), the CRC checks, the
 policies' invariants and their exact parts, the resume and sharding semantics, and a process in which TensorFlow
@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from components import augment as augment_lib
-from components import augment_numpy, data, pixels, records
+from components.dataio import augment_numpy, data, pixels, records
 from components.train.portable_input import PortableTrainInput, eval_batches
 from components.train.recipes import RECIPES, Recipe
 from tests.conftest import REPO_ROOT
@@ -396,7 +396,7 @@ def test_a_resumed_attempt_gets_the_batches_of_the_uninterrupted_one(small_datas
 def test_input_threads_are_the_processes_share_of_the_cpus_unless_asked(small_dataset, caplog):
     """N training processes on one machine (torchrun's LOCAL_WORLD_SIZE) each take 1/N of its CPUs, at least one;
     an explicit `workers` is taken as it is. (Real torchrun and jax.distributed processes: test_frameworks.py.)"""
-    from components.images import available_cpus
+    from components.dataio.images import available_cpus
     from components.train.frameworks.base import InputSpec
     from components.train.frameworks.portable import train_input
     from components.train.portable_input import input_workers
@@ -598,7 +598,7 @@ def test_the_portable_modules_import_no_framework_even_lazily():
     `import` of them anywhere in these modules, inside functions included."""
     import ast
 
-    for module in ("components/records.py", "components/pixels.py", "components/augment_numpy.py",
+    for module in ("components/dataio/records.py", "components/dataio/pixels.py", "components/dataio/augment_numpy.py",
                    "components/train/portable_input.py"):
         with open(os.path.join(REPO_ROOT, module)) as f:
             tree = ast.parse(f.read())

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import data
+from components.dataio import data
 from components import predict as predict_lib
 from components.predict import decode, sources
 from components.predict import predict
 from components.predict.local import describe
-from tests.conftest import vertex_client
+from tests.conftest import REPO_ROOT, vertex_client
 from tests.test_storage_gcs import bucket  # noqa: F401 (the gs:// stand-in fixture)
 
 
@@ -459,25 +459,11 @@ def _example(**features) -> bytes:
         feature={k.replace("__", "/"): feature(v) for k, v in features.items()})).SerializeToString()
 
 
-def test_tfrecord_sources(small_dataset, classifier, fashion_arrays, tmp_path):
+def _common_layout_shards(fashion_arrays, tmp_path):
+    """The common layout: encoded images under image/encoded, a filename; one record without an image; a GZIP
+    shard; and a shard truncated in the middle of a record."""
     import tensorflow as tf
 
-    # This project's own shards: raw pixels, with the original uri; one chunk per shard, in order.
-    shard_files = data.split_files(small_dataset, "test")
-    result = predict("", os.path.join(small_dataset, "test", "*.tfrecord"), str(tmp_path / "own"),
-                     classifier=classifier)
-    expected = data.read_manifest(small_dataset)["splits"]["test"]["count"]
-    assert (result.count, result.errors, result.chunks) == (expected, 0, len(shard_files))
-    predicted = rows(str(tmp_path / "own" / "predictions.jsonl"))
-    records = [tf.train.Example.FromString(r) for shard in shard_files for r in tf.compat.v1.io.tf_record_iterator(shard)]
-    pixels = np.stack([np.frombuffer(r.features.feature["image"].bytes_list.value[0], np.uint8) for r in records])
-    probabilities = classifier.predict_proba(pixels.reshape(-1, *classifier.image_shape).astype(np.float32))
-    assert [r["uri"] for r in predicted] == [r.features.feature["uri"].bytes_list.value[0].decode() for r in records]
-    assert [r["class_index"] for r in predicted] == probabilities.argmax(1).tolist()
-    np.testing.assert_allclose([r["confidence"] for r in predicted], probabilities.max(1), atol=2e-6)
-
-    # The common layout: encoded images under image/encoded, a filename; one record without an image;
-    # a GZIP shard; and a shard truncated in the middle of a record.
     pictures, _ = fashion_arrays
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -496,6 +482,27 @@ def test_tfrecord_sources(small_dataset, classifier, fashion_arrays, tmp_path):
         whole = f.read()
     with open(shards / "c-00002.tfrecord", "wb") as f:
         f.write(whole[:len(whole) - 30])
+    return shards
+
+
+def test_tfrecord_sources(small_dataset, classifier, fashion_arrays, tmp_path):
+    import tensorflow as tf
+
+    # This project's own shards: raw pixels, with the original uri; one chunk per shard, in order.
+    shard_files = data.split_files(small_dataset, "test")
+    result = predict("", os.path.join(small_dataset, "test", "*.tfrecord"), str(tmp_path / "own"),
+                     classifier=classifier)
+    expected = data.read_manifest(small_dataset)["splits"]["test"]["count"]
+    assert (result.count, result.errors, result.chunks) == (expected, 0, len(shard_files))
+    predicted = rows(str(tmp_path / "own" / "predictions.jsonl"))
+    records = [tf.train.Example.FromString(r) for shard in shard_files for r in tf.compat.v1.io.tf_record_iterator(shard)]
+    pixels = np.stack([np.frombuffer(r.features.feature["image"].bytes_list.value[0], np.uint8) for r in records])
+    probabilities = classifier.predict_proba(pixels.reshape(-1, *classifier.image_shape).astype(np.float32))
+    assert [r["uri"] for r in predicted] == [r.features.feature["uri"].bytes_list.value[0].decode() for r in records]
+    assert [r["class_index"] for r in predicted] == probabilities.argmax(1).tolist()
+    np.testing.assert_allclose([r["confidence"] for r in predicted], probabilities.max(1), atol=2e-6)
+
+    shards = _common_layout_shards(fashion_arrays, tmp_path)
     out = str(tmp_path / "records")
     result = predict("", str(shards / "*-0000?.tfrecord*"), out, classifier=classifier)
     assert (result.count, result.errors, result.chunks) == (6 + 4 + 4, 2, 3)
@@ -506,6 +513,38 @@ def test_tfrecord_sources(small_dataset, classifier, fashion_arrays, tmp_path):
     errors = rows(os.path.join(out, "errors.jsonl"))
     assert errors[0]["uri"].endswith("a-00000.tfrecord#6") and "no image feature" in errors[0]["reason"]
     assert errors[1]["uri"].endswith("c-00002.tfrecord") and "unreadable after record 4" in errors[1]["reason"]
+
+
+ITER_RECORDS_WITHOUT_TENSORFLOW = """
+import json, sys
+for name in ("tensorflow", "keras"):
+    sys.modules[name] = None  # `import` of a module set to None raises ImportError
+from components.predict import decode
+print(json.dumps([[name, item.hex() if isinstance(item, bytes) else item] for shard in sys.argv[1:]
+                  for name, item in decode.iter_records(shard)]))
+"""
+
+
+def test_records_are_read_alike_with_and_without_tensorflow(fashion_arrays, tmp_path):
+    """decode.iter_records frames records with TensorFlow's reader where it is installed and with records.py where
+    it is not; the names, images and reasons are one rule's (_record_image): the same items from the same shards,
+    but for the GZIP shard, which only TensorFlow reads, and the words of each reader for a truncated record."""
+    shards = _common_layout_shards(fashion_arrays, tmp_path)
+    files = [str(shards / name) for name in ("a-00000.tfrecord", "c-00002.tfrecord", "b-00001.tfrecord.gz")]
+    with_tensorflow = [[name, item.hex() if isinstance(item, bytes) else item]
+                       for shard in files for name, item in decode.iter_records(shard)]
+    run = subprocess.run([sys.executable, "-c", ITER_RECORDS_WITHOUT_TENSORFLOW, *files], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO_ROOT}, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    without = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(with_tensorflow) == 7 + 5 + 4  # 7 records; 4 whole ones and the truncation; 4 in the GZIP shard
+    assert without[:11] == with_tensorflow[:11]
+    assert with_tensorflow[6] == [f"{files[0]}#6", "record has no image feature (looked for image/encoded, image, "
+                                  "image_raw, image/raw, encoded)"]
+    for items in (with_tensorflow, without):  # the truncation, in each reader's words (DataLossError, DataError)
+        assert items[11][0] == files[1] and items[11][1].startswith("unreadable after record 4: "), items[11]
+    assert without[12:] == [[files[2], "a GZIP-compressed TFRecord shard: reading one needs TensorFlow, which is "
+                                       "not installed here"]]
 
 
 def test_sources_that_cannot_be_used(tmp_path, classifier):
@@ -845,7 +884,7 @@ def test_a_model_on_gs_has_the_digest_of_its_local_copy(bucket, tiny_model):
     digest of the same files."""
     import shutil
 
-    from components import storage
+    from components.dataio import storage
     from components.predict.output import digest_of
     from components.registry import model_digest
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from components.preprocess import bookkeeping, decoding, per_image, sources
 from tests.test_data import encoded, png_header_only
@@ -179,7 +179,7 @@ def test_the_sampled_histogram_counts_the_nearest_resize_without_making_it(mode,
     weights on the decoded pixels, is exactly PIL's histogram of that resized image."""
     from PIL import Image
 
-    from components import images
+    from components.dataio import images
 
     channels = 3 if mode == "RGB" else 1
     pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)

@@ -10,7 +10,7 @@ from tests.conftest import require_framework
 
 require_framework("apache_beam")
 
-from components import data  # noqa: E402
+from components.dataio import data  # noqa: E402
 from components import preprocess as pp  # noqa: E402
 from tests.test_data import encoded  # noqa: E402
 from tests.test_preprocess import bad_files, odd_but_good, read_back, write  # noqa: E402

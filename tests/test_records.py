@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from components import augment as augment_lib
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from components.train.inputs import TrainInput
 
@@ -256,7 +256,7 @@ def test_records_are_the_bytes_tensorflow_serializes_deterministically():
     empty and large images, labels up to 2**63 - 1 and negative ones, non-ASCII and long URIs."""
     import tensorflow as tf
 
-    from components import records
+    from components.dataio import records
 
     rng = np.random.default_rng(0)
     sizes = [0, 1, 100, 107, 108, 127, 128, 16_363, 16_364, 16_383, 16_384, 2_097_151, 2_097_152, 150_528]
@@ -294,7 +294,7 @@ def test_records_are_the_bytes_tensorflow_serializes_deterministically():
     import subprocess
     import sys
 
-    script = ("import sys; from components import data; "
+    script = ("import sys; from components.dataio import data; "
               "sys.stdout.buffer.write(data.encode_example(bytes(range(200)), 7, 'a/é.png'))")
     other = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
                            env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout

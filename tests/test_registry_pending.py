@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from components import data
+from components.dataio import data
 from components.register import register
 from components.registry import LocalRegistry, model_digest
 from components.registry import identity

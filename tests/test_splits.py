@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components import data
+from components.dataio import data
 from components.preprocess import per_image, preprocess
 from components.preprocess.inputs import CONFLICTING_LABEL, DUPLICATE
 from tests.test_preprocess import read_back

@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from components import gcs, records, storage
-from components.storage import DataError
+from components.dataio import gcs, records, storage
+from components.dataio.storage import DataError
 from components.train import staging
 from tests.conftest import preprocessed_slice
 from tests.standins.gcs import GcsStandIn
@@ -34,7 +34,7 @@ def bucket(tmp_path, dataset, loopback_only):
     with GcsStandIn(root) as server:
         gcs.set_client(gcs_storage.Client(project="test", credentials=AnonymousCredentials(),
                                           client_options={"api_endpoint": server.url}))
-        storage.use_tensorflow_io(False)  # gs:// through components/gcs.py, as the torch and JAX images read it
+        storage.use_tensorflow_io(False)  # gs:// through components/dataio/gcs.py, as the torch and JAX images read it
         server.bucket_dir = root / "bucket"
         try:
             yield server

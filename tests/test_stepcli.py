@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from components import augment, data, evaluate, gcp, predict, preprocess, stepcli, train
+from components import augment, evaluate, gcp, predict, preprocess, stepcli, train
+from components.dataio import data
 
 
 class RemoteFailure(RuntimeError):

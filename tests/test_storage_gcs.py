@@ -1,4 +1,4 @@
-"""gs:// without TensorFlow (components/gcs.py behind storage.LocalFiles): each call the steps make, with
+"""gs:// without TensorFlow (components/dataio/gcs.py behind storage.LocalFiles): each call the steps make, with
 google-cloud-storage's real client against the Cloud Storage stand-in (tests/standins/gcs.py), and a process where
 TensorFlow cannot be imported reading a dataset by reference and loading models from gs://."""
 
@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from components import data, gcs, storage
-from components.storage import LocalFiles as fs
+from components.dataio import data, gcs, storage
+from components.dataio.storage import LocalFiles as fs
 from tests.conftest import require_framework
 from tests.standins.gcs import GcsStandIn
 
@@ -23,7 +23,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def bucket(tmp_path, loopback_only):
-    """gs://bucket on a stand-in, reached through a client handed to components/gcs.py (set_client)."""
+    """gs://bucket on a stand-in, reached through a client handed to components/dataio/gcs.py (set_client)."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs_storage
 
@@ -108,7 +108,7 @@ def test_the_stand_in_holds_every_name_gcs_allows(bucket):
 
 def test_a_publish_by_rename_survives_one_server_error(bucket):
     """Renames and copies on gs:// are objects.rewrite, which the client retries (DEFAULT_RETRY_IF_GENERATION_
-    SPECIFIED, blob.py:4045 at 3.17.1) only with a generation precondition: components/gcs.py sends them."""
+    SPECIFIED, blob.py:4045 at 3.17.1) only with a generation precondition: components/dataio/gcs.py sends them."""
     from google.api_core import exceptions
 
     with fs.GFile("gs://bucket/ckpt/epoch-2.partial", "wb") as f:
@@ -309,7 +309,7 @@ def test_without_google_cloud_storage_the_error_says_what_to_do(monkeypatch):
 NO_TENSORFLOW = """
 import json, sys
 import numpy as np
-from components import data, images, records
+from components.dataio import data, images, records
 
 dataset, model, keras_model, keras_local = sys.argv[1:5]
 manifest = data.read_manifest(dataset)
@@ -344,7 +344,7 @@ def test_a_process_without_tensorflow_reads_a_dataset_and_loads_models_from_gs(s
     keras_dir = root / "keras"
     made = subprocess.run([sys.executable, "-c", f"""
 import keras
-from components import data
+from components.dataio import data
 inputs = keras.Input((28, 28, 1))
 model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))))
 import os; os.makedirs({str(keras_dir)!r})

@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from components import data, train
+from components import train
+from components.dataio import data
 from components.train.cluster import ClusterRole, choose_strategy, cluster_role
 from components.train.inputs import TrainInput
 from components.train.learning_rate import keras_schedule, learning_rate_for

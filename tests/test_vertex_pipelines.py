@@ -142,7 +142,8 @@ def test_everything_but_accelerators_matches_the_kfp_target(packages):
         train["dependentTasks"] = [t for t in train["dependentTasks"] if t != "placement-op"]
         # The GPU-check step knows what creates the training pod (a shared GPU's checks): the KFP driver or Vertex.
         spec["root"]["dag"]["tasks"]["placement-op"]["inputs"]["parameters"].pop("created_by")
-        # On a KFP backend the data-heavy steps write by reference (components/datadir.py); Vertex mounts artifacts.
+        # On a KFP backend the data-heavy steps write by reference (components/dataio/datadir.py); Vertex mounts
+        # artifacts.
         for task in spec["root"]["dag"]["tasks"].values():
             task.get("inputs", {}).get("parameters", {}).pop("by_reference", None)
         # On a KFP backend a step picks three steps' images per run (components/step_images.py): as it does for

@@ -12,7 +12,8 @@ import dataclasses
 import json
 import logging
 
-from components import gcp, storage
+from components import gcp
+from components.dataio import storage
 from components.gcp.accelerators import ACCELERATORS
 from components.launch import local_ssd
 from components.launch.frameworks import DEFAULT_FRAMEWORK, check_framework, legacy_launchers, setup

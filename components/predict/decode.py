@@ -1,6 +1,6 @@
 """From inputs to model pixels: file and TFRecord reading, a JPEG header parser, and the two decoders (the
 fast TensorFlow path and the reference path, training's own decoder). Where TensorFlow is not installed (the
-PyTorch image), every file takes the reference path, with the TensorFlow-free readers (components/pixels.py) for
+PyTorch image), every file takes the reference path, with the TensorFlow-free readers (components/dataio/pixels.py) for
 the readers' rule."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from components import data, pixels, records, storage
-from components.images import jpeg_orientation
+from components.dataio import data, pixels, records, storage
+from components.dataio.images import jpeg_orientation
 from components.predict.sources import Chunk, Unlisted, _is_remote
 
 log = logging.getLogger(__name__)
@@ -249,63 +249,44 @@ def decode_contents(contents: bytes, height: int, width: int, channels: int, *, 
     return data.decode_image(contents, height, width, channels)
 
 
-def _record_image(example, shard: str, index: int) -> tuple[str, bytes]:
-    features = example.features.feature
-    contents = next((features[k].bytes_list.value[0] for k in RECORD_IMAGE_KEYS
-                     if k in features and features[k].bytes_list.value), None)
+def _record_image(record: bytes, shard: str, index: int) -> tuple[str, bytes | str]:
+    """(name, image bytes) of one serialized record, or (its place, why there is no image): the one rule of which
+    features hold a record's image and name, whoever framed the record."""
+    try:
+        features = records.parse_example(record)
+    except data.DataError as e:
+        return f"{shard}#{index}", str(e)
+    contents = next((features[k][0] for k in RECORD_IMAGE_KEYS
+                     if features.get(k) and isinstance(features[k][0], bytes)), None)
     if contents is None:
-        raise data.ImageError(f"record has no image feature (looked for {', '.join(RECORD_IMAGE_KEYS)})")
-    name = next((features[k].bytes_list.value[0].decode(errors="replace") for k in RECORD_NAME_KEYS
-                 if k in features and features[k].bytes_list.value and features[k].bytes_list.value[0]), "")
+        return f"{shard}#{index}", f"record has no image feature (looked for {', '.join(RECORD_IMAGE_KEYS)})"
+    name = next((features[k][0].decode(errors="replace") for k in RECORD_NAME_KEYS
+                 if features.get(k) and isinstance(features[k][0], bytes) and features[k][0]), "")
     return name or f"{shard}#{index}", contents
 
 
 def iter_records(shard: str) -> Iterator[tuple[str, bytes | str]]:
     """(name, image bytes or the reason there are none) for each record of a shard. A corrupt or truncated
-    shard ends with one more item: the shard and what went wrong (nothing after that point can be read)."""
+    shard ends with one more item: the shard and what went wrong (nothing after that point can be read).
+
+    The records are framed by TensorFlow's reader where TensorFlow is installed (GZIP shards and every scheme
+    tf.io.gfile reads), else by components/dataio/records.py (uncompressed shards, local or gs://); either way
+    parsed and read by one rule (`_record_image`)."""
     tf = storage.tensorflow_or_none()
     if tf is None:
-        yield from _iter_records_without_tensorflow(shard)
-        return
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if shard.lower().endswith(".gz") else "")
+        if shard.lower().endswith(".gz"):
+            yield shard, "a GZIP-compressed TFRecord shard: reading one needs TensorFlow, which is not installed here"
+            return
+        framed = records.iter_records(shard)
+    else:
+        options = tf.io.TFRecordOptions(compression_type="GZIP" if shard.lower().endswith(".gz") else "")
+        framed = tf.compat.v1.io.tf_record_iterator(shard, options=options)
     index = 0
     try:
-        for record in tf.compat.v1.io.tf_record_iterator(shard, options=options):
-            try:
-                example = tf.train.Example.FromString(record)
-            except Exception as e:  # protobuf's DecodeError: a record that is not an Example
-                yield f"{shard}#{index}", f"not a tf.train.Example: {e}"
-            else:
-                try:
-                    yield _record_image(example, shard, index)
-                except data.ImageError as e:
-                    yield f"{shard}#{index}", str(e)
+        for record in framed:
+            yield _record_image(record, shard, index)
             index += 1
-    except Exception as e:  # tf.errors.DataLossError, NotFoundError, ...
-        yield shard, f"unreadable after record {index}: {type(e).__name__}: {str(e).splitlines()[0]}"
-
-
-def _iter_records_without_tensorflow(shard: str) -> Iterator[tuple[str, bytes | str]]:
-    """iter_records with the TensorFlow-free TFRecord reader (components/records.py): uncompressed shards only."""
-    if shard.lower().endswith(".gz"):
-        yield shard, "a GZIP-compressed TFRecord shard: reading one needs TensorFlow, which is not installed here"
-        return
-    index = 0
-    try:
-        for record in records.iter_records(shard):
-            try:
-                features = records.parse_example(record)
-            except data.DataError as e:
-                yield f"{shard}#{index}", f"not a tf.train.Example: {e}"
-            else:
-                contents = next((features[k][0] for k in RECORD_IMAGE_KEYS
-                                 if features.get(k) and isinstance(features[k][0], bytes)), None)
-                name = next((features[k][0].decode(errors="replace") for k in RECORD_NAME_KEYS
-                             if features.get(k) and isinstance(features[k][0], bytes) and features[k][0]), "")
-                yield ((name or f"{shard}#{index}", contents) if contents is not None else
-                       (f"{shard}#{index}", f"record has no image feature (looked for {', '.join(RECORD_IMAGE_KEYS)})"))
-            index += 1
-    except (data.DataError, OSError) as e:
+    except Exception as e:  # DataError or OSError; with TensorFlow tf.errors.DataLossError, NotFoundError, ...
         yield shard, f"unreadable after record {index}: {type(e).__name__}: {str(e).splitlines()[0]}"
 
 

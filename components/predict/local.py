@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components.predict import nvjpeg
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _gather, _remove_stale_shards,

@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import tempfile
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components.predict.sources import Source, _exists, _is_remote
 from components.registry.identity import model_digest
-from components.storage import copy_tree
+from components.dataio.storage import copy_tree
 
 SHARDS = "shards"
 

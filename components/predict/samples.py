@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from components import data
+from components.dataio import data
 
 
 def export_samples(dataset_dir: str, output_dir: str, per_class: int = 10) -> int:

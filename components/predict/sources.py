@@ -11,7 +11,7 @@ import os
 import re
 from typing import Iterator
 
-from components import data
+from components.dataio import data
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrec.gz")
 MANIFEST_SUFFIXES = (".txt", ".csv", ".jsonl")

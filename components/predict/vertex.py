@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 
-from components import data, gcp
+from components import gcp
+from components.dataio import data
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _copy_lines, _gather,
                                        _remove_stale_shards, _rename, claim_output, digest_of, shard_paths)

@@ -35,7 +35,7 @@ import uuid
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components.preprocess import per_image
 from components.preprocess.bookkeeping import (CARD_MAX_CLASSES, SAMPLES_PER_CLASS, SourceStats, Tally,
                                                image_histogram)

@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components.preprocess.step import SAMPLES_FILE
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from components import data
+from components.dataio import data
 
 
 def parse_classes(classes: str | Iterable[str] | None) -> list[str] | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from components import data, params, stepcli
+from components import params, stepcli
+from components.dataio import data
 from components.preprocess.card import dataset_card
 from components.preprocess.step import preprocess
 

@@ -24,7 +24,7 @@ import re
 import time
 from typing import Any, Callable
 
-from components import data
+from components.dataio import data
 from components.gcp.errors import JobError
 from components.gcp.jobs import Followed, JobStatus, Phase, follow_job, sigterm_stops
 

@@ -16,8 +16,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from components import data
-from components.images import available_cpus  # noqa: F401 (the step and benchmarks take it from here too)
+from components.dataio import data
+from components.dataio.images import available_cpus  # noqa: F401 (the step and benchmarks take it from here too)
 from components.preprocess import per_image
 from components.preprocess.inputs import Example, Item
 

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components.preprocess.inputs import CONFLICTING_LABEL, DUPLICATE, Example, Item
 
 # Image files of formats we do not decode: reported as an unsupported format rather than "not an image".

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Iterator
 
-from components import data
+from components.dataio import data
 from components.preprocess.classes import apply_allow_list, check_class_count
 from components.preprocess.decoding import planned_decode
 from components.preprocess.inputs import BAD_ROW, OUTSIDE_CLASSES, Example, Item, Source

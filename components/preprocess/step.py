@@ -1,5 +1,5 @@
 """The step: stream a source's examples into train/validation/test shards, reject with reasons, write the
-manifest (components/data.py describes the dataset directory)."""
+manifest (components/dataio/data.py describes the dataset directory)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from typing import Iterator
 
 import numpy as np
 
-from components import data, params, records
+from components import params
+from components.dataio import data, records
 from components.preprocess.bookkeeping import SAMPLES_PER_CLASS, ContentIndex, Progress, Tally, image_histogram
 from components.preprocess.classes import parse_classes
 from components.preprocess.decoding import available_cpus
@@ -78,7 +79,7 @@ def preprocess(source: str, output_dir: str, *, validation_fraction: float = 0.1
                classes: str | list[str] | None = None, workers: int | None = None,
                tfds_data_dir: str | None = None, runner: str = "local", beam_options=None, dataflow=None,
                dataflow_jobs=None) -> PreprocessResult:
-    """Reads `source` and writes the dataset directory `output_dir` (see components/data.py for its layout).
+    """Reads `source` and writes the dataset directory `output_dir` (see components/dataio/data.py for its layout).
 
     `limit` caps the images read, for quick runs: per class folder of a folder source, per split of an idx or tfds
     source, the first rows of a manifest;

@@ -52,7 +52,7 @@ REFERENCE_MODEL = "reference-cnn"
 # Beside model.keras when it was trained where TensorFlow is not installed (components/train/model.py writes it):
 # left out of the digest, like saved_model/, so the model is the same version before and after its SavedModel.
 SAVED_MODEL_PENDING = "saved_model.pending.json"
-# A torch.nn.Module's serving format and file (components/data.py's TORCHSCRIPT, TORCHSCRIPT_FILE).
+# A torch.nn.Module's serving format and file (components/dataio/data.py's TORCHSCRIPT, TORCHSCRIPT_FILE).
 TORCHSCRIPT = "torchscript"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
 

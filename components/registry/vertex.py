@@ -277,7 +277,7 @@ def stage_versioned(saved_model_dir: str, serving_dir: str) -> None:
     files or other bytes is refused, never overwritten. `serving_dir` is a local path (e.g. under the /gcs mount) or
     a gs:// URI (written with tf.io.gfile)."""
     if "://" in serving_dir:
-        from components.storage import gfile
+        from components.dataio.storage import gfile
 
         fs = gfile()
         exists, listing, read = fs.exists, fs.walk, lambda path: fs.GFile(path, "rb").read()
@@ -595,7 +595,7 @@ class VertexRegistry(gcp.VertexService):
         base = self.artifact_uri_for(artifact_uri or model_dir) + "/" + SERVING_FOLDER
         serving_dir = os.path.join(model_dir, SERVING_FOLDER) if not artifact_uri else base
         if "://" in serving_dir:
-            from components.storage import gfile
+            from components.dataio.storage import gfile
 
             staged = gfile().exists(f"{serving_dir}/1/saved_model.pb")
         else:

@@ -30,7 +30,7 @@ def recalibration_images(dataset_dir: str, batch: int = RECALIBRATION_BATCH, lim
     shuffled with a fixed seed, since the shards hold images in the source's order (often class by class)."""
     import tensorflow as tf
 
-    from components import data
+    from components.dataio import data
 
     ds = data.read_split(dataset_dir, "train")
     return (ds.shuffle(4 * limit, seed=0).take(limit)

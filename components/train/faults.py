@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from components import data
+from components.dataio import data
 from components.stepcli import EXIT_PERMANENT, EXIT_RETRY
 from components.train.cluster import cluster_role
 

@@ -7,7 +7,7 @@ import logging
 import math
 
 from components import augment as augment_lib
-from components import data
+from components.dataio import data
 from components.train.recipes import Recipe
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 
 from components import augment as augment_lib
-from components import data
+from components.dataio import data
 from components.train import batchnorm, frameworks, gpu_usage, models, staging
 from components.train import pretrained as pretrained_lib
 from components.train.cluster import ClusterRole

@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 
-from components import data
+from components.dataio import data
 from components.train import models
 
 

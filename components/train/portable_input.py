@@ -1,6 +1,6 @@
 """The training and evaluation input without TensorFlow, for the torch and JAX training paths: the shards read with
-components/records.py, decoded with Pillow and numpy (components/pixels.py), augmented online with
-components/augment_numpy.py; numpy batches out (float32 N x H x W x C pixel values 0-255, int32 labels), which
+components/dataio/records.py, decoded with Pillow and numpy (components/dataio/pixels.py), augmented online with
+components/dataio/augment_numpy.py; numpy batches out (float32 N x H x W x C pixel values 0-255, int32 labels), which
 either framework takes as they are.
 
 Semantics are those of inputs.TrainInput, the TensorFlow input (read its docstring): worker i of n reads shard files
@@ -30,8 +30,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from components import augment_numpy, pixels, records
-from components.storage import DataError
+from components.dataio import augment_numpy, pixels, records
+from components.dataio.storage import DataError
 from components.train.inputs import worker_share  # its TensorFlow is inside functions
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def input_workers(workers: int | None = None, local_processes: int = 1) -> int:
     """Threads of one process's input: `workers` when given; else its share of the CPUs it may use
     (images.available_cpus()) among the `local_processes` training processes on the machine (torchrun's
     LOCAL_WORLD_SIZE, one per GPU), at least 1, so that N processes do not each start a pool of every CPU."""
-    from components.images import available_cpus
+    from components.dataio.images import available_cpus
 
     if workers:
         return max(1, workers)

@@ -16,7 +16,7 @@ import tempfile
 import warnings
 import zipfile
 
-from components import data
+from components.dataio import data
 from components.train import models
 
 log = logging.getLogger(__name__)

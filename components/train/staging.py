@@ -10,7 +10,7 @@ emptyDirs and ephemeral storage live on the machine's local NVMe SSDs
 (`sizeLimit`) and the pod's ephemeral-storage request from the datasets' bytes (`size_limit`), so that the
 scheduler places the pod on a node with room for it and the kubelet evicts nothing else for it.
 
-The copy is storage.LocalFiles' copy of one file (for gs://, components/gcs.py's download with
+The copy is storage.LocalFiles' copy of one file (for gs://, components/dataio/gcs.py's download with
 google-cloud-storage, the client records.py reads gs:// with whatever the framework); the check is
 records.iter_records with both checksums of every record (a corrupt or truncated shard raises DataError). A shard
 already present with the source's size and verified records is kept (a resumed attempt downloads nothing); one
@@ -27,8 +27,8 @@ import math
 import os
 import time
 
-from components import records
-from components.storage import DataError, LocalFiles, locate
+from components.dataio import records
+from components.dataio.storage import DataError, LocalFiles, locate
 
 log = logging.getLogger(__name__)
 

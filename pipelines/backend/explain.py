@@ -16,7 +16,8 @@ import tempfile
 
 import yaml
 
-from components import datadir, ops
+from components import ops
+from components.dataio import datadir
 from components.launch.network import INTERFACES_ANNOTATION
 from pipelines.backend import kfp_driver, kfp_launcher
 

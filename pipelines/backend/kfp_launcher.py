@@ -29,7 +29,7 @@ model leaves it out: this project's steps log throttled progress lines, not a li
 
 `pod_transfers` applies that rule to a compiled pipeline: for each task, what its pod would download and upload,
 given where each artifact lives and how large it is (a `Store`), and the backend release. Tests use it to show that
-the data-heavy steps move manifests, not datasets, on every release (components/datadir.py).
+the data-heavy steps move manifests, not datasets, on every release (components/dataio/datadir.py).
 """
 
 from __future__ import annotations

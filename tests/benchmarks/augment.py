@@ -44,7 +44,7 @@ POLICIES = {
 def test_accuracy(model_dir: str, dataset_dir: str) -> float:
     import keras
 
-    from components import data
+    from components.dataio import data
 
     images, labels = data.load_split_arrays(dataset_dir, "test")
     model = keras.models.load_model(os.path.join(model_dir, "model.keras"), compile=False)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # one line per epoch
-    from components import data
+    from components.dataio import data
     from components.preprocess import preprocess
 
     plan = [("none", None, "online")]

@@ -3,7 +3,7 @@
     python -m tests.benchmarks.ceilings [--camera 390] [--small 2000] [--pngs 10000] [--repeats 2] [--paths ...]
 
 A ceiling is the rate of the work a path cannot avoid, done alone with every CPU the step may use
-(`components.images.available_cpus()`), nothing else running in the process: reading every file's bytes, decoding
+(`components.dataio.images.available_cpus()`), nothing else running in the process: reading every file's bytes, decoding
 them, and for prediction the model's own compute. For a path that must do several of these, each is timed alone
 with every core and their times are summed (the CPU time of each divided by the cores, when each keeps the cores
 busy): ceiling = files / (read seconds + decode seconds [+ model seconds]). The share is ours / the ceiling; the
@@ -283,7 +283,7 @@ def png_model(work: str) -> str:
     weights), saved as train saves it."""
     import keras
 
-    from components import data
+    from components.dataio import data
     from components.train.models import build_model
 
     model_dir = os.path.join(work, "png-model")
@@ -317,7 +317,7 @@ def prepare(path: str, args, cache: str, work: str) -> dict | str:
         count = max(args.small, len(files_under(found)))  # every class folder gets copies
         root = photos.make_unique_copies(os.path.join(cache, f"food{count}"), count, found)
         return {"root": root, "image_size": photos.IMAGE_SIZE, "channels": 3, "scale": "check"}
-    from components import data
+    from components.dataio import data
 
     if not os.path.exists(os.path.join(data.DEFAULT_SOURCE, "train-images-idx3-ubyte.gz")):
         return f"Fashion-MNIST is not installed under {data.DEFAULT_SOURCE} (make data)"
@@ -339,8 +339,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of: {', '.join(PATHS)}")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from components import data
-    from components.images import available_cpus
+    from components.dataio import data
+    from components.dataio.images import available_cpus
     from components.predict.local import auto_batch_size
 
     chosen = [p.strip() for p in args.paths.split(",") if p.strip()]

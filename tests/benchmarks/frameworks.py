@@ -127,7 +127,7 @@ def measure(framework: str, dataset_dir: str, *, model: str, recipe: str, epochs
     from components.train import frameworks
 
     frameworks.use(framework)  # before anything imports keras
-    from components import data
+    from components.dataio import data
     from components.train.settings import TrainSettings
 
     test = data.load_split_arrays(dataset_dir, "test") if score_test else None
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
               "--photos DIR)", flush=True)
     datasets = {"fashion": os.path.join(work, f"fashion-{args.fashion_limit}"),
                 "photos": os.path.join(work, f"photos-{args.image_size}")}
-    from components import data
+    from components.dataio import data
     from components.preprocess import preprocess
 
     for name, _, source, _ in workloads:

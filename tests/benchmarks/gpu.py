@@ -14,7 +14,7 @@ of carried files. So the data is made here, by the preprocess step, and carried:
     measure; the random crop of the training input makes each copy another image;
   - the wheels of Keras and of its dependencies that are not part of torch or JAX (pure Python, and h5py and
     optree for CPython 3.10 to 3.12), and of google-crc32c and protobuf, which the shard reader needs
-    (components/records.py), each unpacked onto the children's PYTHONPATH where its module does not import there.
+    (components/dataio/records.py), each unpacked onto the children's PYTHONPATH where its module does not import there.
 
 `run` trains, each in its own process and with a time budget (a run that reaches its budget is stopped, and what
 its finished epochs measured is kept): the reference recipe on Fashion-MNIST for 12 epochs, and mobilenet-v3-small
@@ -46,8 +46,8 @@ BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A1
 TOTAL_BUDGET_SECONDS = 8 * 60
 # What Keras needs besides numpy and ml_dtypes (JAX brings those), carried as wheels.
 KERAS_REQUIREMENTS = ("absl-py", "namex", "rich", "markdown-it-py", "mdurl", "pygments", "packaging")
-# h5py and optree for Keras; google-crc32c and protobuf for the shards (components/records.py checks each record's
-# crc32c and parses tf.train.Example with them; torch and JAX bring neither)
+# h5py and optree for Keras; google-crc32c and protobuf for the shards (components/dataio/records.py checks each
+# record's crc32c and parses tf.train.Example with them; torch and JAX bring neither)
 BINARY_REQUIREMENTS = ("h5py", "optree", "google-crc32c", "protobuf")
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 BUNDLE_MANIFEST = "bundle.json"

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from components.preprocess.decoding import available_cpus, parallel_decode
 from components.preprocess.inputs import Item

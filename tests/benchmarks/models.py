@@ -68,7 +68,7 @@ def train_source(data: str, limit: int, epochs: int, batch_size: int) -> dict:
 def measure_input(dataset_dir: str, batch_size: int) -> dict:
     """The training input alone, streamed from the encoded shards: one epoch's images, twice (the first pass
     warms the file cache and tf.data's autotuning; the second is timed)."""
-    from components import data
+    from components.dataio import data
     from components.train.inputs import TrainInput
     from components.train.recipes import resolve_recipe
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"training {model} (pretrained {pretrained}) ...", flush=True)
         models.append(_child([*common, "--measure", "model", "--model", model, "--pretrained", weights]))
     pipeline = _child([*common, "--measure", "input"])
-    from components import data
+    from components.dataio import data
 
     manifest = data.read_manifest(dataset_dir)
     counts = {s: manifest["splits"][s]["count"] for s in data.SPLITS}

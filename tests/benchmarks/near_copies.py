@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components import preprocess as pp
 from tests.benchmarks.ingest import without_near_grouping
 

@@ -123,7 +123,7 @@ def decode_floor(root: str, at_least: int | None) -> float:
 
     from PIL import Image
 
-    from components.images import available_cpus
+    from components.dataio.images import available_cpus
 
     paths = [os.path.join(d, n) for d, _, names in os.walk(root) for n in sorted(names)]
 
@@ -171,7 +171,7 @@ def baseline_ingest(root: str) -> float:
 
 
 def ours_ingest(root: str, out: str) -> tuple[float, int]:
-    from components import data
+    from components.dataio import data
     from components import preprocess as pp
 
     shutil.rmtree(out, ignore_errors=True)
@@ -203,7 +203,8 @@ def baseline_train_input(root: str, batch: int = 32) -> tuple[float, float]:
 def ours_train_input(dataset: str, batch: int = 32) -> tuple[float, float]:
     """(images/s of the first epoch with the shards' loading into memory, of the second)."""
     from components import augment as augment_lib
-    from components import data, train
+    from components import train
+    from components.dataio import data
     from components.train.inputs import TrainInput
 
     start = time.monotonic()
@@ -252,7 +253,7 @@ def baseline_predict(model_dir: str, root: str) -> float:
 def ours_predict(model_dir: str, root: str, out: str) -> float:
     import contextlib
 
-    from components import data
+    from components.dataio import data
     from components.predict import predict
 
     classifier = data.load_classifier(model_dir)

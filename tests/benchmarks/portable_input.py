@@ -37,7 +37,7 @@ def _rate(make, batches) -> tuple[float, float]:
 
 
 def _sides(dataset: str, shape, policy, mode: str, batch: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    from components import records
+    from components.dataio import records
     from components.train.inputs import TrainInput
     from components.train.portable_input import PortableTrainInput
     from components.train.recipes import RECIPES
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", help="where the shards go (default: a temporary directory, removed)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from components import data
+    from components.dataio import data
     from components import preprocess as pp
-    from components.images import available_cpus
+    from components.dataio.images import available_cpus
     from tests.benchmarks import photos as photos_bench
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="portable-input-bench-")

@@ -34,7 +34,7 @@ def make_images(folder: str, count: int) -> str:
     import numpy as np
     from PIL import Image
 
-    from components import data
+    from components.dataio import data
 
     marker = os.path.join(folder, f".complete-{count}")
     if os.path.exists(marker):
@@ -96,7 +96,7 @@ def child_baseline(model_dir: str, folder: str) -> dict:
 
 
 def child_ours(model_dir: str, folder: str, output: str) -> dict:
-    from components import data
+    from components.dataio import data
     from components.predict import predict
 
     classifier = data.load_classifier(model_dir)

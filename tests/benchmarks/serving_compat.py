@@ -45,7 +45,7 @@ def export(out_dir: str, seed: int = 7, names=None) -> list[dict]:
     import numpy as np
     import tensorflow as tf
 
-    from components.images import encode_png
+    from components.dataio.images import encode_png
     from components.train import model as train_model
     from components.train import models
 

@@ -1,4 +1,4 @@
-"""Shards without TensorFlow (components/records.py, what torch and JAX read) beside TensorFlow's own reader and
+"""Shards without TensorFlow (components/dataio/records.py, what torch and JAX read) beside TensorFlow's own reader and
 parser, in one run, on the same files:
 
   - verified reads: every record of the shards, both checksums checked, records/s and MB/s: records.iter_records
@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 import time
 
 from tests.benchmarks.spread import spread
 
-# The last revision whose components/records.py had the numpy crc32c (checking records in batches) and the
+# The last revision whose records.py had the numpy crc32c (checking records in batches) and the
 # hand-written tf.train.Example parser: the 'before' of docs/benchmarks.md#shards.
 BEFORE = "ec2ee34c1399b9f469ee1b7dc4639d8188aa5f8c"
 
 
 def _write(path: str, payloads) -> int:
-    from components import records
+    from components.dataio import records
 
     count = 0
     with open(path, "wb") as f:
@@ -44,7 +45,7 @@ def _write(path: str, payloads) -> int:
 
 
 def _fashion(limit: int):
-    from components import data
+    from components.dataio import data
 
     images = data.read_idx(os.path.join(data.DEFAULT_SOURCE, "train-images-idx3-ubyte.gz"))[:limit]
     labels = data.read_idx(os.path.join(data.DEFAULT_SOURCE, "train-labels-idx1-ubyte.gz"))[:limit]
@@ -74,18 +75,26 @@ def _seconds(run) -> float:
 
 
 def previous_records(revision: str):
-    """components/records.py as it was at `revision` (git show), loaded as a module of its own: the code before,
-    measured in the same run as the code now. None where git or that revision is not at hand."""
+    """records.py as it was at `revision` (git show), loaded as a module of its own: the code before, measured in the
+    same run as the code now. None where git or that revision is not at hand."""
     import importlib.util
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        source = subprocess.run(["git", "-C", root, "show", f"{revision}:components/records.py"], capture_output=True,
-                                check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
+    source = None
+    # Revisions before the data layer moved into components/dataio/ kept the module at the top of components/.
+    for path in ("components/dataio/records.py", "/".join(("components", "records.py"))):
+        try:
+            source = subprocess.run(["git", "-C", root, "show", f"{revision}:{path}"], capture_output=True,
+                                    check=True).stdout
+            break
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    if source is None:
         return None
+    # Its imports of the helpers beside it are pointed at where they are now.
+    source = re.sub(rb"\bcomponents([./])(storage|gcs)\b", rb"components\1dataio\1\2", source)
     path = os.path.join(tempfile.mkdtemp(prefix="records-before-"), "records_before.py")
     with open(path, "wb") as f:
         f.write(source)
@@ -99,7 +108,7 @@ def previous_records(revision: str):
 def measure(files: list[str], repeats: int, sides: dict) -> dict:
     """Each side (name -> a records module) timed in turn within each repeat, so that they share the machine's
     load; TensorFlow's reader and parser beside them where TensorFlow is installed."""
-    from components import records
+    from components.dataio import records
 
     held = [record for f in files for record in records.iter_records(f)]
     count, size = len(held), sum(os.path.getsize(f) for f in files)
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "(default: the last with the numpy crc32c and the hand-written Example parser); '' for none")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from components import records
+    from components.dataio import records
 
     sides = {"now": records}
     before = previous_records(args.before) if args.before else None

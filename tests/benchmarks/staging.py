@@ -1,5 +1,5 @@
 """Staged reading against streaming from gs://, over several epochs, in one run, on the same shards: Fashion-MNIST
-records (components/records.py's framing) in a bucket of the Cloud Storage stand-in (tests/standins/gcs.py),
+records (components/dataio/records.py's framing) in a bucket of the Cloud Storage stand-in (tests/standins/gcs.py),
 read with google-cloud-storage's real client.
 
   - streaming: every epoch reads every shard from gs:// (records.iter_records: ranged reads, both checksums of
@@ -33,7 +33,7 @@ from tests.benchmarks.spread import spread
 
 
 def _read_epoch(files: list[str]) -> int:
-    from components import records
+    from components.dataio import records
 
     return sum(1 for f in files for _ in records.iter_records(f))
 
@@ -55,7 +55,7 @@ def write_dataset(directory: str, records_count: int, shards: int) -> int:
 
 
 def measure(source: str, local_root: str, epochs: int, repeats: int) -> dict:
-    from components import records
+    from components.dataio import records
     from components.train import staging
 
     remote = records.split_files(source, "train")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs_storage
 
-    from components import gcs, storage
+    from components.dataio import gcs, storage
     from tests.standins.gcs import GcsStandIn
 
     workdir = tempfile.mkdtemp(prefix="staging-bench-")

@@ -55,7 +55,7 @@ def measure_baseline(dataset_dir: str, epochs: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from components import data
+    from components.dataio import data
 
     keras.utils.set_random_seed(0)
     test_images, test_labels = data.load_split_arrays(dataset_dir, "test")
@@ -92,7 +92,8 @@ def measure_baseline(dataset_dir: str, epochs: int) -> dict:
 
 
 def measure_ours(dataset_dir: str, epochs: int | None, recipe: str | None) -> dict:
-    from components import data, train
+    from components import train
+    from components.dataio import data
 
     test_images, test_labels = data.load_split_arrays(dataset_dir, "test")
     model_dir = tempfile.mkdtemp(prefix="bench-model-")

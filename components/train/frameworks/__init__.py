@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from components import storage
+from components.dataio import storage
 from components.params import FRAMEWORKS
 
 DEFAULT_FRAMEWORK = FRAMEWORKS[0]

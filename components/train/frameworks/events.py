@@ -8,7 +8,7 @@ import os
 import socket
 import time
 
-from components import data
+from components.dataio import data
 from components.train.frameworks import base
 
 

@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from components import data
+from components.dataio import data
 from components.train import batchnorm
 from components.train.export import NO_TENSORFLOW
 from components.train.model import SAVED_MODEL_PENDING
@@ -53,7 +53,7 @@ class NumpyInput:
 
     def __init__(self, spec: base.InputSpec, *, pipeline_id: int, num_pipelines: int, workers: int | None = None,
                  local_processes: int = 1):
-        from components.images import available_cpus
+        from components.dataio.images import available_cpus
         from components.train.portable_input import PortableTrainInput, input_workers
 
         self.workers = input_workers(workers, local_processes)

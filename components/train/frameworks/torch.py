@@ -18,7 +18,7 @@ PyTorch-native models: a bring-your-own builder may return a torch.nn.Module tak
 in, as every model here takes them, permuted to N x C x H x W, the module's logits out, as the catalogue's models
 output logits), so the loop, the optimizers, the all-reduce, checkpoints and resume are the same as for Keras
 layers. Its serving format is TorchScript (`write_torchscript`): the module in inference mode with the permutation
-and the softmax, `model.torchscript.pt`, which loads with torch alone (components/data.py's `load_classifier`),
+and the softmax, `model.torchscript.pt`, which loads with torch alone (components/dataio/data.py's `load_classifier`),
 without the builder's code; no model.keras or SavedModel is written (Keras would pickle the module into
 model.keras, and loading that runs the builder's code: a later step must not have to).
 """
@@ -36,7 +36,8 @@ import tempfile
 
 import numpy as np
 
-from components import data, gpu_driver
+from components import gpu_driver
+from components.dataio import data
 from components.train import models
 from components.train.cluster import ClusterRole
 from components.train.frameworks import base, events, portable

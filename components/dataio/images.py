@@ -1,6 +1,6 @@
 """Image files: decoding any format and colour mode to uint8 HxWxC with a reason for what cannot be used, reading
 local or gs:// files, listing trees, and the PNG/grid helpers of cards and previews. Re-exported by
-components/data.py (readers use them as data.decode_image, data.ImageError, ...)."""
+components/dataio/data.py (readers use them as data.decode_image, data.ImageError, ...)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from components.storage import DataError, gfile, join
+from components.dataio.storage import DataError, gfile, join
 
 
 # Formats decoded (first frame of animated GIF/WebP and multi-page TIFF); others are rejected with the reason.

@@ -49,14 +49,15 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from components.params import DEFAULT_SOURCE  # noqa: F401 (readers name the default source as data.DEFAULT_SOURCE)
-from components.storage import (  # noqa: F401 (readers use them as data.join, ...)
+from components.dataio.storage import (  # noqa: F401 (readers use them as data.join, ...)
     DataError, gfile, glob, glob_regex, join, locate, tensorflow_or_none)
-from components import gpu_driver, pixels, records  # TFRecords and record images without TensorFlow (import none of it)
+from components import gpu_driver
+from components.dataio import pixels, records  # TFRecords and record images without TensorFlow (import none of it)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]
-MANIFEST = "dataset.json"
+MANIFEST = records.MANIFEST
 REJECTED = "rejected.jsonl"
 SPLITS = ("train", "validation", "test")
 TARGET_SHARD_BYTES = 128 << 20  # within the 100-200 MB that object stores and tf.data readers like
@@ -69,7 +70,7 @@ IMAGE_ENCODINGS = (RAW, PNG, JPEG, ENCODED, SOURCE)
 # pixels, so no crop is upsampled much, while a 4000x3000 camera JPEG shrinks to a 896x672 one.
 SOURCE_MAX_SIDE_FACTOR = 4
 ENCODED_MIN_SIZE = 64
-from components.images import JPEG_QUALITY, LOSSY_FORMATS  # noqa: E402 (images imports nothing from here)
+from components.dataio.images import JPEG_QUALITY, LOSSY_FORMATS  # noqa: E402 (images imports nothing from here)
 
 
 # ---------------------------------------------------------------------------------------------- idx
@@ -264,14 +265,9 @@ class ShardWriter:
 
 
 def split_files(dataset_dir: str, split: str) -> list[str]:
-    """The shard files of a split, resolving splits that live elsewhere (see `locate`)."""
-    manifest = read_manifest(dataset_dir)
-    info = manifest["splits"][split]
-    base = locate(dataset_dir, info["path"])
-    files = glob(join(base, info["pattern"]))
-    if not files:
-        raise DataError(f"No {split} shards found under {base} (pattern {info['pattern']})")
-    return files
+    """The shard files of a split, resolving splits that live elsewhere (see `locate`): records.split_files, with
+    the manifest read through gfile()."""
+    return records.split_files(dataset_dir, split, read_manifest(dataset_dir))
 
 
 def decode_record_image(image_bytes, image_shape, encoding: str):
@@ -498,11 +494,7 @@ def write_json(path: str, obj) -> None:
 
 
 def read_manifest(dataset_dir: str) -> dict:
-    path = join(dataset_dir, MANIFEST)
-    if not gfile().exists(path):
-        raise DataError(f"{dataset_dir} is not a dataset produced by preprocess (no {MANIFEST})")
-    with gfile().GFile(path) as f:
-        return json.load(f)
+    return records.read_manifest(dataset_dir, gfile())
 
 
 def iter_jsonl(path: str) -> Iterator[dict]:
@@ -527,8 +519,9 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 
 # ---------------------------------------------------------------------------------------------- images
 
-# Image files (decoding, reading, listing, PNG/grid helpers) live in components/images.py; readers use them from here.
-from components.images import (  # noqa: E402,F401
+# Image files (decoding, reading, listing, PNG/grid helpers) live in components/dataio/images.py; readers use them
+# from here.
+from components.dataio.images import (  # noqa: E402,F401
     CORRUPT, EMPTY_FILE, IMAGE_EXTENSIONS, IMAGE_FORMATS, MAX_IMAGE_PIXELS, NOT_AN_IMAGE, TOO_LARGE, UNREADABLE,
     UNSUPPORTED_FORMAT, UNSUPPORTED_MODE, ImageError, decode_image, decode_image_file, decode_source, encode_png,
     available_cpus, count_files, list_files, near_key, near_keys, read_bytes, source_near_key, tile)

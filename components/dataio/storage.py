@@ -1,10 +1,10 @@
 """Paths that are local or gs:// (through `tf.io.gfile`), the one glob of every step (`glob`: tf.io.gfile.glob's
 answer, with or without TensorFlow), and the error for input data that cannot be used. The bottom of the data
-helpers: components/images.py and components/data.py build on it.
+helpers: components/dataio/images.py and components/dataio/data.py build on it.
 
 Training on PyTorch or JAX runs where TensorFlow may not be installed (the PyTorch GPU image): that step calls
 `use_tensorflow_io(False)` first, and gfile() is then `LocalFiles`: local paths (a GCS FUSE mount included) with
-Python's own file functions, `gs://` URIs with google-cloud-storage's client (components/gcs.py, the same calls
+Python's own file functions, `gs://` URIs with google-cloud-storage's client (components/dataio/gcs.py, the same calls
 with tf.io.gfile's meaning). Where TensorFlow is not installed at all (evaluation and batch prediction of a run on
 PyTorch, in the PyTorch image), gfile() is LocalFiles whatever was chosen. Other URI schemes need TensorFlow."""
 
@@ -71,14 +71,14 @@ class DataError(ValueError):
 
 def locate(dataset_dir: str, path: str) -> str:
     """A manifest's path: relative ones are inside the dataset directory; absolute paths and URIs point elsewhere
-    (augment's pass-through, data written by reference under a data root: components/datadir.py)."""
+    (augment's pass-through, data written by reference under a data root: components/dataio/datadir.py)."""
     if "://" in path or os.path.isabs(path):
         return path
     return join(dataset_dir if "://" in dataset_dir else os.path.abspath(dataset_dir), path)
 
 
 def _uri_files(path: str):
-    """What reads and writes a URI here: components/gcs.py for gs:// (google-cloud-storage), tf.io.gfile for any
+    """What reads and writes a URI here: components/dataio/gcs.py for gs:// (google-cloud-storage), tf.io.gfile for any
     other scheme, or DataError saying what to do where that cannot be."""
     if path.startswith("gs://"):
         try:
@@ -87,7 +87,7 @@ def _uri_files(path: str):
             raise DataError(f"{path}: gs:// without TensorFlow needs google-cloud-storage ({e}): pip install "
                             "google-cloud-storage, or mount the bucket with GCS FUSE and pass its local path "
                             "(docs/data-by-reference.md)") from None
-        from components import gcs
+        from components.dataio import gcs
 
         return gcs
     tf = tensorflow_or_none()
@@ -267,7 +267,7 @@ def _dirname(path: str) -> str:
 
 
 def _gcs_glob(pattern: str) -> list[str]:
-    from components import gcs  # google-cloud-storage's client (the import is checked by _uri_files)
+    from components.dataio import gcs  # google-cloud-storage's client (the import is checked by _uri_files)
 
     folder = _dirname(_fixed_prefix(pattern)[len("gs://"):])  # BUCKET or BUCKET/FOLDER
     bucket, _, prefix = folder.partition("/")
@@ -304,7 +304,7 @@ def glob(pattern: str) -> list[str]:
 
 class LocalFiles:
     """The part of tf.io.gfile's interface the steps use, without TensorFlow: local paths with Python's own file
-    functions, gs:// URIs with components/gcs.py."""
+    functions, gs:// URIs with components/dataio/gcs.py."""
 
     @staticmethod
     def exists(path: str) -> bool:

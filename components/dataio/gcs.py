@@ -1,6 +1,6 @@
 """gs:// paths without TensorFlow: the part of `tf.io.gfile`'s interface the steps use, on google-cloud-storage's
 client (installed with google-cloud-aiplatform, a dependency of the project, so in every image; the PyTorch
-image's build imports it). components/storage.py sends gs:// paths here where TensorFlow is not installed (the
+image's build imports it). components/dataio/storage.py sends gs:// paths here where TensorFlow is not installed (the
 PyTorch image) or `use_tensorflow_io(False)` was chosen; it imports nothing of the project.
 
 What each call does follows TensorFlow's own GCS file system (tsl/platform/cloud/gcs_file_system.cc, the functions
@@ -9,7 +9,7 @@ named below) and tf.io.gfile's Python layer (tensorflow/python/lib/io/file_io.py
   bucket's root when the bucket exists; `exists` is true for an object or such a directory.
 - `listdir` lists one level (objects.list with delimiter "/"): objects by their names under the directory, and
   subdirectories with a trailing "/" (GetChildrenBounded); `walk` is file_io.walk_v2 over it, top-down.
-- globbing is components/storage.py's `glob` (one for local and gs:// paths), over `list_names` here.
+- globbing is components/dataio/storage.py's `glob` (one for local and gs:// paths), over `list_names` here.
 - `copy` and `rename` refuse an existing target unless overwrite=True (file_io.copy_v2/rename_v2); rename is a
   server-side copy and a delete of the source (RenameObject); `rmtree` deletes every object under the prefix.
   Between gs:// paths both carry generation preconditions, so that the client retries their server errors
@@ -157,8 +157,8 @@ def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
 
 def list_names(bucket: str, prefix: str = "") -> Iterator[str]:
     """The names of every object of the bucket that starts with `prefix`, in name order (objects.list without a
-    delimiter: folder markers such as `d/` included); nothing for a bucket that is not there. components/storage.py
-    globs over it."""
+    delimiter: folder markers such as `d/` included); nothing for a bucket that is not there.
+    components/dataio/storage.py globs over it."""
     try:
         for blob in client().list_blobs(bucket, prefix=prefix):
             yield blob.name

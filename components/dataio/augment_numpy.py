@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from components import pixels
+from components.dataio import pixels
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # The streams of draws, as augment.py offsets its stateless seeds: the main draws, noise, cutout, the two elastic

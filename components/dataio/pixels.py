@@ -1,4 +1,4 @@
-"""Record images decoded without TensorFlow (Pillow and numpy): the counterpart of components/data.py's
+"""Record images decoded without TensorFlow (Pillow and numpy): the counterpart of components/dataio/data.py's
 decode_record_image, decode_to_shape (the resize rule of source records), decode_crop_to_shape (training's crop
 of a source file) and resize_to_shape, for the torch and JAX training paths (components/train/portable_input.py).
 
@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
-from components.storage import DataError
+from components.dataio.storage import DataError
 
-# The encodings and constants of components/data.py, repeated as plain values: data.py keeps TensorFlow out of its
-# import time too, but this module must not depend on that staying true. tests/test_portable_input.py checks
+# The encodings and constants of components/dataio/data.py, repeated as plain values: data.py keeps TensorFlow out of
+# its import time too, but this module must not depend on that staying true. tests/test_portable_input.py checks
 # that they agree.
 RAW, PNG, JPEG, ENCODED, SOURCE = "raw", "png", "jpeg", "encoded", "source"
 IMAGE_ENCODINGS = (RAW, PNG, JPEG, ENCODED, SOURCE)

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import struct
 from typing import BinaryIO, Iterator
 
 import google_crc32c
 
-from components.storage import DataError, glob, join, locate
+from components.dataio.storage import DataError, LocalFiles, glob, join, locate
 
 _MASK_DELTA = 0xA282EAD8
 _READ_BUFFER = 4 << 20
+MANIFEST = "dataset.json"  # in every dataset directory: what the splits are and where their shards live
 
 
 # ---------------------------------------------------------------------------------------------- crc32c
@@ -57,45 +57,21 @@ def frame(record: bytes) -> bytes:
 # ---------------------------------------------------------------------------------------------- files
 
 
-def _gcs_client():
-    from components import gcs  # the client of every gs:// path without TensorFlow (credentials, endpoint)
-
-    return gcs.client()
-
-
-def _blob(uri: str):
-    bucket, _, name = uri[len("gs://"):].partition("/")
-    return _gcs_client().bucket(bucket).blob(name)
-
-
 def _check_scheme(uri: str) -> None:
     if "://" in uri and not uri.startswith("gs://"):
         raise DataError(f"Cannot read {uri}: without TensorFlow only local paths and gs:// are read")
 
 
 def open_file(uri: str) -> BinaryIO:
-    """A local or gs:// file for reading, buffered (gs://: ranged reads of google-cloud-storage's BlobReader)."""
+    """A local or gs:// file for reading, buffered (gs://: components/dataio/gcs.py's GFile, ranged reads of
+    google-cloud-storage's BlobReader)."""
     _check_scheme(uri)
     try:
         if uri.startswith("gs://"):
-            return _blob(uri).open("rb", chunk_size=_READ_BUFFER)
+            return LocalFiles.GFile(uri, "rb")
         return open(uri, "rb", buffering=_READ_BUFFER)
     except FileNotFoundError:
         raise DataError(f"{uri} does not exist") from None
-    except Exception as e:
-        if type(e).__name__ == "NotFound":  # google.api_core.exceptions.NotFound
-            raise DataError(f"{uri} does not exist") from None
-        raise
-
-
-def read_file(uri: str) -> bytes:
-    with open_file(uri) as f:
-        return f.read()
-
-
-def exists(uri: str) -> bool:
-    _check_scheme(uri)
-    return _blob(uri).exists() if uri.startswith("gs://") else os.path.exists(uri)
 
 
 # ---------------------------------------------------------------------------------------------- TFRecord
@@ -314,17 +290,22 @@ def image_label(record: bytes) -> tuple[bytes, int]:
 # ---------------------------------------------------------------------------------------------- datasets
 
 
-def read_manifest(dataset_dir: str) -> dict:
-    """The dataset's manifest (data.read_manifest, without TensorFlow)."""
-    path = join(dataset_dir, "dataset.json")
-    if not exists(path):
-        raise DataError(f"{dataset_dir} is not a dataset produced by preprocess (no dataset.json)")
-    return json.loads(read_file(path))
+def read_manifest(dataset_dir: str, files=None) -> dict:
+    """The dataset's manifest, read with `files`: by default without TensorFlow (local paths and gs:// through
+    storage.LocalFiles); data.read_manifest passes storage.gfile()."""
+    path = join(dataset_dir, MANIFEST)
+    if files is None:
+        _check_scheme(path)
+        files = LocalFiles
+    if not files.exists(path):
+        raise DataError(f"{dataset_dir} is not a dataset produced by preprocess (no {MANIFEST})")
+    with files.GFile(path) as f:
+        return json.load(f)
 
 
 def split_files(dataset_dir: str, split: str, manifest: dict | None = None) -> list[str]:
-    """The shard files of a split, through the manifest as data.split_files finds them (splits written by
-    reference elsewhere included)."""
+    """The shard files of a split, through the manifest (splits written by reference elsewhere included): the one
+    listing of a split's shards, whichever framework reads them (data.split_files is this)."""
     manifest = manifest or read_manifest(dataset_dir)
     if split not in manifest.get("splits", {}):
         raise DataError(f"{dataset_dir} has no {split} split (it has {', '.join(sorted(manifest.get('splits', {})))})")

@@ -34,8 +34,8 @@ Datasets and predictions written by earlier releases (`ARTIFACT_URI.data`, `DATA
 before: their manifests hold absolute paths, which readers follow as they are. With a MinIO or S3 pipeline root and
 no data root, the data stays in the artifact (the step's container has no credentials for the launcher's object
 store): the step says so in its log. A step where TensorFlow is not installed (batch prediction of a run on torch,
-in the PyTorch image) writes its gs:// data folder through google-cloud-storage (components/gcs.py), as the others
-do through tf.io.gfile.
+in the PyTorch image) writes its gs:// data folder through google-cloud-storage (components/dataio/gcs.py), as the
+others do through tf.io.gfile.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 
-from components import data
+from components.dataio import data
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def artifact_key(artifact_uri: str) -> str:
 
 def bulk_dir(artifact_uri: str, artifact_path: str, *, data_root: str = "", by_reference: bool = False) -> str:
     """Where a step writes the bulk of an output artifact (see the module docstring). A gs:// folder is written
-    through tf.io.gfile, or google-cloud-storage where TensorFlow is not installed (components/gcs.py)."""
+    through tf.io.gfile, or google-cloud-storage where TensorFlow is not installed (components/dataio/gcs.py)."""
     return _bulk_dir(artifact_uri, artifact_path, data_root=data_root, by_reference=by_reference)
 
 
