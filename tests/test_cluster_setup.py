@@ -162,3 +162,22 @@ def test_the_vendored_manifests_are_the_ones_the_readme_names():
     for name, _ in SOURCES.values():
         digest = hashlib.sha256((VENDORED / name).read_bytes()).hexdigest()
         assert re.search(rf"^\| `{re.escape(name)}` \|.*\| {digest} \|$", readme, re.M), name
+
+
+def test_what_the_script_replaced_fails_on_the_set_up_cluster(setup_runs):
+    """The step the docs had before (`create` of kfp-launcher) fails once KFP's manifests are applied, as the issue
+    found by reading them; and `annotate` without --overwrite refuses a different service account (a changed
+    RUNNER), which the script's --overwrite takes."""
+    plane, _, _, _ = setup_runs
+    env = dict(os.environ, PATH=f"{control_plane.cache_dir()}{os.pathsep}{os.environ['PATH']}",
+               KUBECONFIG=plane.kubeconfig)
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["kubectl", "-n", "kubeflow", *args], env=env, capture_output=True, text=True)
+
+    created = kubectl("create", "configmap", "kfp-launcher",
+                      f"--from-literal=defaultPipelineRoot=gs://{PROJECT}-kfp/pipeline-root")
+    assert created.returncode == 1
+    assert 'configmaps "kfp-launcher" already exists' in created.stderr
+    changed = kubectl("annotate", "serviceaccount", "pipeline-runner", "iam.gke.io/gcp-service-account=other@x")
+    assert changed.returncode == 1 and "--overwrite is false" in changed.stderr
