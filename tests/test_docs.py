@@ -203,3 +203,46 @@ def test_the_checks_find_a_broken_link_an_unknown_verb_and_an_unknown_flag(tmp_p
         "'make bench BENCH=\"train nosuch\"': no benchmark 'nosuch'"]
     assert make_problems("make deploy") == ["'make deploy': the Makefile has no target 'deploy'"]
     assert make_problems('make test PYTEST_ARGS="-m \'not slow\'"') == []
+
+
+SETUP_SCRIPT = ROOT / "docs" / "cluster-setup.sh"
+SCRIPT_BLOCK = re.compile(r"^# >>> (\S+\.md): (.+?)\n(.*?)^# <<<$", re.M | re.S)
+
+
+def setup_script_drift(script: str, docs: dict[str, str]) -> list[str]:
+    """Where docs/cluster-setup.sh and the docs it is quoted in differ: a `# >>> DOC: title` block of the script that
+    DOC does not show as a fenced block of its own, verbatim, and a fenced block of DOC that shares a command line
+    with a block of the script but is not that block."""
+    wrong = []
+    blocks = [(doc, title, block.rstrip("\n")) for doc, title, block in SCRIPT_BLOCK.findall(script)]
+    for doc, title, block in blocks:
+        if block not in fenced_blocks(docs.get(doc, "")):
+            wrong.append(f"{doc} does not quote docs/cluster-setup.sh's block {title!r} as a fenced block")
+    for doc, text in docs.items():
+        for shown in fenced_blocks(text):
+            lines = {line for line in shown.splitlines() if line.strip() and not line.startswith("#")}
+            for _, title, block in blocks:
+                if shown != block and lines & set(block.splitlines()):
+                    wrong.append(f"{doc}: a block shares lines with docs/cluster-setup.sh's {title!r} but differs "
+                                 f"from it: {sorted(lines - set(block.splitlines()))[:3]}")
+    return wrong
+
+
+def test_the_setup_docs_quote_the_setup_script():
+    script = SETUP_SCRIPT.read_text()
+    named = {doc for doc, _, _ in SCRIPT_BLOCK.findall(script)}
+    assert named == {"cluster-setup.md", "multi-node-training.md"}
+    assert setup_script_drift(script, {name: (ROOT / "docs" / name).read_text() for name in named}) == []
+
+
+def test_the_setup_script_check_finds_drift():
+    script = SETUP_SCRIPT.read_text()
+    docs = {name: (ROOT / "docs" / name).read_text() for name in ("cluster-setup.md", "multi-node-training.md")}
+    # the script changes a command the doc shows
+    changed = script.replace("--timeout=60s crd/applications.app.k8s.io", "--timeout=90s crd/applications.app.k8s.io")
+    assert [w for w in setup_script_drift(changed, docs) if "3. Kubeflow Pipelines" in w]
+    # the doc changes a line of a quoted block
+    edited = dict(docs, **{"cluster-setup.md": docs["cluster-setup.md"].replace(
+        "kubectl -n kubeflow annotate serviceaccount pipeline-runner --overwrite",
+        "kubectl -n kubeflow annotate serviceaccount pipeline-runner")})
+    assert len([w for w in setup_script_drift(script, edited) if "4. Storage" in w]) == 2

@@ -28,9 +28,11 @@ HARNESS = Path(__file__).parent / "harness"
 SCHEMAS = Path(__file__).parent.parent / "schemas"
 GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) builds the Kubernetes control plane of the tests"
 # The binaries: the name in the cache folder -> the Go package that `go build` makes it from (harness/go.mod's
-# `tool` lines pin the modules; "." is the envtest harness itself, harness/main.go).
+# `tool` lines pin the modules; "." is the envtest harness itself, harness/main.go). kubectl runs
+# docs/cluster-setup.sh in tests/test_cluster_setup.py, and its `kubectl kustomize` (kustomize v5.8.1, which
+# kubectl v1.36.3 embeds) rendered tests/cluster_setup/.
 BINARIES = {"kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver", "etcd": "go.etcd.io/etcd/server/v3",
-            "control-plane-harness": "."}
+            "control-plane-harness": ".", "kubectl": "k8s.io/kubernetes/cmd/kubectl"}
 # The admission plugins GKE enables on top of kube-apiserver's default set (which envtest keeps, less
 # ServiceAccount: envtest turns that off, as no controller creates the `default` service accounts here).
 # ExtendedResourceToleration: "GKE automatically applies the corresponding tolerations to Pods requesting GPUs by
@@ -73,12 +75,17 @@ def cache_dir() -> Path:
 
 
 def build() -> Path:
-    """Builds kube-apiserver, etcd and the harness into cache_dir() (seconds when nothing changed); the folder."""
+    """Builds kube-apiserver, etcd, the harness and kubectl into cache_dir() (seconds when nothing changed); the
+    folder."""
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
+    # Built as a module, kubectl would call itself v0.0.0-master (`kubectl version`); Kubernetes' own build stamps
+    # the release the same way (hack/lib/version.sh: -X .../component-base/version.gitVersion).
+    stamp = f"-ldflags=-X k8s.io/component-base/version.gitVersion={versions()['kubernetes']}"
     for name, package in BINARIES.items():
-        done = subprocess.run([go(), "build", "-o", str(out / name), package], cwd=HARNESS, capture_output=True,
-                              text=True)
+        flags = [stamp] if name == "kubectl" else []
+        done = subprocess.run([go(), "build", *flags, "-o", str(out / name), package], cwd=HARNESS,
+                              capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"building {name} ({package}) failed:\n{done.stderr[-4000:]}")
     return out
@@ -94,10 +101,13 @@ class ControlPlane:
     """kube-apiserver and etcd under envtest, started on a loopback port; a context manager.
 
     `kubeconfig` is a file for a system:masters user; `api_client()` is a `kubernetes.client.ApiClient` on it.
+    `crds`: the CustomResourceDefinition files installed at start (crd_files() unless given; `[]` is a bare
+    cluster, as a new GKE cluster is).
     """
 
-    def __init__(self, *, start_seconds: float = 120.0):
+    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None):
         self.start_seconds = start_seconds
+        self.crds = crd_files() if crds is None else list(crds)
         self.folder = tempfile.mkdtemp(prefix="control-plane-")
         self.kubeconfig = os.path.join(self.folder, "kubeconfig")
         self.host = ""
@@ -108,7 +118,7 @@ class ControlPlane:
         binaries = build()
         argv = [str(binaries / "control-plane-harness"), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
-        for crd in crd_files():
+        for crd in self.crds:
             argv += ["--crds", str(crd)]
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
