@@ -127,6 +127,10 @@ def measure(framework: str, dataset_dir: str, *, model: str, recipe: str, epochs
     from components.train import frameworks
 
     frameworks.use(framework)  # before anything imports keras
+    # Keras' backend before TensorFlow, which reading the test split imports where it is installed: torch's triton,
+    # loaded after TensorFlow in one process, crashes it (a segmentation fault in triton._C.libtriton's import).
+    import keras  # noqa: F401
+
     from components.dataio import data
     from components.train.settings import TrainSettings
 
