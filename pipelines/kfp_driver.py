@@ -30,7 +30,7 @@ PINNED_RELEASE = "2.17.0"
 PINNED = f"kubeflow/pipelines {PINNED_RELEASE}"
 # The releases whose own compiler and driver (tests/kfp_backend, a Go program built from each release's commit) the
 # model is compared with, field by field, for every pipeline variant: tests/test_kfp_backend.py.
-CHECKED_AGAINST = ("2.17.0", "2.16.1")
+CHECKED_AGAINST = ("2.17.0", "2.16.1", "2.15.0")
 
 
 @dataclasses.dataclass(frozen=True)

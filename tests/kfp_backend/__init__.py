@@ -24,7 +24,7 @@ HARNESS = Path(__file__).parent / "harness"
 # release's; the others are `-modfile`s beside it, so one source tree serves each), and the build tags that pick
 # the source files where a release's API differs (options_*.go: driver.Options; argo_v3.go: the Argo Workflows v3
 # that releases before 2.17 pin).
-RELEASES = {"2.17.0": "go.mod", "2.16.1": "go.2.16.1.mod"}
+RELEASES = {"2.17.0": "go.mod", "2.16.1": "go.2.16.1.mod", "2.15.0": "go.2.15.0.mod"}
 BUILD_TAGS = {"2.17.0": "", "2.16.1": "kfp2_16,argo3", "2.15.0": "kfp2_15,argo3"}
 GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) runs Kubeflow Pipelines' backend in the tests"
 
