@@ -65,7 +65,9 @@ FEATURES = {f.name: f for f in [
             "commit a6f7fb6e84 (#12185), driver/driver.go getTaskConfigOptions, driver/container.go"),
     Feature("pvc_sub_path", "a PVC mounted at a sub-path (kfp-kubernetes mount_pvc(sub_path=...))", "2.16.0",
             "commit 5bb3454c0d (#12595), driver/k8s.go makeVolumeMountPatch `SubPath: pvcMount.GetSubPath()` "
-            "(2.16.1:1085); 2.15.0's (k8s.go makeVolumeMountPatch) has no SubPath, so it mounts the volume's root"),
+            "(2.16.1:1085); 2.15.0's kubernetes_platform PvcMount has no sub_path, and its API server's compiler "
+            "reads the Kubernetes config strictly (argocompiler: failed to unmarshal kubernetes config: unknown field "
+            "subPath), so it refuses the run"),
 ]}
 
 # The TaskConfig fields kfp's executor reads (kfp/dsl/executor.py) by the driver's JSON names (driver/driver.go:112).
@@ -403,8 +405,8 @@ def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict,
     """driver/k8s.go:1111-1165 makeVolumeMountPatch at 2.17.0: each `pvcMount` of the task's Kubernetes config as a
     volume mount (name: the claim, mountPath, subPath) and a PersistentVolumeClaim volume of that name, appended to
     the pod (k8s.go:156-175); the claim's name comes from `pvcNameParameter`, else the deprecated `constant`,
-    `taskOutputParameter` or `componentInputParameter`. None when the task mounts none. Before 2.16.0 the mount has
-    no subPath (FEATURES["pvc_sub_path"]): the driver drops it and the whole volume is mounted."""
+    `taskOutputParameter` or `componentInputParameter`. None when the task mounts none. Before 2.16.0 a mount's
+    subPath is a field the API server's compiler does not know, and it refuses the run (FEATURES["pvc_sub_path"])."""
     if not config.get("pvcMount"):
         return None
     mounts, volumes = [], []
@@ -424,9 +426,12 @@ def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict,
             name.need()
         if not name or not mount.get("mountPath"):
             raise DriverError("failed to mount volume, missing mountpath or pvc name")
+        if mount.get("subPath") and not has(release, "pvc_sub_path"):
+            raise DriverError(f"KFP {release}'s API server refuses the run: argocompiler.Compile fails to unmarshal "
+                              f"the kubernetes config: unknown field \"subPath\" (the field needs "
+                              f"{FEATURES['pvc_sub_path'].first_release})")
         mounts.append({"name": name, "mountPath": mount["mountPath"]} |
-                      ({"subPath": mount["subPath"]} if mount.get("subPath") and has(release, "pvc_sub_path")
-                       else {}))
+                      ({"subPath": mount["subPath"]} if mount.get("subPath") else {}))
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": name}})
     return mounts, volumes
 

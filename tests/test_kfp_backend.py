@@ -33,8 +33,8 @@ def test_real_driver_makes_the_pods_explain_says(kfp_backend_built, tmp_path_fac
 @pytest.mark.parametrize("release", list(kfp_backend.RELEASES))
 def test_a_pvc_sub_path_is_mounted_as_the_model_says(kfp_backend_built, tmp_path, release):
     """A PVC mounted at a sub-path (kfp-kubernetes mount_pvc(sub_path=...); pipectl compiles none, so the GCS FUSE
-    variant's mounts get one here): the real driver of each release mounts what the model says. 2.15.0's driver has
-    no SubPath and mounts the whole volume; the model once kept the sub-path at every release."""
+    variant's mounts get one here): each release's real backend does what the model says. 2.15.0's API server
+    refuses the run (its compiler does not know the field); the model once kept the sub-path at every release."""
     import yaml
 
     path, parameters = kfp_backend.compile_variant("gcs-fuse", str(tmp_path))
@@ -47,10 +47,18 @@ def test_a_pvc_sub_path_is_mounted_as_the_model_says(kfp_backend_built, tmp_path
         mount["subPath"] = "runs"
     with open(path, "w") as f:
         yaml.safe_dump_all([spec, platform], f, sort_keys=False)
+    if not kfp_driver.has(release, "pvc_sub_path"):
+        from pipelines import explain
+
+        with pytest.raises(RuntimeError, match='unknown field \\"subPath\\"'):
+            kfp_backend.run(path, parameters, {}, release)
+        steps = explain.explain(path, parameters, release)["steps"]
+        assert any('unknown field "subPath"' in step.get("fails", "") for step in steps), steps
+        return
     result = kfp_backend.compare(path, parameters, release)
     assert not result.differences, "\n".join(result.differences)
     mounted = [m for pod in result.real for m in pod.get("volume_mounts") or []]
-    assert mounted and all(("subPath" in m) == (release != "2.15.0") for m in mounted), mounted
+    assert mounted and all(m.get("subPath") == "runs" for m in mounted), mounted
 
 
 def test_a_broken_model_rule_fails_the_comparison(kfp_backend_built, tmp_path_factory, monkeypatch):
