@@ -30,6 +30,37 @@ def test_real_driver_makes_the_pods_explain_says(kfp_backend_built, tmp_path_fac
                        + "\n--- real:\n" + json.dumps(real, indent=1))
 
 
+@pytest.mark.parametrize("release", list(kfp_backend.RELEASES))
+def test_a_pvc_sub_path_is_mounted_as_the_model_says(kfp_backend_built, tmp_path, release):
+    """A PVC mounted at a sub-path (kfp-kubernetes mount_pvc(sub_path=...); pipectl compiles none, so the GCS FUSE
+    variant's mounts get one here): each release's real backend does what the model says. 2.15.0's API server
+    refuses the run (its compiler does not know the field); the model once kept the sub-path at every release."""
+    import yaml
+
+    path, parameters = kfp_backend.compile_variant("gcs-fuse", str(tmp_path))
+    with open(path) as f:
+        spec, platform = yaml.safe_load_all(f)
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    mounts = [m for config in executors.values() for m in config.get("pvcMount", [])]
+    assert mounts
+    for mount in mounts:
+        mount["subPath"] = "runs"
+    with open(path, "w") as f:
+        yaml.safe_dump_all([spec, platform], f, sort_keys=False)
+    if not kfp_driver.has(release, "pvc_sub_path"):
+        from pipelines.backend import explain
+
+        with pytest.raises(RuntimeError, match='unknown field \\"subPath\\"'):
+            kfp_backend.run(path, parameters, {}, release)
+        steps = explain.explain(path, parameters, release)["steps"]
+        assert any('unknown field "subPath"' in step.get("fails", "") for step in steps), steps
+        return
+    result = kfp_backend.compare(path, parameters, release)
+    assert not result.differences, "\n".join(result.differences)
+    mounted = [m for pod in result.real for m in pod.get("volume_mounts") or []]
+    assert mounted and all(m.get("subPath") == "runs" for m in mounted), mounted
+
+
 def test_a_broken_model_rule_fails_the_comparison(kfp_backend_built, tmp_path_factory, monkeypatch):
     """The control: with the model's GPU limit rule broken on purpose (the accelerator count read as no GPU, the
     bug an earlier reading of the driver had), the real driver's pods no longer match and the comparison says
@@ -66,7 +97,7 @@ def test_explain_names_the_releases_it_was_checked_against(tmp_path_factory):
     path, parameters = compiled(tmp_path_factory, "default")
     assert explain.explain(path, parameters, "2.17.0")["checked_against"].startswith(
         "the real KFP 2.17.0 compiler and driver give these pods")
-    assert explain.explain(path, parameters, "2.16.1")["checked_against"].startswith("the model only")
+    assert explain.explain(path, parameters, "2.5.0")["checked_against"].startswith("the model only")
 
 
 def test_the_metadata_store_answers_as_ml_metadata_does(kfp_backend_built):
@@ -129,6 +160,19 @@ def test_the_download_check_sees_a_sibling_copy(kfp_backend_built):
     older = sorted(kfp_launcher.downloaded("gs://b/r/t/u/dataset", kfp_launcher.Listing(objects), "2.16.1"))
     assert kfp_backend.downloaded(list(objects), "gs://b/r/t/u/dataset", "2.17.0") == [
         "gs://b/r/t/u/dataset/dataset.json"] != older
+
+
+@pytest.mark.parametrize("release", list(kfp_backend.RELEASES))
+def test_the_real_download_rule_on_a_sibling_folder_is_the_models(kfp_backend_built, release):
+    """A folder beside an artifact whose name starts with the artifact's key (`dataset.data/` beside `dataset/`):
+    each release's own DownloadBlob copies it exactly when pipelines/backend/kfp_launcher.py says that release does (before
+    2.17.0 it does), so the rule's release boundary is the real code's, not our reading of it."""
+    from pipelines.backend import kfp_launcher
+
+    objects = {"gs://b/r/t/u/dataset/dataset.json": 1, "gs://b/r/t/u/dataset.data/train/a.tfrecord": 1,
+               "gs://b/r/t/u/datasets/other.json": 1}
+    model = sorted(kfp_launcher.downloaded("gs://b/r/t/u/dataset", kfp_launcher.Listing(objects), release))
+    assert kfp_backend.downloaded(list(objects), "gs://b/r/t/u/dataset", release) == model
 
 
 def test_the_docs_rows_are_what_the_real_backend_gives_now(kfp_backend_built):

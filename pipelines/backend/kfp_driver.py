@@ -30,7 +30,7 @@ PINNED_RELEASE = "2.17.0"
 PINNED = f"kubeflow/pipelines {PINNED_RELEASE}"
 # The releases whose own compiler and driver (tests/kfp_backend, a Go program built from each release's commit) the
 # model is compared with, field by field, for every pipeline variant: tests/test_kfp_backend.py.
-CHECKED_AGAINST = ("2.17.0",)
+CHECKED_AGAINST = ("2.17.0", "2.16.1", "2.15.0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,11 @@ FEATURES = {f.name: f for f in [
             "commit 9c5b72c2d0 (#11560), scheduled workflow controller"),
     Feature("task_config_passthrough", "TaskConfig passthrough (dsl.TaskConfig inputs, apply_to_task)", "2.15.0",
             "commit a6f7fb6e84 (#12185), driver/driver.go getTaskConfigOptions, driver/container.go"),
+    Feature("pvc_sub_path", "a PVC mounted at a sub-path (kfp-kubernetes mount_pvc(sub_path=...))", "2.16.0",
+            "commit 5bb3454c0d (#12595), driver/k8s.go makeVolumeMountPatch `SubPath: pvcMount.GetSubPath()` "
+            "(2.16.1:1085); 2.15.0's kubernetes_platform PvcMount has no sub_path, and its API server's compiler "
+            "reads the Kubernetes config strictly (argocompiler: failed to unmarshal kubernetes config: unknown field "
+            "subPath), so it refuses the run"),
 ]}
 
 # The TaskConfig fields kfp's executor reads (kfp/dsl/executor.py) by the driver's JSON names (driver/driver.go:112).
@@ -395,11 +400,13 @@ def tolerations(config: dict, dag_inputs: dict, task_outputs: dict, release: str
     return result or None
 
 
-def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict) -> tuple[list, list] | None:
+def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict,
+               release: str = PINNED_RELEASE) -> tuple[list, list] | None:
     """driver/k8s.go:1111-1165 makeVolumeMountPatch at 2.17.0: each `pvcMount` of the task's Kubernetes config as a
     volume mount (name: the claim, mountPath, subPath) and a PersistentVolumeClaim volume of that name, appended to
     the pod (k8s.go:156-175); the claim's name comes from `pvcNameParameter`, else the deprecated `constant`,
-    `taskOutputParameter` or `componentInputParameter`. None when the task mounts none."""
+    `taskOutputParameter` or `componentInputParameter`. None when the task mounts none. Before 2.16.0 a mount's
+    subPath is a field the API server's compiler does not know, and it refuses the run (FEATURES["pvc_sub_path"])."""
     if not config.get("pvcMount"):
         return None
     mounts, volumes = [], []
@@ -419,6 +426,10 @@ def pvc_mounts(config: dict, dag_inputs: dict, task_outputs: dict) -> tuple[list
             name.need()
         if not name or not mount.get("mountPath"):
             raise DriverError("failed to mount volume, missing mountpath or pvc name")
+        if mount.get("subPath") and not has(release, "pvc_sub_path"):
+            raise DriverError(f"KFP {release}'s API server refuses the run: argocompiler.Compile fails to unmarshal "
+                              f"the kubernetes config: unknown field \"subPath\" (the field needs "
+                              f"{FEATURES['pvc_sub_path'].first_release})")
         mounts.append({"name": name, "mountPath": mount["mountPath"]} |
                       ({"subPath": mount["subPath"]} if mount.get("subPath") else {}))
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": name}})
@@ -476,7 +487,7 @@ def resolve_task(spec: dict, k8s_executors: dict, task_name: str, task: dict, da
     labels = dict((config.get("podMetadata") or {}).get("labels") or {}) if has(release, "pod_labels") else {}
     annotations = dict((config.get("podMetadata") or {}).get("annotations") or {}) \
         if has(release, "pod_labels") else {}
-    mounted = pvc_mounts(config, dag_inputs, task_outputs) if "KUBERNETES_VOLUMES" in on_pod else None
+    mounted = pvc_mounts(config, dag_inputs, task_outputs, release) if "KUBERNETES_VOLUMES" in on_pod else None
     empty_dirs = empty_dir_mounts(config)
     if empty_dirs[0]:
         mounted = ((mounted or ([], []))[0] + empty_dirs[0], (mounted or ([], []))[1] + empty_dirs[1])
@@ -558,7 +569,8 @@ def required_release(spec: dict, k8s_executors: dict) -> list[Feature]:
             "k8s_json_inputs": any("nodeSelectorJson" in c.get("nodeSelector", {})
                                    or any("tolerationJson" in t for t in c.get("tolerations", []))
                                    for c in k8s_executors.values()),
-            "task_config_passthrough": any(c.get("taskConfigPassthroughs") for c in spec["components"].values())}
+            "task_config_passthrough": any(c.get("taskConfigPassthroughs") for c in spec["components"].values()),
+            "pvc_sub_path": any(m.get("subPath") for c in k8s_executors.values() for m in c.get("pvcMount", []))}
     used["resource_placeholders"] = any(
         _INPUT_CHANNEL.search(json.dumps(e.get("container", {}).get("resources", {})))
         for e in spec["deploymentSpec"]["executors"].values())

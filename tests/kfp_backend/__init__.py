@@ -20,9 +20,12 @@ import time
 from pathlib import Path
 
 HARNESS = Path(__file__).parent / "harness"
-# The releases a harness module is built for: the release -> its go.mod (go.mod is the newest release's; the
-# others are `-modfile`s beside it, so one source tree serves each).
-RELEASES = {"2.17.0": "go.mod"}
+# The releases a harness module is built for, newest first: the release -> its go.mod (go.mod is the newest
+# release's; the others are `-modfile`s beside it, so one source tree serves each), and the build tags that pick
+# the source files where a release's API differs (options_*.go: driver.Options; argo_v3.go: the Argo Workflows v3
+# that releases before 2.17 pin).
+RELEASES = {"2.17.0": "go.mod", "2.16.1": "go.2.16.1.mod", "2.15.0": "go.2.15.0.mod"}
+BUILD_TAGS = {"2.17.0": "", "2.16.1": "kfp2_16,argo3", "2.15.0": "kfp2_15,argo3"}
 GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) runs Kubeflow Pipelines' backend in the tests"
 
 
@@ -48,10 +51,7 @@ def build(release: str) -> Path:
         raise ValueError(f"no harness for KFP {release}: built releases are {', '.join(RELEASES)}")
     out = binary_path(release)
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = [go(), "build", "-o", str(out)]
-    if RELEASES[release] != "go.mod":
-        argv.append(f"-modfile={RELEASES[release]}")
-    argv.append(".")
+    argv = [go(), "build", "-o", str(out), *module_flags(release), "."]
     done = subprocess.run(argv, cwd=HARNESS, capture_output=True, text=True, env=build_env())
     if done.returncode and "kubeflow/pipelines" in done.stderr and "403 Forbidden" in done.stderr:
         raise GoMissing(f"the Go module proxy refuses github.com/kubeflow/pipelines: set KFP_GIT to a clone of "
@@ -59,6 +59,18 @@ def build(release: str) -> Path:
     if done.returncode:
         raise RuntimeError(f"building the KFP {release} harness failed:\n{done.stderr[-4000:]}")
     return out
+
+
+def module_flags(release: str) -> list[str]:
+    """The go command's flags that pick `release`'s go.mod and source files."""
+    flags = [] if RELEASES[release] == "go.mod" else [f"-modfile={RELEASES[release]}"]
+    return flags + ([f"-tags={BUILD_TAGS[release]}"] if BUILD_TAGS[release] else [])
+
+
+def argo_module(release: str) -> str:
+    """The Argo Workflows module `release` pins: v3 before 2.17 (argo_v3.go), v4 from 2.17 (argo_v4.go)."""
+    return "github.com/argoproj/argo-workflows/v3" if "argo3" in BUILD_TAGS[release] else \
+        "github.com/argoproj/argo-workflows/v4"
 
 
 def build_env() -> dict:
@@ -132,9 +144,7 @@ def argo_workflow_schema(release: str) -> tuple[str, dict]:
     manifests/base/crds/full/argoproj.io_workflows.yaml), as JSON Schema, and the Argo version."""
     import yaml
 
-    argv = [go(), "list", "-m", "-f", "{{.Version}} {{.Dir}}", "github.com/argoproj/argo-workflows/v4"]
-    if RELEASES[release] != "go.mod":
-        argv.insert(2, f"-modfile={RELEASES[release]}")
+    argv = [go(), "list", "-m", *module_flags(release)[:1], "-f", "{{.Version}} {{.Dir}}", argo_module(release)]
     done = subprocess.run(argv, cwd=HARNESS, capture_output=True, text=True, env=build_env())
     if done.returncode:
         raise RuntimeError(done.stderr)

@@ -1,13 +1,13 @@
 package main
 
-// The driver's command line to driver.Options, as backend/src/v2/cmd/driver/main.go does at 2.17.0 (the main
-// package cannot be imported): its flags (main.go:63-111), the spec parsing in drive() (main.go:320-362, with
+// The driver's command line to driver.Options, as backend/src/v2/cmd/driver/main.go does (the main package cannot
+// be imported); line numbers here are 2.17.0's, and options_*.go hold what differs per release with that release's
+// lines. Its flags (main.go:63-111; an older release has a subset, and its compiler passes only those), the spec parsing in drive() (main.go:320-362, with
 // util.UnmarshalString, which allows unknown fields), parseExecConfigJson (main.go:492-502), the Options literal
 // (main.go:408-433) and the per-type switch (main.go:434-468). What main.go does around them that needs a cluster
 // is left out and said so: the proxy config (main.go:332), the workflow metadata lookup for pipeline job time
 // placeholders (main.go:387-407; this pipeline uses none, so the create time flag is passed through as the driver
-// would resolve it). The plugin dispatcher is main.go's (plugins.GetPluginDispatcher with plugins/all, main.go:47
-// and :383-386): no plugin is enabled on a default install, so it is the no-op one.
+// would resolve it).
 
 import (
 	"context"
@@ -19,14 +19,10 @@ import (
 	"github.com/kubeflow/pipelines/api/v2alpha1/go/pipelinespec"
 	"github.com/kubeflow/pipelines/backend/src/common/util"
 	"github.com/kubeflow/pipelines/backend/src/v2/cacheutils"
-	"github.com/kubeflow/pipelines/backend/src/v2/common/plugins"
-	_ "github.com/kubeflow/pipelines/backend/src/v2/common/plugins/all"
 	"github.com/kubeflow/pipelines/backend/src/v2/driver"
 	"github.com/kubeflow/pipelines/backend/src/v2/metadata"
 	"github.com/kubeflow/pipelines/kubernetes_platform/go/kubernetesplatform"
 )
-
-const release = "2.17.0"
 
 type driverFlags struct {
 	driverType, pipelineName, runID, runName, runDisplayName, createTime, scheduleEpoch string
@@ -131,35 +127,30 @@ func callDriver(ctx context.Context, f *driverFlags, mlmdHost, mlmdPort string) 
 	if err != nil {
 		return nil, nil, err
 	}
-	pluginDispatcher, err := plugins.GetPluginDispatcher()
-	if err != nil {
-		return nil, nil, err
-	}
+	// The fields every built release's Options literal sets; releaseOptions (options_*.go) sets the rest.
 	options := driver.Options{
-		PipelineName:               f.pipelineName,
-		RunID:                      f.runID,
-		RunName:                    f.runName,
-		RunDisplayName:             f.runDisplayName,
-		PipelineJobCreateTimeUTC:   f.createTime,
-		PipelineJobScheduleTimeUTC: f.createTime, // main.go:265-300: no workflowEpoch label on a one-off run
-		Namespace:                  "kubeflow",   // config.InPodNamespace (main.go:363)
-		Component:                  componentSpec,
-		Task:                       taskSpec,
-		DAGExecutionID:             f.dagExecutionID,
-		IterationIndex:             f.iterationIndex,
-		PipelineLogLevel:           f.logLevel,
-		PublishLogs:                f.publishLogs,
-		CacheDisabled:              f.cacheDisabled,
-		DriverType:                 f.driverType,
-		TaskName:                   f.taskName,
-		MLPipelineServerAddress:    f.mlPipelineAddress,
-		MLPipelineServerPort:       f.mlPipelinePort,
-		MLMDServerAddress:          f.mlmdAddress,
-		MLMDServerPort:             f.mlmdPort,
-		MLPipelineTLSEnabled:       f.mlPipelineTLS,
-		MLMDTLSEnabled:             f.metadataTLS,
-		CaCertPath:                 f.caCertPath,
-		PluginDispatcher:           pluginDispatcher,
+		PipelineName:         f.pipelineName,
+		RunID:                f.runID,
+		RunName:              f.runName,
+		RunDisplayName:       f.runDisplayName,
+		Namespace:            "kubeflow", // config.InPodNamespace
+		Component:            componentSpec,
+		Task:                 taskSpec,
+		DAGExecutionID:       f.dagExecutionID,
+		IterationIndex:       f.iterationIndex,
+		PipelineLogLevel:     f.logLevel,
+		PublishLogs:          f.publishLogs,
+		CacheDisabled:        f.cacheDisabled,
+		DriverType:           f.driverType,
+		TaskName:             f.taskName,
+		MLMDServerAddress:    f.mlmdAddress,
+		MLMDServerPort:       f.mlmdPort,
+		MLPipelineTLSEnabled: f.mlPipelineTLS,
+		MLMDTLSEnabled:       f.metadataTLS,
+		CaCertPath:           f.caCertPath,
+	}
+	if err := releaseOptions(&options, f); err != nil {
+		return nil, nil, err
 	}
 	var execution *driver.Execution
 	switch f.driverType {
@@ -171,23 +162,8 @@ func callDriver(ctx context.Context, f *driverFlags, mlmdHost, mlmdPort string) 
 	case "CONTAINER":
 		options.Container = containerSpec
 		options.KubernetesExecutorConfig = k8sExecCfg
-		if f.defaultRunAsUser >= 0 {
-			options.DefaultRunAsUser = &f.defaultRunAsUser
-		}
-		if f.defaultRunAsGroup >= 0 {
-			options.DefaultRunAsGroup = &f.defaultRunAsGroup
-		}
-		if f.defaultRunAsNonRoot != "" {
-			if v, err := strconv.ParseBool(f.defaultRunAsNonRoot); err == nil {
-				options.DefaultRunAsNonRoot = &v
-			}
-		}
-		if f.defaultHostUsers != "" {
-			v, err := strconv.ParseBool(f.defaultHostUsers)
-			if err != nil {
-				return nil, nil, fmt.Errorf("invalid --default_host_users value %q: %w", f.defaultHostUsers, err)
-			}
-			options.DefaultHostUsers = &v
+		if err := containerOptions(&options, f); err != nil {
+			return nil, nil, err
 		}
 		execution, err = driver.Container(ctx, options, client, cacheClient)
 	default:

@@ -15,8 +15,6 @@ import (
 	"regexp"
 	"strings"
 
-	wfapi "github.com/argoproj/argo-workflows/v4/pkg/apis/workflow/v1alpha1"
-	argoutil "github.com/argoproj/argo-workflows/v4/workflow/util"
 	"github.com/kubeflow/pipelines/api/v2alpha1/go/pipelinespec"
 	"github.com/kubeflow/pipelines/backend/src/common/util"
 	"github.com/kubeflow/pipelines/backend/src/v2/metadata"
@@ -32,7 +30,7 @@ type walker struct {
 	pipelineRoot       string
 	pipeline           string
 	results            []taskResult
-	templates          map[string]*wfapi.Template
+	templates          map[string]*wfTemplate
 	// per container execution: the task it runs and its component, for the launcher's part
 	launched map[string]launched
 }
@@ -68,7 +66,7 @@ func substitute(text string, scope map[string]string) (string, error) {
 }
 
 func (w *walker) runWorkflow() error {
-	w.templates = map[string]*wfapi.Template{}
+	w.templates = map[string]*wfTemplate{}
 	w.launched = map[string]launched{}
 	for i := range w.wf.Spec.Templates {
 		w.templates[w.wf.Spec.Templates[i].Name] = &w.wf.Spec.Templates[i]
@@ -88,7 +86,7 @@ func (w *walker) globalScope() map[string]string {
 	return scope
 }
 
-func (w *walker) runTemplate(name string, global map[string]string, args []wfapi.Parameter) (map[string]string, error) {
+func (w *walker) runTemplate(name string, global map[string]string, args []wfParameter) (map[string]string, error) {
 	t, ok := w.templates[name]
 	if !ok {
 		return nil, fmt.Errorf("no template %q in the workflow", name)
@@ -135,7 +133,7 @@ func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
 
 var dependsName = regexp.MustCompile(`[A-Za-z0-9][A-Za-z0-9-]*(\.[A-Za-z]+)?`)
 
-func dependencies(task wfapi.DAGTask) []string {
+func dependencies(task wfDAGTask) []string {
 	names := append([]string{}, task.Dependencies...)
 	for _, m := range dependsName.FindAllString(task.Depends, -1) {
 		names = append(names, strings.SplitN(m, ".", 2)[0])
@@ -155,7 +153,7 @@ func evalWhen(expr string) (bool, error) {
 	return false, fmt.Errorf("when %q: a form this walk does not evaluate", expr)
 }
 
-func (w *walker) runDAG(t *wfapi.Template, scope, global map[string]string) (map[string]string, error) {
+func (w *walker) runDAG(t *wfTemplate, scope, global map[string]string) (map[string]string, error) {
 	done := map[string]bool{}
 	for len(done) < len(t.DAG.Tasks) {
 		progressed := false
@@ -193,7 +191,7 @@ func (w *walker) runDAG(t *wfapi.Template, scope, global map[string]string) (map
 	return outputs, nil
 }
 
-func (w *walker) runDAGTask(task wfapi.DAGTask, scope, global map[string]string) error {
+func (w *walker) runDAGTask(task wfDAGTask, scope, global map[string]string) error {
 	if task.When != "" {
 		when, err := substitute(task.When, scope)
 		if err != nil { // an output of a task that did not run: Argo skips this one too
@@ -207,7 +205,7 @@ func (w *walker) runDAGTask(task wfapi.DAGTask, scope, global map[string]string)
 			return nil
 		}
 	}
-	var args []wfapi.Parameter
+	var args []wfParameter
 	for _, p := range task.Arguments.Parameters {
 		if p.Value == nil {
 			continue
@@ -216,7 +214,7 @@ func (w *walker) runDAGTask(task wfapi.DAGTask, scope, global map[string]string)
 		if err != nil {
 			return fmt.Errorf("argument %s: %w", p.Name, err)
 		}
-		args = append(args, wfapi.Parameter{Name: p.Name, Value: wfapi.AnyStringPtr(value)})
+		args = append(args, wfParameter{Name: p.Name, Value: wfAnyStringPtr(value)})
 	}
 	outputs, err := w.runTemplate(task.Template, global, args)
 	if err != nil {
@@ -240,7 +238,7 @@ func substituteAll(values []string, scope map[string]string) ([]string, error) {
 	return out, nil
 }
 
-func (w *walker) runDriver(t *wfapi.Template, scope map[string]string) (map[string]string, error) {
+func (w *walker) runDriver(t *wfTemplate, scope map[string]string) (map[string]string, error) {
 	args, err := substituteAll(t.Container.Args, scope)
 	if err != nil {
 		return nil, fmt.Errorf("driver %s: %w", t.Name, err)
@@ -301,7 +299,7 @@ func (w *walker) runDriver(t *wfapi.Template, scope map[string]string) (map[stri
 // runExecutor makes the pod Argo makes for the executor template: its main container (workflowpod.go names it
 // "main") and the template's pod-level fields, with the substituted podSpecPatch applied by Argo's own
 // ApplyPodSpecPatch; labels and annotations are the template's metadata over the workflow's podMetadata.
-func (w *walker) runExecutor(t *wfapi.Template, scope map[string]string) (map[string]string, error) {
+func (w *walker) runExecutor(t *wfTemplate, scope map[string]string) (map[string]string, error) {
 	main := *t.Container.DeepCopy()
 	main.Name = "main"
 	pod := apiv1.PodSpec{Containers: []apiv1.Container{main}, Volumes: t.Volumes, NodeSelector: t.NodeSelector,
@@ -313,7 +311,7 @@ func (w *walker) runExecutor(t *wfapi.Template, scope map[string]string) (map[st
 	if err != nil {
 		return nil, fmt.Errorf("executor %s podSpecPatch: %w", t.Name, err)
 	}
-	merged, err := argoutil.ApplyPodSpecPatch(pod, patch)
+	merged, err := applyPodSpecPatch(pod, patch)
 	if err != nil {
 		return nil, fmt.Errorf("executor %s: %w", t.Name, err)
 	}
