@@ -53,8 +53,8 @@ def _read_files(files: list[str], image_shape, *, seed: int | None = None, encod
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if seed is not None:
-        ds = ds.shuffle(len(files), seed=seed)
+    if seed is not None:  # the same file order on every pass of a repeat (the default reshuffles each one)
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=False)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if not decode:
@@ -101,6 +101,8 @@ class TrainInput:
             self._load()
 
     def _records(self, seed: int | None = None):
+        if self.record_shard:  # every n-th record of the files in their own order: a share disjoint from the others'
+            seed = None
         if self.source_bytes:  # (file bytes, label): decoded by augment_source
             ds = _read_files(self.files, self.image_shape, seed=seed, encoding=data.SOURCE, decode=False)
         else:

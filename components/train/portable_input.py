@@ -235,10 +235,13 @@ class PortableTrainInput:
             yield batch, fill
 
     def _stream(self, epoch: int) -> Iterator[tuple[int, bytes]]:
-        """(index, record) in the epoch's order, endlessly: the share in a seeded file order, enumerated, through
-        a seeded shuffle buffer (tf.data's algorithm: a buffer filled from the input, each output a uniformly
-        drawn slot refilled with the next input), repeated with the same order."""
+        """(index, record) in the epoch's order, endlessly: the share in a seeded file order (the files' own order
+        when the share is every n-th record, so that the workers' shares stay disjoint), enumerated, through a
+        seeded shuffle buffer (tf.data's algorithm: a buffer filled from the input, each output a uniformly drawn
+        slot refilled with the next input), repeated with the same order."""
         files = [self.files[i] for i in _generator(self.seed, epoch, 1).permutation(len(self.files))]
+        if self.record_shard:  # every n-th record of the files in their own order: a share disjoint from the others'
+            files = self.files
         capacity = max(1, self.recipe.shuffle_buffer)
         while True:
             draws = _generator(self.seed * 7919 + epoch, 2)
