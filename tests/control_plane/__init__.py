@@ -43,7 +43,8 @@ ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
 # at v2.0.0 and refuse sigs.k8s.io/jobset), TRAINER_GIT and JOBSET_GIT name local clones of these repositories to
 # fetch them from instead (go.mod replaces sigs.k8s.io/jobset, whose vanity path needs https://sigs.k8s.io, with its
 # GitHub repository); go.sum pins what they hash to either way.
-CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT", "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
+CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
+          "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 FIELD_MANAGER = "control-plane-tests"
 
