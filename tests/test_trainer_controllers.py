@@ -118,6 +118,49 @@ def test_the_real_trainer_makes_the_jobset_the_stand_in_makes(controllers, case,
         ("TrainJob", name, stored["metadata"]["uid"], True)]
 
 
+@pytest.mark.parametrize("framework", ["torch", "jax", "tensorflow"])
+def test_the_real_jobset_controller_makes_the_jobs_the_stand_in_makes(controllers, framework):
+    """The Job the real JobSet controller creates for the TrainJob's JobSet: its pods get the jobset.sigs.k8s.io
+    labels and annotations and the subdomain the stand-in gives them (tests/standins/jobsets.py JobSetRun), and the
+    Job's pod template is the replicated job's once the API server has defaulted it."""
+    import copy
+
+    from tests.standins.jobsets import JobSetRun
+
+    api = controllers.api_client()
+    kinds = resources(api)
+    name = f"jobs-{framework}"
+    trainjob = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", framework, "--name", name, "--image",
+                        "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus", "1", "--", "python", "-m",
+                        "components.train"])
+    applied(api, [KUBEFLOW, *trainjob[:-1]])
+    applied(api, trainjob[-1:])
+    jobset = wait_for(lambda: read(kinds["JobSet"], name, "kubeflow"))
+    job = wait_for(lambda: read(kinds["Job"], f"{name}-node-0", "kubeflow"))
+    stand_in = JobSetRun(copy.deepcopy(jobset), "kubeflow", run_containers=False, now=lambda: "")
+    stand_in.uid = jobset["metadata"]["uid"]
+    rjob = stand_in.spec["replicatedJobs"][0]
+    template = rjob["template"]["spec"]["template"]
+    jobset_keys = stand_in.pod_labels(rjob, 0)
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    # the Job's own selector labels are the API server's (batch/v1 Job defaulting), not the JobSet controller's
+    selector = {"batch.kubernetes.io/job-name", "job-name", "batch.kubernetes.io/controller-uid", "controller-uid"}
+    assert differences({k: v for k, v in labels.items() if k not in selector},
+                       {**template["metadata"].get("labels", {}), **jobset_keys}) == []
+    assert differences(job["spec"]["template"]["metadata"]["annotations"],
+                       {**template["metadata"].get("annotations", {}), **jobset_keys}) == []
+    assert job["spec"]["template"]["spec"]["subdomain"] == stand_in.subdomain
+    made = dict(jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
+                subdomain=stand_in.subdomain)
+    from kubernetes import client
+
+    # a Job of that pod template, dry run: the API server's defaults for a Job's template (not a Pod's admission)
+    defaulted = api.sanitize_for_serialization(client.BatchV1Api(api).create_namespaced_job("kubeflow", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-stand-in"},
+        "spec": {"template": {"spec": made}}}, dry_run="All"))
+    assert differences(job["spec"]["template"]["spec"], defaulted["spec"]["template"]["spec"]) == []
+
+
 # ---- the launcher following the TrainJob while the Jobs end as JobSet's integration tests end them ---------------
 
 def complete_job(batch, job: dict) -> None:
