@@ -40,6 +40,14 @@ BINARIES = {"kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver", "etcd": "g
 # GKE publishes no complete list of its plugins; the others it documents (PodSecurity, since 1.25) are already in
 # kube-apiserver's default set.
 ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
+# Kubeflow Trainer (whose controllers and webhooks the harness runs with `--trainer`) and JobSet, at the versions
+# harness/go.mod pins. Where the Go module proxy refuses them (some mirrors serve github.com/kubeflow/trainer/v2 only
+# at v2.0.0 and refuse sigs.k8s.io/jobset), TRAINER_GIT and JOBSET_GIT name local clones of these repositories to
+# fetch them from instead (go.mod replaces sigs.k8s.io/jobset, whose vanity path needs https://sigs.k8s.io, with its
+# GitHub repository); go.sum pins what they hash to either way.
+CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
+          "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
+TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 FIELD_MANAGER = "control-plane-tests"
 
 
@@ -65,7 +73,8 @@ def versions() -> dict[str, str]:
         return found.group(1)
 
     return {"kubernetes": pinned("k8s.io/kubernetes"), "etcd": pinned("go.etcd.io/etcd/server/v3"),
-            "controller-runtime": pinned("sigs.k8s.io/controller-runtime")}
+            "controller-runtime": pinned("sigs.k8s.io/controller-runtime"), "trainer": pinned(TRAINER_MODULE),
+            "jobset": pinned("sigs.k8s.io/jobset")}
 
 
 def cache_dir() -> Path:
@@ -77,6 +86,8 @@ def cache_dir() -> Path:
 def build() -> Path:
     """Builds kube-apiserver, etcd, the harness and kubectl into cache_dir() (seconds when nothing changed); the
     folder."""
+    from tests.go_modules import build_env
+
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
     # Built as a module, kubectl would call itself v0.0.0-master (`kubectl version`); Kubernetes' own build stamps
@@ -85,10 +96,22 @@ def build() -> Path:
     for name, package in BINARIES.items():
         flags = [stamp] if name == "kubectl" else []
         done = subprocess.run([go(), "build", *flags, "-o", str(out / name), package], cwd=HARNESS,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=build_env(CLONES))
         if done.returncode:
             raise RuntimeError(f"building {name} ({package}) failed:\n{done.stderr[-4000:]}")
     return out
+
+
+def trainer_dir() -> str:
+    """Kubeflow Trainer's module folder in Go's module cache (its webhook configuration and the PodGroup CRDs its
+    runtime plugins watch, which the harness installs with its controllers)."""
+    from tests.go_modules import build_env
+
+    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", TRAINER_MODULE], cwd=HARNESS, capture_output=True,
+                          text=True, env=build_env(CLONES))
+    if done.returncode or not done.stdout.strip():
+        raise RuntimeError(f"locating {TRAINER_MODULE}: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip()
 
 
 def crd_files() -> list[Path]:
@@ -102,12 +125,15 @@ class ControlPlane:
 
     `kubeconfig` is a file for a system:masters user; `api_client()` is a `kubernetes.client.ApiClient` on it.
     `crds`: the CustomResourceDefinition files installed at start (crd_files() unless given; `[]` is a bare
-    cluster, as a new GKE cluster is).
+    cluster, as a new GKE cluster is). With `controllers`, the harness also runs Kubeflow Trainer's controllers and
+    webhooks and JobSet's controllers in one controller-runtime manager on envtest's rest config, as their own
+    integration tests do.
     """
 
-    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None):
+    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False):
         self.start_seconds = start_seconds
         self.crds = crd_files() if crds is None else list(crds)
+        self.controllers = controllers
         self.folder = tempfile.mkdtemp(prefix="control-plane-")
         self.kubeconfig = os.path.join(self.folder, "kubeconfig")
         self.host = ""
@@ -120,6 +146,8 @@ class ControlPlane:
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
         for crd in self.crds:
             argv += ["--crds", str(crd)]
+        if self.controllers:
+            argv += ["--trainer", trainer_dir()]
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         threading.Thread(target=self._drain_stderr, daemon=True).start()

@@ -77,16 +77,9 @@ def build_env() -> dict:
     """The environment of a harness build. Where the Go module proxy refuses kubeflow/pipelines (some mirrors
     do), KFP_GIT names a local clone of github.com/kubeflow/pipelines to fetch those modules from instead; the
     go.sum pins what they must hash to either way."""
-    env = dict(os.environ)
-    local = env.get("KFP_GIT")
-    if local:
-        # a refusal from the proxy falls through to the clone (`|`: on any error); the checksum database is not
-        # asked about those modules, which the go.sum already pins
-        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"url.{local}.insteadOf",
-                   GIT_CONFIG_VALUE_0="https://github.com/kubeflow/pipelines",
-                   GOPROXY=env.get("GOPROXY", "https://proxy.golang.org") + "|direct",
-                   GONOSUMDB="github.com/kubeflow/pipelines")
-    return env
+    from tests.go_modules import build_env as local_clones
+
+    return local_clones({"https://github.com/kubeflow/pipelines": "KFP_GIT"})
 
 
 def go_test() -> subprocess.CompletedProcess:

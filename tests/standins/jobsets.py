@@ -289,9 +289,23 @@ class JobSetRun:
                 for k in range(int(r["template"]["spec"].get("completions", 1)))]
 
     def pod_labels(self, rjob: dict, job_index: int) -> dict:
-        """What JobSet's labelAndAnnotateObject puts on a Job's pods (labels and annotations alike)."""
+        """What JobSet's labelAndAnnotateObject puts on a Job's pods (labels and annotations alike), the global and
+        group counts and indexes as v0.12.0 pkg/controllers/jobset_controller.go:1395-1441 counts them."""
         job = f"{self.name}-{rjob['name']}-{job_index}"
-        return {"jobset.sigs.k8s.io/jobset-name": self.name, "jobset.sigs.k8s.io/jobset-uid": self.uid,
+        group = rjob.get("groupName", "default")
+        rjobs = self.spec["replicatedJobs"]
+
+        def replicas(jobs) -> int:
+            return sum(int(r.get("replicas", 1)) for r in jobs)
+
+        position = [r["name"] for r in rjobs].index(rjob["name"])
+        in_group = [r for r in rjobs if r.get("groupName", "default") == group]
+        before_in_group = in_group[:[r["name"] for r in in_group].index(rjob["name"])]
+        return {"jobset.sigs.k8s.io/global-replicas": str(replicas(rjobs)),
+                "jobset.sigs.k8s.io/job-global-index": str(replicas(rjobs[:position]) + job_index),
+                "jobset.sigs.k8s.io/group-replicas": str(replicas(in_group)),
+                "jobset.sigs.k8s.io/job-group-index": str(replicas(before_in_group) + job_index),
+                "jobset.sigs.k8s.io/jobset-name": self.name, "jobset.sigs.k8s.io/jobset-uid": self.uid,
                 "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
                 "jobset.sigs.k8s.io/restart-attempt": str(self.status["restarts"]),
                 "jobset.sigs.k8s.io/replicatedjob-replicas": str(rjob.get("replicas", 1)),

@@ -8,6 +8,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -33,6 +34,8 @@ func main() {
 	// the plugins GKE adds to kube-apiserver's default set (ADMISSION_PLUGINS in tests/control_plane/__init__.py
 	// says which and where GKE documents them); the default set stays on
 	admission := flag.String("enable-admission-plugins", "", "kube-apiserver --enable-admission-plugins")
+	trainerDir := flag.String("trainer", "", "Kubeflow Trainer's module folder: run its controllers and webhooks and JobSet's controllers")
+	verbose := flag.Bool("v", false, "the controllers' debug logs on stderr")
 	flag.Var(&crds, "crds", "a folder or file of CustomResourceDefinitions to install (repeatable)")
 	flag.Parse()
 	if *assets == "" || *kubeconfig == "" {
@@ -44,6 +47,9 @@ func main() {
 		BinaryAssetsDirectory: *assets,
 		CRDDirectoryPaths:     crds,
 		ErrorIfCRDPathMissing: true,
+	}
+	if *trainerDir != "" {
+		withTrainer(env, *trainerDir)
 	}
 	api := env.ControlPlane.GetAPIServer()
 	args := api.Configure()
@@ -59,7 +65,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "starting the control plane:", err)
 		os.Exit(1)
 	}
-	code := serve(env, *kubeconfig)
+	ctx, cancel := context.WithCancel(context.Background())
+	code := 0
+	if *trainerDir != "" {
+		if err := runControllers(ctx, env, *verbose); err != nil {
+			fmt.Fprintln(os.Stderr, "starting the controllers:", err)
+			code = 1
+		}
+	}
+	if code == 0 {
+		code = serve(env, *kubeconfig)
+	}
+	cancel()
 	if err := env.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stopping the control plane:", err)
 		code = 1
