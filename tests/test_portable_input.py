@@ -363,6 +363,27 @@ def test_camera_photos_get_tensorflows_crop_and_augmentation(mate_photos):
             assert np.abs(ours[position] - theirs).max() <= 1
 
 
+def test_food_photos_get_tensorflows_augmentation_end_to_end(food_photos):
+    """Source records where no DCT scale applies (the food photos, 307x173, at 224 px): augment_sources gives
+    augment.augment_source's pixels, crop and decode included, within a level but where libjpeg's block edges meet
+    the crop's edge (measured on these 20 photos: 0.07% of the pixels with the photo recipe, 0.23% with every
+    change, a mean difference under 0.01 level)."""
+    import glob
+
+    import tensorflow as tf
+
+    files = sorted(glob.glob(os.path.join(food_photos, "**", "*.jp*g"), recursive=True))[::25][:20]
+    contents = [open(path, "rb").read() for path in files]
+    indices = np.arange(len(contents)) * 3
+    for raw in ("photo", FULL_POLICY):
+        policy = augment_lib.AugmentPolicy.from_json(raw)
+        ours = augment_numpy.augment_sources(contents, indices, 1, policy, [224, 224, 3]).astype(int)
+        theirs = np.stack([augment_lib.augment_source(tf.constant(item), int(index), 1, policy, [224, 224, 3]).numpy()
+                           for item, index in zip(contents, indices)])
+        difference = np.abs(ours - theirs)
+        assert len(files) == 20 and (difference > 1).mean() < 0.005 and difference.mean() < 0.02, raw
+
+
 def test_the_geometric_transform_and_smoothing_are_tensorflows():
     import math
 
