@@ -68,8 +68,7 @@ def _key_counter(example_keys: np.ndarray, stream: int):
     the counter's low words start at 0."""
     with np.errstate(over="ignore"):
         seeds = example_keys + np.uint64(stream)
-    mix = _philox((seeds[:, 0] & _LOW, seeds[:, 0] >> _32, seeds[:, 1] & _LOW, seeds[:, 1] >> _32), _SEED_KEY)
-    return mix
+    return _philox((seeds[:, 0] & _LOW, seeds[:, 0] >> _32, seeds[:, 1] & _LOW, seeds[:, 1] >> _32), _SEED_KEY)
 
 
 def _bits(example_keys: np.ndarray, stream: int, count: int, first_block: int = 0) -> np.ndarray:
