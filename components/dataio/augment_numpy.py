@@ -1,16 +1,17 @@
 """The online augmentation policies (components/augment.py's AugmentPolicy) in numpy and Pillow, for the torch and
 JAX training paths, where TensorFlow is not installed (components/train/portable_input.py).
 
-Same policy, same parameters, same semantics: every draw is keyed by (policy seed, copy, example index) and nothing
+Same policy, same parameters, same draws: every draw is keyed by (policy seed, copy, example index) and nothing
 else, so an example's augmentation does not depend on the batch it is in, the thread that ran it or the attempt
-(resumed or not). The draws themselves come from a counter-based hash (splitmix64 of the key, the stream and the
-draw's number), not TensorFlow's Philox streams: the same example gets other random values than on the TensorFlow
-path, from the same distributions. What is exact, given the same draws (tests/test_portable_input.py):
-  - the random resized crop's box: TensorFlow's sampler (sample_distorted_bounding_box_op.cc, GenerateRandomCrop:
-    an aspect ratio uniform in the range, a height uniform between the area bounds', 10 attempts, else the whole
-    image), ported step by step in float32;
+(resumed or not), and it is TensorFlow's draw for that key: Philox4x32-10 over the stateless ops' key and counter
+(their seed pair mixed by one Philox call), tf.random.stateless_uniform's floats bit for bit, stateless_normal's
+Box-Muller within float32 rounding of the C library's log, sin and cos, and stateless_sample_distorted_bounding_box's
+box for box. The same example gets the same augmentation on both paths (tests/test_portable_input.py):
+  - the random resized crop's box: TensorFlow's sampler (sample_distorted_bounding_box_op.cc, GenerateRandomCrop),
+    ported step by step in its float32, int and double arithmetic, with its draws (SimplePhilox);
   - the rotation/shift/zoom (ImageProjectiveTransformV3, bilinear, nearest fill), the elastic field's smoothing
-    and sampling, the flip, contrast, brightness and cutout: the same arithmetic in float32, rounded half to even;
+    and sampling, the flip, contrast, brightness, noise and cutout: the same arithmetic in float32, rounded half to
+    even, within a level where float32 order differs;
   - the crop's plain bilinear resizing (pixels.crop_to_shape) within a level: it is rounded to uint8 once before
     the rest of the policy, where TensorFlow keeps float32 to the end.
 Whole batches are augmented at once (each example with its own draws), vectorized over the batch.
@@ -25,94 +26,177 @@ import numpy as np
 
 from components.dataio import pixels
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-# The streams of draws, as augment.py offsets its stateless seeds: the main draws, noise, cutout, the two elastic
-# fields, the crop box.
+# The streams of draws: augment.py's stateless seeds are its seed pair plus these offsets (the main draws, noise,
+# cutout, the two elastic fields, the crop box).
 MAIN, NOISE, CUTOUT, ELASTIC_Y, ELASTIC_X, CROP = range(6)
 CROP_ATTEMPTS = 10
 
+# Philox4x32-10 (Salmon et al. 2011) as TensorFlow runs it (xla/tsl/lib/random/philox_random.h): the multipliers,
+# the Weyl key increments, and the fixed key that mixes a stateless op's seed pair into its key and counter
+# (core/kernels/stateless_random_ops.cc, GenerateKey).
+_PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
+_PHILOX_W = (np.uint64(0x9E3779B9), np.uint64(0xBB67AE85))
+_SEED_KEY = (np.uint64(0x3EC8F720), np.uint64(0x02461E29))
+_LOW = np.uint64(0xFFFFFFFF)
+_32 = np.uint64(32)
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer (uint64, wrapping)."""
-    z = z ^ (z >> np.uint64(30))
-    z = z * np.uint64(0xBF58476D1CE4E5B9)
-    z = z ^ (z >> np.uint64(27))
-    z = z * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+
+def _philox(counter, key):
+    """Philox4x32-10 of 4 counter words under 2 key words (uint64 arrays holding 32-bit values, broadcast):
+    10 rounds, the key raised between them (PhiloxRandom::operator(), ComputeSingleRound, RaiseKey)."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for round_ in range(10):
+        if round_:
+            k0, k1 = (k0 + _PHILOX_W[0]) & _LOW, (k1 + _PHILOX_W[1]) & _LOW
+        p0, p1 = _PHILOX_M[0] * c0, _PHILOX_M[1] * c2  # exact: both factors < 2**32
+        c0, c1, c2, c3 = (p1 >> _32) ^ c1 ^ k0, p1 & _LOW, (p0 >> _32) ^ c3 ^ k1, p0 & _LOW
+    return c0, c1, c2, c3
 
 
 def keys(indices, copy: int, seed: int) -> np.ndarray:
-    """One uint64 key per example: a hash of (seed * 1_000_003 + copy, index), augment.py's seed pair."""
+    """N x 2 uint64: each example's seed pair, augment._seed's [seed * 1_000_003 + copy, index] (int64, wrapping,
+    as its two's complement)."""
+    first = (int(seed) * 1_000_003 + int(copy)) % (1 << 64)
+    index = np.asarray(indices, dtype=np.int64).astype(np.uint64)
+    return np.stack([np.full(index.shape, first, dtype=np.uint64), index], axis=-1).reshape(-1, 2)
+
+
+def _key_counter(example_keys: np.ndarray, stream: int):
+    """The Philox key and the counter's high words of each example's stateless op seeded with its seed pair plus
+    `stream` on both (augment.py's `seed + k`): GenerateKey's one Philox call over the seed pair under a fixed key;
+    the counter's low words start at 0."""
     with np.errstate(over="ignore"):
-        first = np.uint64((int(seed) * 1_000_003 + int(copy)) % (1 << 64))
-        index = np.asarray(indices, dtype=np.int64).astype(np.uint64)
-        return _mix(_mix(first + _GOLDEN) ^ (index + _GOLDEN))
+        seeds = example_keys + np.uint64(stream)
+    return _philox((seeds[:, 0] & _LOW, seeds[:, 0] >> _32, seeds[:, 1] & _LOW, seeds[:, 1] >> _32), _SEED_KEY)
+
+
+def _bits(example_keys: np.ndarray, stream: int, count: int, first_block: int = 0) -> np.ndarray:
+    """N x count uint32: the Philox output of each example's stream from block `first_block` on, 4 words a block
+    in order (the counter's low 64 bits count the blocks)."""
+    k0, k1, c2, c3 = (m[:, None] for m in _key_counter(example_keys, stream))
+    blocks = np.arange(first_block, first_block + -(-count // 4), dtype=np.uint64)[None]
+    out = _philox((blocks & _LOW, blocks >> _32, c2, c3), (k0, k1))
+    return np.stack(out, axis=-1).reshape(len(example_keys), -1)[:, :count].astype(np.uint32)
+
+
+def _unit_float(bits: np.ndarray) -> np.ndarray:
+    """float32 in [0, 1) from uint32: 23 random mantissa bits under exponent 0, minus 1 (Uint32ToFloat,
+    random_distributions_utils.h)."""
+    return ((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1.0)
 
 
 def uniform(example_keys: np.ndarray, stream: int, shape: tuple[int, ...]) -> np.ndarray:
-    """float64 draws in [0, 1), N x shape: draw j of `stream` for each example's key."""
-    count = math.prod(shape)
-    with np.errstate(over="ignore"):
-        counters = np.uint64(stream << 40) + np.arange(count, dtype=np.uint64)
-        bits = _mix(example_keys[:, None] ^ _mix(counters + _GOLDEN)[None])
-    return ((bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))).reshape(len(example_keys), *shape)
+    """float32 draws in [0, 1), N x shape: tf.random.stateless_uniform(shape, seed=seed pair + stream) of each
+    example (StatelessRandomUniformV2 with Philox: element i is word i % 4 of block i // 4)."""
+    return _unit_float(_bits(example_keys, stream, math.prod(shape))).reshape(len(example_keys), *shape)
 
 
 def normal(example_keys: np.ndarray, stream: int, shape: tuple[int, ...]) -> np.ndarray:
-    """Standard normal float32 draws (Box-Muller of two uniform streams)."""
-    u1 = uniform(example_keys, stream, shape)
-    u2 = uniform(example_keys, stream + 64, shape)
-    return (np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
+    """Standard normal float32 draws, N x shape: tf.random.stateless_normal(shape, seed=seed pair + stream) of each
+    example. Box-Muller on each pair of words of a block (BoxMullerFloat): u1 from the first (at least 1e-7),
+    the angle 2 pi u from the second; sin times the radius first, then cos. Within float32 rounding of TensorFlow's
+    (its log, sin and cos are the C library's)."""
+    count = math.prod(shape)
+    bits = _bits(example_keys, stream, count + count % 2)
+    u1 = np.maximum(_unit_float(bits[:, 0::2]), np.float32(1.0e-7))
+    angle = (2.0 * math.pi * _unit_float(bits[:, 1::2]).astype(np.float64)).astype(np.float32)
+    radius = np.sqrt(np.float32(-2.0) * np.log(u1))
+    out = np.stack([np.sin(angle) * radius, np.cos(angle) * radius], axis=-1).reshape(len(example_keys), -1)
+    return out[:, :count].reshape(len(example_keys), *shape)
 
 
 # ---------------------------------------------------------------------------------------------- crop box
 
 
+class _Words:
+    """Each example's stream of uint32 words, taken one at a time (SimplePhilox over a SingleSampleAdapter: the
+    words of each Philox block in order), an independent cursor per example."""
+
+    def __init__(self, example_keys: np.ndarray, stream: int, blocks: int = 12):
+        self.example_keys, self.stream = example_keys, stream
+        self.words = _bits(example_keys, stream, 4 * blocks)
+        self.cursor = np.zeros(len(example_keys), dtype=np.int64)
+
+    def take(self, wanted: np.ndarray) -> np.ndarray:
+        """The next word of the examples `wanted` (bool N; their cursors advance), 0 for the others."""
+        if wanted.any() and self.cursor[wanted].max() >= self.words.shape[1]:
+            more = _bits(self.example_keys, self.stream, self.words.shape[1], self.words.shape[1] // 4)
+            self.words = np.concatenate([self.words, more], axis=1)
+        rows = np.arange(len(self.cursor))
+        out = np.where(wanted, self.words[rows, np.minimum(self.cursor, self.words.shape[1] - 1)], np.uint32(0))
+        self.cursor += wanted
+        return out
+
+    def uniform_int(self, n: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+        """An integer in [0, n) for the examples `wanted` (n >= 1): ExactUniformInt (exact_uniform_int.h), the
+        low bits for a power of two, else words below 2**32 mod n rejected and the next one taken."""
+        n = np.maximum(n, 1).astype(np.uint32)
+        power_of_two = (n & (n - np.uint32(1))) == 0
+        rem = (np.uint32(0xFFFFFFFF) % n) + np.uint32(1)
+        out = np.zeros(len(n), dtype=np.uint32)
+        pending = wanted.copy()
+        while pending.any():
+            word = self.take(pending)
+            accepted = pending & (power_of_two | (word >= rem))
+            out = np.where(accepted, np.where(power_of_two, word & (n - np.uint32(1)), word % n), out)
+            pending &= ~accepted
+        return out.astype(np.int64)
+
+
 def crop_boxes(heights, widths, example_keys: np.ndarray, policy) -> np.ndarray:
-    """N x 4 int (top, left, height, width): TensorFlow's sample_distorted_bounding_box with no boxes,
-    min_object_covered 0, the policy's area and aspect ranges and 10 attempts (augment._crop_box), per example,
-    with this module's draws: 4 a attempt (aspect, height, top, left)."""
+    """N x 4 int (top, left, height, width): each example's tf.image.stateless_sample_distorted_bounding_box (no
+    boxes, min_object_covered 0, the policy's area and aspect ranges, 10 attempts: augment._crop_box) with its
+    seed pair + CROP, box for box."""
     heights = np.broadcast_to(np.asarray(heights, np.int64), (len(example_keys),))
     widths = np.broadcast_to(np.asarray(widths, np.int64), (len(example_keys),))
-    draws = uniform(example_keys, CROP, (CROP_ATTEMPTS, 4)).astype(np.float32)
-    return _sample_boxes(heights, widths, draws, policy.crop_scale_min, policy.crop_scale_max,
+    return _sample_boxes(heights, widths, _Words(example_keys, CROP), policy.crop_scale_min, policy.crop_scale_max,
                          policy.crop_aspect_min, policy.crop_aspect_max)
 
 
-def _sample_boxes(heights, widths, draws, area_min, area_max, aspect_min, aspect_max) -> np.ndarray:
+def _sample_boxes(heights, widths, words: _Words, area_min, area_max, aspect_min, aspect_max) -> np.ndarray:
+    """The sampler's loop (sample_distorted_bounding_box_op.cc: DoCompute and GenerateRandomCrop) for every
+    example at once, in its float32 and int arithmetic, each example drawing its words only where the sampler
+    does: an aspect ratio each attempt, a height when the range is not a single one, the top and left when the box
+    fits; the whole image when no attempt gives a box."""
     f32 = np.float32
     count = len(heights)
     boxes = np.stack([np.zeros(count, np.int64), np.zeros(count, np.int64), heights, widths], axis=1)
     done = np.zeros(count, dtype=bool)
-    image_area = (widths * heights).astype(f32)  # original_width * original_height, in float
-    min_area = f32(area_min) * image_area
-    max_area = f32(area_max) * image_area
-    for attempt in range(draws.shape[1]):
-        aspect = draws[:, attempt, 0] * (f32(aspect_max) - f32(aspect_min)) + f32(aspect_min)
-        height = np.rint(np.sqrt(min_area / aspect)).astype(np.int64)  # lrintf: round half to even
+    min_area = f32(area_min) * widths.astype(f32) * heights.astype(f32)  # min_relative_crop_area * w * h, float
+    max_area = f32(area_max) * widths.astype(f32) * heights.astype(f32)
+    k_eps = float(f32(0.0000001))
+
+    def rounded(ints, aspect):  # lrintf(int * float): the product in float32, rounded half to even
+        return np.rint(ints.astype(f32) * aspect).astype(np.int64)
+
+    for _ in range(CROP_ATTEMPTS):
+        active = ~done
+        aspect = _unit_float(words.take(active)) * (f32(aspect_max) - f32(aspect_min)) + f32(aspect_min)
+        height = np.rint(np.sqrt(min_area / aspect)).astype(np.int64)
         max_height = np.rint(np.sqrt(max_area / aspect)).astype(np.int64)
-        too_wide = np.rint(max_height * aspect) > widths
-        fitted = ((widths + 0.5 - 0.0000001) / aspect).astype(np.int64)
-        fitted = np.where(np.rint(fitted * aspect) > widths, fitted - 1, fitted)
+        too_wide = rounded(max_height, aspect) > widths
+        fitted = ((widths + 0.5 - k_eps) / aspect.astype(np.float64)).astype(np.int64)  # in double, truncated
+        fitted = np.where(rounded(fitted, aspect) > widths, fitted - 1, fitted)
         max_height = np.where(too_wide, fitted, max_height)
         max_height = np.minimum(max_height, heights)
         height = np.minimum(height, max_height)
-        span = max_height - height + 1  # Uniform(span): an integer in [0, span)
-        height = height + np.where(height < max_height, (draws[:, attempt, 1] * span).astype(np.int64), 0)
-        width = np.rint(height * aspect).astype(np.int64)
+        drawn = active & (height < max_height)
+        height = height + words.uniform_int(max_height - height + 1, drawn)
+        width = rounded(height, aspect)
         area = (width * height).astype(f32)
         grow = area < min_area
         height = np.where(grow, height + 1, height)
-        width = np.where(grow, np.rint(height * aspect).astype(np.int64), width)
+        width = np.where(grow, rounded(height, aspect), width)
         area = (width * height).astype(f32)
         shrink = area > max_area
         height = np.where(shrink, height - 1, height)
-        width = np.where(shrink, np.rint(height * aspect).astype(np.int64), width)
+        width = np.where(shrink, rounded(height, aspect), width)
         area = (width * height).astype(f32)
-        ok = ((area >= min_area) & (area <= max_area) & (width <= widths) & (height <= heights) & (width > 0)
-              & (height > 0) & (area >= 1) & ~done)
-        top = np.where(height < heights, (draws[:, attempt, 2] * np.maximum(heights - height, 1)).astype(np.int64), 0)
-        left = np.where(width < widths, (draws[:, attempt, 3] * np.maximum(widths - width, 1)).astype(np.int64), 0)
+        ok = (active & (area >= min_area) & (area <= max_area) & (width <= widths) & (height <= heights)
+              & (width > 0) & (height > 0) & (area >= 1))  # the last: SatisfiesOverlapConstraints' kMinArea
+        top = words.uniform_int(heights - height, ok & (height < heights))
+        left = words.uniform_int(widths - width, ok & (width < widths))
         boxes[ok] = np.stack([top, left, height, width], axis=1)[ok]
         done |= ok
     return boxes
