@@ -2,6 +2,7 @@
 the socket guard and clients for the stand-ins of remote APIs (tests/standins/); stopping a process as a cancelled
 run's pod is stopped."""
 
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -191,9 +192,17 @@ def real_api_server():
     """A real kube-apiserver and etcd (tests.control_plane.ControlPlane: `.api_client()` is a system:masters
     `kubernetes` ApiClient on it), started once per session on a loopback port (tests/control_plane: envtest, the CRDs of tests/schemas, RBAC, GKE's admission plugins);
     skipped without Go, a failure where REQUIRE_GO=1 (CI: .ci/run)."""
+    with started_control_plane() as plane:
+        yield plane
+
+
+@contextlib.contextmanager
+def started_control_plane(**options):
+    """tests.control_plane.ControlPlane(**options), started and stopped; skipped without Go, a failure where
+    REQUIRE_GO=1 (CI: .ci/run)."""
     from tests import control_plane
 
-    plane = control_plane.ControlPlane()
+    plane = control_plane.ControlPlane(**options)
     try:
         plane.start()
     except control_plane.GoMissing as missing:

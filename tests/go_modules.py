@@ -6,6 +6,19 @@ the checksum database is not asked about those modules, which the go.sum of the 
 from __future__ import annotations
 
 import os
+import shutil
+
+
+class GoMissing(RuntimeError):
+    """What a Go build of the tests needs is not here (Go, or modules): the one line says what to install or set."""
+
+
+def go(hint: str) -> str:
+    """The `go` command, or GoMissing(hint)."""
+    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    if not found:
+        raise GoMissing(hint)
+    return found
 
 
 def build_env(clones: dict[str, str]) -> dict:

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests import control_plane
+from tests.conftest import started_control_plane
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "docs" / "cluster-setup.sh"
@@ -69,14 +70,7 @@ def stage(name: str, kustomize: bool, folder: Path) -> tuple[str, int, list[str]
 @pytest.fixture(scope="module")
 def setup_runs(tmp_path_factory):
     """A bare control plane; the script run on it twice. (the plane, the two runs, kept counts, skipped lines)."""
-    plane = control_plane.ControlPlane(crds=[])
-    try:
-        plane.start()
-    except control_plane.GoMissing as missing:
-        if os.environ.get("REQUIRE_GO") == "1":
-            pytest.fail(f"REQUIRE_GO=1 and {missing}")
-        pytest.skip(str(missing))
-    try:
+    with started_control_plane(crds=[]) as plane:
         env = dict(os.environ, PATH=f"{control_plane.cache_dir()}{os.pathsep}{os.environ['PATH']}",
                    KUBECONFIG=plane.kubeconfig, PROJECT_ID=PROJECT, SKIP_WAIT="1")
         kept, skipped = {}, []
@@ -87,8 +81,6 @@ def setup_runs(tmp_path_factory):
         print(f"\ncluster-setup.sh: {len(skipped)} rendered objects left out:\n  " + "\n  ".join(skipped))
         runs = [subprocess.run([str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600) for _ in range(2)]
         yield plane, runs, kept, skipped
-    finally:
-        plane.stop()
 
 
 def test_the_setup_script_runs_end_to_end_twice(setup_runs):

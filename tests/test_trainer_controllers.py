@@ -12,7 +12,6 @@ dry run, so that a difference left is the controllers' and not the API server's 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -20,23 +19,15 @@ import pytest
 
 from components.gcp.errors import JobFailed
 from tests import control_plane
+from tests.conftest import started_control_plane
 from tests.test_control_plane import KUBEFLOW, applied, dry_run, dry_run_cases
 
 
 @pytest.fixture(scope="module")
 def controllers():
     """The control plane with Trainer's and JobSet's controllers; skipped without Go, a failure where REQUIRE_GO=1."""
-    plane = control_plane.ControlPlane(controllers=True)
-    try:
-        plane.start()
-    except control_plane.GoMissing as missing:
-        if os.environ.get("REQUIRE_GO") == "1":
-            pytest.fail(f"REQUIRE_GO=1 and {missing}")
-        pytest.skip(str(missing))
-    try:
+    with started_control_plane(controllers=True) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 def differences(real, stand_in, path: str = "") -> list[str]:

@@ -24,6 +24,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+from tests import go_modules
+from tests.go_modules import GoMissing  # noqa: F401 (callers catch it here)
+
 HARNESS = Path(__file__).parent / "harness"
 SCHEMAS = Path(__file__).parent.parent / "schemas"
 GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) builds the Kubernetes control plane of the tests"
@@ -51,15 +54,8 @@ TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 FIELD_MANAGER = "control-plane-tests"
 
 
-class GoMissing(RuntimeError):
-    """Go is not here: the one line says what to install."""
-
-
 def go() -> str:
-    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-    if not found:
-        raise GoMissing(GO_HINT)
-    return found
+    return go_modules.go(GO_HINT)
 
 
 def versions() -> dict[str, str]:

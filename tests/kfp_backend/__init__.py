@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests import go_modules
+from tests.go_modules import GoMissing  # noqa: F401 (callers catch it here)
 
 HARNESS = Path(__file__).parent / "harness"
 # The releases a harness module is built for, newest first: the release -> its go.mod (go.mod is the newest
@@ -29,15 +31,8 @@ BUILD_TAGS = {"2.17.0": "", "2.16.1": "kfp2_16,argo3", "2.15.0": "kfp2_15,argo3"
 GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) runs Kubeflow Pipelines' backend in the tests"
 
 
-class GoMissing(RuntimeError):
-    """What the harness needs is not here (Go, or KFP's modules): the one line says what to install or set."""
-
-
 def go() -> str:
-    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-    if not found:
-        raise GoMissing(GO_HINT)
-    return found
+    return go_modules.go(GO_HINT)
 
 
 def binary_path(release: str) -> Path:
