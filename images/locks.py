@@ -8,7 +8,11 @@ images/audit.py audits is what the images install.
 A lock is `uv pip compile --generate-hashes` of the image's requirements (the project's dependencies and the
 extras its Dockerfile target names) for the image's platform: Linux x86_64 (manylinux_2_40: Debian 13's glibc
 is 2.41) and the base image's Python minor version, with nothing published after the lock's date
-(--exclude-newer), so that the same inputs resolve to the same lock again. Its header records those inputs:
+(--exclude-newer), so that the same inputs resolve to the same lock again. That date is, unless given, the start
+of the UTC day three days back (COOLDOWN_DAYS): a mirror or proxy of PyPI can be a day or more behind, and a lock
+dated "now" would take, on the next resolve, a release the first one never saw (cryptography 51.0.1, uploaded 32
+hours before a lock dated at its own making, arrived in the index after it). Three days also keeps a release that
+is yanked in its first days out of the images. Its header records those inputs:
 the image, the extras, the requirement lines read from pyproject.toml, the Python version, the platform and the
 date. `--check` (and tests/test_locks.py) compares them with pyproject.toml and checks that every requirement
 is met by a pinned version, with no network.
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 
+COOLDOWN_DAYS = 3
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LOCK_DIR = os.path.join(HERE, "locks")
@@ -181,12 +186,19 @@ def check(images: list[str]) -> list[str]:
     return problems
 
 
+def default_exclude_newer(now: datetime.datetime) -> str:
+    """The start of the UTC day COOLDOWN_DAYS before `now`: what every mirror of PyPI has had for days."""
+    day = (now.astimezone(datetime.timezone.utc) - datetime.timedelta(days=COOLDOWN_DAYS)).date()
+    return f"{day.isoformat()}T00:00:00Z"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", action="append", choices=sorted(IMAGES), help="default: every image")
     parser.add_argument("--check", action="store_true", help="compare the locks with pyproject.toml (offline)")
     parser.add_argument("--exclude-newer", metavar="TIME",
-                        help="resolve as PyPI stood at this UTC time (default: now), e.g. 2026-12-05T12:00:00Z")
+                        help=f"resolve as PyPI stood at this UTC time (default: the start of the UTC day "
+                             f"{COOLDOWN_DAYS} days back), e.g. 2026-12-02T00:00:00Z")
     args = parser.parse_args(argv)
     images = args.image or list(IMAGES)
     if args.check:
@@ -198,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{', '.join(images)}: the locks match pyproject.toml")
         return 0
-    exclude_newer = args.exclude_newer or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    exclude_newer = args.exclude_newer or default_exclude_newer(datetime.datetime.now(datetime.timezone.utc))
     try:
         for image in images:
             path = compile_lock(image, exclude_newer)

@@ -8,6 +8,7 @@ the same lock: the lock is what pyproject.toml resolves to, not an edited file.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -135,3 +136,13 @@ def test_a_lock_is_what_pyproject_resolves_to_at_its_date(image, tmp_path):
         committed = f.read()
     header = locks.header(image, lock.requirements, lock.inputs["exclude-newer"])
     assert committed == header + again.read_text()
+
+
+def test_a_lock_made_without_a_date_takes_only_releases_three_days_old():
+    """A mirror of PyPI a day behind must still hold every release the lock could pick, so `make lock` dates a lock
+    at the start of the UTC day three days back, whatever the hour it runs."""
+    for hour in (0, 13, 23):
+        now = datetime.datetime(2026, 12, 5, hour, 59, tzinfo=datetime.timezone.utc)
+        assert locks.default_exclude_newer(now) == "2026-12-02T00:00:00Z"
+    pacific = datetime.timezone(datetime.timedelta(hours=-8))
+    assert locks.default_exclude_newer(datetime.datetime(2026, 12, 5, 20, 0, tzinfo=pacific)) == "2026-12-03T00:00:00Z"
