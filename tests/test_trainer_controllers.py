@@ -443,3 +443,29 @@ def test_the_launcher_reports_a_node_that_exits_143_as_on_the_stand_in(controlle
         "TrainJob kubeflow/ends-143 ended Failed: jobset failed due to reaching max number of restarts "
         "(first failed job: ends-143-node-0)", "node 1 (pod ends-143-node-0-1-xxxxx) exited with code 143"]
     assert read(resources(api)["JobSet"], "ends-143", "kubeflow")["status"]["restarts"] == 6
+
+
+def test_the_apply_command_with_controllers_prints_what_they_create(controllers, tmp_path, capsys):
+    """`python -m tests.control_plane apply --controllers FILE...` (docs/multi-node-training.md) starts its own
+    control plane with Trainer's and JobSet's controllers, prints each object's answer, then what the controllers
+    created of them: the TrainJob's JobSet and the snapshot of its runtime, and the JobSet's Job and headless
+    Service, each with its owner."""
+    import yaml
+
+    manifests = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", "tensorflow", "--name", "cmd-1",
+                         "--image", "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus", "1",
+                         "--", "python", "-m", "components.train"])
+    files = tmp_path / "runtime.yaml", tmp_path / "trainjob.yaml"
+    files[0].write_text(yaml.safe_dump_all(manifests[:-1]))
+    files[1].write_text(yaml.safe_dump(manifests[-1]))
+    assert control_plane.main(["apply", "--controllers", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^TrainJob kubeflow/cmd-1: 201 applied \(uid [0-9a-f-]{36}\)$", out, re.M), out
+    made = re.findall(r"^(\w+ \S+): created by (.+)$", out.split("The controllers created 4 objects:\n")[1], re.M)
+    assert sorted(made) == [("ConfigMap kubeflow/cmd-1-runtime-snapshot", "TrainJob kubeflow/cmd-1"),
+                            ("Job kubeflow/cmd-1-node-0", "JobSet kubeflow/cmd-1"),
+                            ("JobSet kubeflow/cmd-1", "TrainJob kubeflow/cmd-1"),
+                            ("Service kubeflow/cmd-1", "JobSet kubeflow/cmd-1")]
+    jobset = yaml.safe_load(out.split("JobSet kubeflow/cmd-1: created by TrainJob kubeflow/cmd-1\n")[1].split(
+        "\nJob ")[0].split("\nService ")[0])
+    assert jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] == 2
