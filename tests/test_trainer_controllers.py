@@ -80,13 +80,15 @@ TRAINJOB_CASES = [(case, argv) for case, argv in dry_run_cases() if case.startsw
 
 
 @pytest.mark.parametrize("case,argv", TRAINJOB_CASES, ids=[case for case, _ in TRAINJOB_CASES])
-def test_the_real_trainer_makes_the_jobset_the_stand_in_makes(controllers, case, argv):
-    """Each TrainJob of `python -m components.launch --launcher trainjob` (torch, JAX and TensorFlow runtimes of
-    manifests/trainer, GPUDirect, Kueue and Spot, MIG): the JobSet the real Trainer controller creates has the
-    replicated jobs (pod templates: PET_* and JAX_* env, command, resources, node selector, tolerations, volumes)
-    the stand-in creates. The differences: Trainer writes `suspend: false` where the stand-in leaves it out (v2.3.0
-    pkg/runtime/framework/plugins/jobset/jobset.go:425 copies the TrainJob's), which a JobSet reads the same, and
-    the `resources: {}` of EMPTY_RESOURCES."""
+def test_the_trainer_stand_in_kept_to_run_nodes_makes_the_jobset_the_real_trainer_makes(controllers, case,
+                                                                                         argv):
+    """The stand-in's Trainer stays because the real one's JobSet gets no running pods here (no kubelet); the
+    stand-in's JobSet runs its nodes as processes. Each TrainJob of `python -m components.launch --launcher
+    trainjob` (torch, JAX and TensorFlow runtimes of manifests/trainer, GPUDirect, Kueue and Spot, MIG): the JobSet
+    the real Trainer controller creates has the replicated jobs (pod templates: PET_* and JAX_* env, command,
+    resources, node selector, tolerations, volumes) the stand-in creates. The differences: Trainer writes
+    `suspend: false` where the stand-in leaves it out (v2.3.0 pkg/runtime/framework/plugins/jobset/jobset.go:425
+    copies the TrainJob's), which a JobSet reads the same, and the `resources: {}` of EMPTY_RESOURCES."""
     from tests.standins.trainer import trainjob_jobset
 
     api = controllers.api_client()
@@ -114,10 +116,12 @@ def test_the_real_trainer_makes_the_jobset_the_stand_in_makes(controllers, case,
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax", "tensorflow"])
-def test_the_real_jobset_controller_makes_the_jobs_the_stand_in_makes(controllers, framework):
-    """The Job the real JobSet controller creates for the TrainJob's JobSet: its pods get the jobset.sigs.k8s.io
-    labels and annotations and the subdomain the stand-in gives them (tests/standins/jobsets.py JobSetRun), and the
-    Job's pod template is the replicated job's once the API server has defaulted it."""
+def test_the_jobset_stand_in_kept_to_run_nodes_makes_the_jobs_the_real_controller_makes(controllers, framework):
+    """The stand-in's JobSet and Job controllers stay because they run the nodes (no kubelet, and no
+    kube-controller-manager for the Jobs' podFailurePolicy, runs here). The Job the real JobSet controller creates
+    for the TrainJob's JobSet: its pods get the jobset.sigs.k8s.io labels and annotations and the subdomain the
+    stand-in gives them (tests/standins/jobsets.py JobSetRun), and the Job's pod template is the replicated job's
+    once the API server has defaulted it."""
     import copy
 
     from tests.standins.jobsets import JobSetRun
@@ -359,7 +363,8 @@ time.sleep(600)
 
 def node_trainjob(api, name: str, code: int) -> list[dict]:
     """A TensorFlow TrainJob of 2 nodes as the launcher makes it (its runtime applied by an admin), whose node 1
-    exits with `code` and node 0 trains on (or exits 0 too, when `code` is 0), when it runs: its runtime(s) and itself."""
+    exits with `code` and node 0 trains on (or exits 0 too, when `code` is 0), when it runs: its runtime(s) and
+    itself."""
     import sys
 
     manifests = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", "tensorflow", "--name", name,
@@ -469,3 +474,73 @@ def test_the_apply_command_with_controllers_prints_what_they_create(controllers,
     jobset = yaml.safe_load(out.split("JobSet kubeflow/cmd-1: created by TrainJob kubeflow/cmd-1\n")[1].split(
         "\nJob ")[0].split("\nService ")[0])
     assert jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] == 2
+
+
+def test_the_trainer_stand_in_kept_to_run_nodes_refuses_what_the_real_webhooks_refuse(controllers):
+    """The stand-in's Trainer stays because the real one makes no pods here (no kubelet runs them): the runs of
+    tests/test_trainjob.py need a Trainer whose nodes run. So its webhook is held to the real one's: each TrainJob
+    below, created through the `kubernetes` client on both, gets the same status, and both name the same fault.
+    A runtime patch for a job or container the runtime lacks is accepted by both (tests/standins/trainer.py says
+    why v2.3.0's check never fires)."""
+    import copy
+
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    api = controllers.api_client()
+    *runtimes, made = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", "torch", "--name", "hook",
+                               "--image", "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus", "1",
+                               "--", "python", "-m", "components.train"])
+    applied(api, [KUBEFLOW, *runtimes])
+
+    def pod_patch(trainjob: dict) -> dict:
+        rjob = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        return rjob["template"]["spec"]["template"]["spec"]
+
+    def case(change) -> dict:
+        trainjob = copy.deepcopy(made)
+        change(trainjob)
+        return trainjob
+
+    cases = {
+        "as made": (case(lambda t: None), 201, ""),
+        "missing runtime": (case(lambda t: t["spec"]["runtimeRef"].update(name="not-installed")), 403,
+                            "specified clusterTrainingRuntime must be created before the TrainJob is created"),
+        "torchrun's env": (case(lambda t: t["spec"]["trainer"]["env"].append({"name": "PET_NNODES", "value": "3"})),
+                           403, "must not have reserved envs, invalid envs configured: [PET_NNODES]"),
+        "env in a patch": (case(lambda t: pod_patch(t).update(containers=[{"name": "node", "env": [
+            {"name": "A", "value": "1"}]}])), 403,
+            "must not have envs for the dataset-initializer, model-initializer, node containers"),
+        "manager": (case(lambda t: t["spec"]["runtimePatches"][0].update(manager="launcher")), 403,
+                    'spec.runtimePatches.manager: Invalid value: "launcher": must be a domain-prefixed path'),
+        "a patch's own container": (case(lambda t: pod_patch(t).update(containers=[{"name": "sidecar"}])), 201,
+                                    ""),
+        "dotted name": (case(lambda t: None), 422, "metadata.name must match RFC 1035 DNS label format"),
+    }
+    cases["dotted name"][0]["metadata"]["name"] = "hook.x"
+
+    def create(api_client, trainjob: dict) -> tuple[int, str]:
+        try:
+            client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+                "trainer.kubeflow.org", "v1alpha1", "kubeflow", "trainjobs", trainjob)
+            return 201, ""
+        except ApiException as e:
+            return e.status, json.loads(e.body)["message"]
+
+    answers = []
+    with KubernetesStandIn(run_containers=False) as k8s:
+        for runtime in runtimes:
+            k8s.add_runtime(runtime)
+        configuration = client.Configuration()
+        configuration.host = k8s.url
+        stand_in = client.ApiClient(configuration)
+        for index, (name, (trainjob, status, phrase)) in enumerate(cases.items()):
+            if name != "dotted name":
+                trainjob["metadata"]["name"] = f"hook-{index}"
+            answers += [(name, where, *create(api_client, trainjob))
+                        for where, api_client in (("real", api), ("stand-in", stand_in))]
+    wrong = [(name, where, got, message) for name, where, got, message in answers
+             if got != cases[name][1] or cases[name][2] not in message]
+    assert wrong == []
