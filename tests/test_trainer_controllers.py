@@ -1,6 +1,6 @@
 """The TrainJobs `launch_training` makes, turned into JobSets by the real Kubeflow Trainer v2.3.0 controller and into
 Jobs by the real JobSet v0.12.0 controller (tests/control_plane with `controllers=True`: both run in the harness's
-controller-runtime manager on envtest's API server, with Trainer's webhooks, as their own integration tests run
+controller-runtime manager on envtest's API server, with their webhooks, as their own integration tests run
 them), beside what the stand-in (tests/standins/trainer.py) makes of the same TrainJob; then the launcher following
 a TrainJob whose nodes complete, fail, or fail and restart, beside its run of the same TrainJob on the stand-in. No
 kube-controller-manager or kubelet runs here: the test creates the pods the Job controller would create, ends their
@@ -73,9 +73,6 @@ def read(resource, name: str, namespace: str | None = None) -> dict | None:
         return None
 
 
-# Trainer writes `resources: {}` on a container the runtime gives no resources (the TCPXO daemon, a native sidecar)
-# where the stand-in leaves the field out; a container reads both the same (no requests, no limits).
-EMPTY_RESOURCES = {"trainjob-tcpxo": ["[0].template.spec.template.spec.initContainers[0].resources: {} -> null"]}
 TRAINJOB_CASES = [(case, argv) for case, argv in dry_run_cases() if case.startswith("trainjob-")]
 
 
@@ -88,7 +85,8 @@ def test_the_trainer_stand_in_kept_to_run_nodes_makes_the_jobset_the_real_traine
     the real Trainer controller creates has the replicated jobs (pod templates: PET_* and JAX_* env, command,
     resources, node selector, tolerations, volumes) the stand-in creates. The differences: Trainer writes
     `suspend: false` where the stand-in leaves it out (v2.3.0 pkg/runtime/framework/plugins/jobset/jobset.go:425
-    copies the TrainJob's), which a JobSet reads the same, and the `resources: {}` of EMPTY_RESOURCES."""
+    copies the TrainJob's), which a JobSet reads the same. (JobSet's defaulting webhook writes `resources: {}` on
+    a container without resources, the TCPXO daemon's, in both.)"""
     from tests.standins.trainer import trainjob_jobset
 
     api = controllers.api_client()
@@ -107,7 +105,7 @@ def test_the_trainer_stand_in_kept_to_run_nodes_makes_the_jobset_the_real_traine
     defaulted = kinds["JobSet"].create(body=made, namespace=namespace, query_params=[("dryRun", "All")]).to_dict()
 
     found = differences(real["spec"]["replicatedJobs"], defaulted["spec"]["replicatedJobs"])
-    assert found == EMPTY_RESOURCES.get(case, [])
+    assert found == []
     rest = lambda spec: {k: v for k, v in spec.items() if k != "replicatedJobs"}  # noqa: E731
     assert differences(rest(real["spec"]), rest(defaulted["spec"])) == [".suspend: false -> null"]
     owner = real["metadata"]["ownerReferences"]
@@ -544,3 +542,72 @@ def test_the_trainer_stand_in_kept_to_run_nodes_refuses_what_the_real_webhooks_r
     wrong = [(name, where, got, message) for name, where, got, message in answers
              if got != cases[name][1] or cases[name][2] not in message]
     assert wrong == []
+
+
+def test_the_jobset_stand_in_kept_to_run_nodes_defaults_and_refuses_what_the_real_webhook_does(controllers):
+    """The stand-in's JobSet stays because it runs the nodes; so its webhook is held to JobSet's own (v0.12.0
+    pkg/webhooks, run here with its controllers): the JobSet launcher's JobSet, created through the `kubernetes`
+    client on both, gets the same defaults outside its pod template (the API server's own pod defaults are the
+    real server's alone), and each fault below the same status and the same words."""
+    import copy
+
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    api = controllers.api_client()
+    applied(api, [KUBEFLOW])
+    (made,) = dry_run(dict(dry_run_cases())["jobset-tensorflow"])
+
+    def case(change) -> dict:
+        jobset = copy.deepcopy(made)
+        change(jobset)
+        return jobset
+
+    cases = {
+        "as made": (case(lambda j: None), ""),
+        "long name": (case(lambda j: j["metadata"].update(name="x" * 50)),
+                      "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters"),
+        "rule name": (case(lambda j: j["spec"]["failurePolicy"]["rules"][0].update(name="no spaces")),
+                      "invalid failure policy rule name 'no spaces', a failure policy rule name must start with"),
+        "subdomain": (case(lambda j: j["spec"]["network"].update(subdomain="Bad_Sub")),
+                      'spec.network.subdomain: Invalid value: "Bad_Sub": a lowercase RFC 1123 subdomain must'),
+    }
+
+    def create(api_client, jobset: dict) -> tuple[int, object]:
+        try:
+            return 201, client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", "kubeflow", "jobsets", jobset)
+        except ApiException as e:
+            return e.status, json.loads(e.body)["message"]
+
+    def outside_the_pod_template(spec: dict) -> dict:
+        """The spec less its pod templates, and less the empty objects the real webhook writes back (a Job
+        template's `metadata: {}`), which read as absent ones."""
+        spec = copy.deepcopy(spec)
+        for rjob in spec["replicatedJobs"]:
+            del rjob["template"]["spec"]["template"]
+
+        def pruned(value):
+            if isinstance(value, dict):
+                return {k: pruned(v) for k, v in value.items() if v != {}}
+            return [pruned(v) for v in value] if isinstance(value, list) else value
+
+        return pruned(spec)
+
+    with KubernetesStandIn(run_containers=False) as k8s:
+        configuration = client.Configuration()
+        configuration.host = k8s.url
+        stand_in = client.ApiClient(configuration)
+        for index, (name, (jobset, phrase)) in enumerate(cases.items()):
+            if name != "long name":
+                jobset["metadata"]["name"] = f"webhook-{index}"
+            (real, real_body), (ours, our_body) = create(api, jobset), create(stand_in, jobset)
+            if not phrase:
+                assert real == ours == 201, (real_body, our_body)
+                assert differences(outside_the_pod_template(real_body["spec"]),
+                                   outside_the_pod_template(our_body["spec"])) == []
+                continue
+            assert (name, real, ours) == (name, 422, 422), (real_body, our_body)
+            assert phrase in real_body and phrase in our_body, (real_body, our_body)

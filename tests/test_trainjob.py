@@ -145,14 +145,10 @@ def test_jobset_manifest_is_valid(nodes):
     assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpu"
 
 
-def test_the_checks_refuse_what_the_api_server_refuses():
-    """The checks can fail: pod names too long for JobSet (its webhook's rule, which the control plane of
-    tests/test_control_plane.py does not run), and the launcher's own name checks. The schema checks of
-    tests/standins/validation.py are held to the real API server there
-    (test_the_stand_ins_schema_checks_kept_for_what_runs_on_it_refuse_what_the_real_api_server_refuses)."""
-    long_name = launch.jobset_manifest(gpu_job(2), "ml")
-    long_name["metadata"]["name"] = "x" * 50
-    assert any("pod name" in p for p in jobset_problems(long_name))
+def test_the_launchers_name_checks_refuse_what_jobset_refuses():
+    """The launcher refuses a name whose pods' names JobSet's webhook would refuse, before creating anything. The
+    stand-ins' checks are held to the real API server, Trainer and JobSet in tests/test_control_plane.py and
+    tests/test_trainer_controllers.py (tests/standins/README.md)."""
     with pytest.raises(ValueError, match="too long for the pod names of 2 nodes"):
         launch.trainjob_manifest(gpu_job(2, name="t" * 50), "ml")
     assert len(launch.job_name("train", "r" * 80, "train-cluster-job-op", max_length=47)) == 47

@@ -51,7 +51,7 @@ ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
 # GitHub repository); go.sum pins what they hash to either way.
 CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
           "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
-TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+TRAINER_MODULE, JOBSET_MODULE = "github.com/kubeflow/trainer/v2", "sigs.k8s.io/jobset"
 FIELD_MANAGER = "control-plane-tests"
 
 
@@ -80,6 +80,17 @@ def cache_dir() -> Path:
     return cache / "control-plane" / f"k8s-{pins['kubernetes']}-etcd-{pins['etcd']}"
 
 
+def harness_name() -> str:
+    """The harness binary's name in cache_dir(): `control-plane-harness-<hash of its sources and go.mod/go.sum>`,
+    so that checkouts of other harness sources sharing the cache do not replace each other's harness mid-run."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in [*sorted(HARNESS.glob("*.go")), HARNESS / "go.mod", HARNESS / "go.sum"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"control-plane-harness-{digest.hexdigest()[:12]}"
+
+
 def build() -> Path:
     """Builds kube-apiserver, etcd, the harness and kubectl into cache_dir() (seconds when nothing changed); the
     folder."""
@@ -92,6 +103,7 @@ def build() -> Path:
     stamp = f"-ldflags=-X k8s.io/component-base/version.gitVersion={versions()['kubernetes']}"
     for name, package in BINARIES.items():
         flags = [stamp] if name == "kubectl" else []
+        name = harness_name() if name == "control-plane-harness" else name
         done = subprocess.run([go(), "build", *flags, "-o", str(out / name), package], cwd=HARNESS,
                               capture_output=True, text=True, env=build_env(CLONES))
         if done.returncode:
@@ -99,15 +111,16 @@ def build() -> Path:
     return out
 
 
-def trainer_dir() -> str:
-    """Kubeflow Trainer's module folder in Go's module cache (its webhook configuration and the PodGroup CRDs its
-    runtime plugins watch, which the harness installs with its controllers)."""
+def module_dir(module: str) -> str:
+    """A module's folder in Go's module cache: Kubeflow Trainer's (its webhook configuration and the
+    TrainingRuntime CRD, which the harness installs with its controllers) or JobSet's (its webhook
+    configuration)."""
     from tests.go_modules import build_env
 
-    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", TRAINER_MODULE], cwd=HARNESS, capture_output=True,
+    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", module], cwd=HARNESS, capture_output=True,
                           text=True, env=build_env(CLONES))
     if done.returncode or not done.stdout.strip():
-        raise RuntimeError(f"locating {TRAINER_MODULE}: {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"locating {module}: {done.stderr.strip()[-2000:]}")
     return done.stdout.strip()
 
 
@@ -123,8 +136,8 @@ class ControlPlane:
     `kubeconfig` is a file for a system:masters user; `api_client()` is a `kubernetes.client.ApiClient` on it.
     `crds`: the CustomResourceDefinition files installed at start (crd_files() unless given; `[]` is a bare
     cluster, as a new GKE cluster is). With `controllers`, the harness also runs Kubeflow Trainer's controllers and
-    webhooks and JobSet's controllers in one controller-runtime manager on envtest's rest config, as their own
-    integration tests do.
+    webhooks and JobSet's controllers and webhooks in one controller-runtime manager on envtest's rest config, as
+    their own integration tests do.
     """
 
     def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False):
@@ -139,12 +152,12 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         binaries = build()
-        argv = [str(binaries / "control-plane-harness"), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
+        argv = [str(binaries / harness_name()), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
         for crd in self.crds:
             argv += ["--crds", str(crd)]
         if self.controllers:
-            argv += ["--trainer", trainer_dir()]
+            argv += ["--trainer", module_dir(TRAINER_MODULE), "--jobset", module_dir(JOBSET_MODULE)]
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         threading.Thread(target=self._drain_stderr, daemon=True).start()
@@ -371,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                           help="also run Kubeflow Trainer's controllers and webhooks and JobSet's controllers, and "
                                "print what they create of the applied objects")
     args = parser.parse_args(argv)
-    if args.controllers and args.dry_run:
+    if args.command == "apply" and args.controllers and args.dry_run:
         parser.error("--controllers needs objects that are stored: leave out --dry-run")
     try:
         if args.command == "build":
