@@ -388,8 +388,8 @@ def test_a_field_the_crd_lacks_stops_the_launcher_on_the_real_api_server_as_on_t
 def test_the_kubernetes_stand_in_kept_to_run_nodes_and_script_faults_answers_as_the_real_api_server(
         control_plane_api):
     """The Kubernetes stand-in stays because it runs each node as a process (no kubelet runs here) and answers the
-    faults a test scripts (`fail_next`: 5xx, 429, lost connections), which a real server cannot be made to answer
-    on cue. Each job the launchers make (and a TrainJob with a name its CRD's CEL rule refuses), created through the
+    faults a test scripts (`fail_next`: a 5xx, a 429 or a 409 at a chosen call), which a real server cannot be made
+    to answer on cue. Each job the launchers make (and a TrainJob with a name its CRD's CEL rule refuses), created through the
     `kubernetes` client on the stand-in and on the real API server: the two answer with the same status."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
