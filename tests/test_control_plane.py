@@ -385,8 +385,11 @@ def test_a_field_the_crd_lacks_stops_the_launcher_on_the_real_api_server_as_on_t
     assert "numNodez" not in stored["spec"]["trainer"]
 
 
-def test_the_stand_in_accepts_and_refuses_what_the_real_api_server_does(control_plane_api):
-    """Each job the launchers make (and a TrainJob with a name its CRD's CEL rule refuses), created through the
+def test_the_kubernetes_stand_in_kept_to_run_nodes_and_script_faults_answers_as_the_real_api_server(
+        control_plane_api):
+    """The Kubernetes stand-in stays because it runs each node as a process (no kubelet runs here) and answers the
+    faults a test scripts (`fail_next`: a 5xx, a 429 or a 409 at a chosen call), which a real server cannot be made
+    to answer on cue. Each job the launchers make (and a TrainJob with a name its CRD's CEL rule refuses), created through the
     `kubernetes` client on the stand-in and on the real API server: the two answer with the same status."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
@@ -424,12 +427,62 @@ def test_the_stand_in_accepts_and_refuses_what_the_real_api_server_does(control_
     assert {a[2] for a in answers if a[1] == "as made"} == {201}
 
 
+def test_the_stand_ins_schema_checks_kept_for_what_runs_on_it_refuse_what_the_real_api_server_refuses(
+        control_plane_api):
+    """tests/standins/validation.py stays because the stand-in, on which the launchers' runs go, must refuse a
+    body as the API server does (and the tests without Go check the manifests with it). Each fault below (what
+    tests/test_trainjob.py asserted of the checks alone): the real API server refuses it (fieldValidation=Strict,
+    dry run; a Job template as a batch/v1 Job, which is where the JobSet controller's Job would be refused), and
+    the stand-in's check refuses it too, both naming the field."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from components import launch
+    from tests.standins.validation import crd_problems, job_problems
+    from tests.test_launch import job as gpu_job
+
+    job = gpu_job()
+    applied(control_plane_api, [KUBEFLOW])
+    old = launch.trainjob_manifest(job, "kubeflow")  # the TrainJob field Trainer v2.3.0 replaced
+    old["spec"]["podSpecOverrides"] = [{"targetJobs": [{"name": "node"}], "nodeSelector": {"a": "b"}}]
+    runtime = launch.runtime_manifest()  # a value the enum lacks
+    runtime["metadata"]["name"] = "sometimes"
+    runtime["spec"]["template"]["spec"]["failurePolicy"]["restartStrategy"] = "Sometimes"
+    real = [control_plane.apply(control_plane_api, body, dry_run=True) for body in (old, runtime)]
+    assert [(a.ok, "spec.podSpecOverrides" in a.message + " ".join(a.causes)) for a in real[:1]] == [(False, True)]
+    assert not real[1].ok and "restartStrategy" in real[1].message, real[1].body
+    assert crd_problems(old) == ['unknown field "spec.podSpecOverrides"']
+    assert any("restartStrategy" in p for p in crd_problems(runtime))
+
+    def node_job(change) -> dict:
+        template = launch.jobset_manifest(job, "kubeflow")["spec"]["replicatedJobs"][0]["template"]
+        change(template["spec"])
+        return template
+
+    batch = client.BatchV1Api(control_plane_api)
+    for name, template, field, stand_in in [
+        ("unknown-pod-field", node_job(lambda spec: spec["template"]["spec"]["containers"][0].update(gpus=2)),
+         "spec.template.spec.containers[0].gpus", "'gpus' was unexpected"),
+        ("exit-code-0", node_job(lambda spec: spec["podFailurePolicy"]["rules"][1]["onExitCodes"]["values"].insert(
+            0, 0)), "spec.podFailurePolicy.rules[1].onExitCodes.values[0]", "0 is not allowed"),
+    ]:
+        with pytest.raises(ApiException) as refused:
+            batch.create_namespaced_job("kubeflow", {"apiVersion": "batch/v1", "kind": "Job",
+                                                     "metadata": {"name": name}, **template},
+                                        dry_run="All", field_validation="Strict")
+        assert refused.value.status in (400, 422) and field in refused.value.body, refused.value.body
+        assert any(stand_in in p for p in job_problems(template)), name
+
+
 @pytest.mark.parametrize("case", ["jobset-tensorflow", "jobset-tcpxo", "jobset-mps"])
 @pytest.mark.parametrize("tolerations", ["as made", "none"])
-def test_gke_admission_plugin_adds_the_tolerations_the_stand_in_adds(control_plane_api, case, tolerations):
-    """The pod of a JobSet the launcher makes (as made, and with its tolerations dropped, as a Kueue flavor may
-    drop them), created (dry run) on the real API server with GKE's ExtendedResourceToleration plugin on: it gets
-    the tolerations tests/standins/admission.py gives it."""
+def test_the_admission_stand_in_kept_for_the_pods_it_runs_adds_the_tolerations_gke_adds(control_plane_api, case,
+                                                                                      tolerations):
+    """tests/standins/admission.py stays because the stand-in's JobSet pods, which run as processes, must be
+    admitted as GKE admits them (tests/test_trainjob.py test_kueue_flavor_tolerations_and_ours). The pod of a
+    JobSet the launcher makes (as made, and with its tolerations dropped, as a Kueue flavor may drop them),
+    created (dry run) on the real API server with GKE's ExtendedResourceToleration plugin on: it gets the
+    tolerations the stand-in's plugin gives it."""
     from kubernetes import client
 
     from tests.standins import admission
@@ -450,6 +503,54 @@ def test_gke_admission_plugin_adds_the_tolerations_the_stand_in_adds(control_pla
     ours = [t for t in real["spec"]["tolerations"] if t["key"] not in ("node.kubernetes.io/not-ready",
                                                                        "node.kubernetes.io/unreachable")]
     assert ours == expected["tolerations"]
+
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize("pod", [
+    # extended resources of containers and init containers (the API server wants an extended resource's request
+    # equal to its limit, and makes a limit without a request its request), sorted; an equal toleration is not
+    # added twice, one of another effect is kept beside; native resources and hugepages add none
+    {"containers": [{"name": "node", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4"}}}],
+     "initContainers": [{"name": "init", "image": "i", "resources": {"requests": {"example.com/fpga": "1",
+                                                                                 "memory": "1Gi"},
+                                                                    "limits": {"example.com/fpga": "1"}}}],
+     "tolerations": [GPU_TOLERATION, SPOT_TOLERATION]},
+    {"containers": [{"name": "node", "image": "i", "resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"},
+                                                                 "limits": {"hugepages-2Mi": "1Gi"}}}]},
+    {"containers": [{"name": "node", "image": "i", "resources": {"limits": {"example.com/fpga": "1",
+                                                                            "nvidia.com/gpu": "1"}}}],
+     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]},
+], ids=["gpu-and-fpga", "cpu-only", "other-effect"])
+def test_the_admission_stand_in_kept_for_the_pods_it_runs_and_the_launchers_forecast_add_what_gke_adds(
+        control_plane_api, pod):
+    """The same plugin on hand-made pods (what tests/test_trainjob.py asserted of the stand-in alone): the real
+    API server's tolerations, the stand-in's, and those the TrainJob launcher forecasts for its node pods
+    (components/launch/trainjob.py readded_by_admission, which warns when a Kueue flavor drops a GPU toleration
+    that the plugin puts back) agree."""
+    from kubernetes import client
+
+    from components.launch.trainjob import readded_by_admission
+    from tests.standins.admission import extended_resource_toleration
+
+    applied(control_plane_api, [KUBEFLOW])
+    core = client.CoreV1Api(control_plane_api)
+    real = core.api_client.sanitize_for_serialization(core.create_namespaced_pod("kubeflow", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "admitted"}, "spec": pod}, dry_run="All"))
+    stand_in = json.loads(json.dumps(pod))
+    extended_resource_toleration(stand_in)
+    # the API server's DefaultTolerationSeconds plugin adds its not-ready/unreachable tolerations besides
+    ours = [t for t in real["spec"].get("tolerations") or [] if t["key"] not in ("node.kubernetes.io/not-ready",
+                                                                               "node.kubernetes.io/unreachable")]
+    assert ours == stand_in.get("tolerations", [])
+    node = pod["containers"][0]["resources"]
+    forecast = readded_by_admission({"spec": {"trainer": {"resourcesPerNode": node}}})
+    assert [t for t in forecast if t not in ours] == []  # each one forecast is on the pod
+    added = [t for t in ours if t not in (pod.get("tolerations") or [])]
+    assert [t for t in added if t["key"] in {*node.get("limits", {}), *node.get("requests", {})}
+            and t not in forecast] == []  # and each one added for the node container's resources was forecast
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------

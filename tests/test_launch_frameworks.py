@@ -149,7 +149,7 @@ def test_why_a_torch_trainjob_sets_its_processes_and_no_pet_variables():
     manifest["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "2"}]
     _, problems = trainjob_jobset(manifest, runtime)
     assert problems == ["spec.trainer.env: Invalid value: must not have reserved envs, invalid envs configured: "
-                        "['PET_NNODES']"]
+                        "[PET_NNODES]"]
 
 
 @pytest.mark.parametrize("resources, procs", [

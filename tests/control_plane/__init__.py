@@ -8,7 +8,8 @@ caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback po
 real `kubernetes` client talks to it as it talks to a cluster. `apply()` applies objects server-side and returns
 what the API server answers.
 
-`python -m tests.control_plane apply FILE...` starts it, applies the files and prints each answer
+`python -m tests.control_plane apply FILE...` starts it, applies the files and prints each answer; with
+`--controllers`, Trainer's and JobSet's controllers run too, and it prints what they create (`made_by_controllers()`)
 (docs/multi-node-training.md).
 """
 
@@ -50,7 +51,7 @@ ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
 # GitHub repository); go.sum pins what they hash to either way.
 CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
           "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
-TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+TRAINER_MODULE, JOBSET_MODULE = "github.com/kubeflow/trainer/v2", "sigs.k8s.io/jobset"
 FIELD_MANAGER = "control-plane-tests"
 
 
@@ -79,6 +80,17 @@ def cache_dir() -> Path:
     return cache / "control-plane" / f"k8s-{pins['kubernetes']}-etcd-{pins['etcd']}"
 
 
+def harness_name() -> str:
+    """The harness binary's name in cache_dir(): `control-plane-harness-<hash of its sources and go.mod/go.sum>`,
+    so that checkouts of other harness sources sharing the cache do not replace each other's harness mid-run."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in [*sorted(HARNESS.glob("*.go")), HARNESS / "go.mod", HARNESS / "go.sum"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"control-plane-harness-{digest.hexdigest()[:12]}"
+
+
 def build() -> Path:
     """Builds kube-apiserver, etcd, the harness and kubectl into cache_dir() (seconds when nothing changed); the
     folder."""
@@ -91,6 +103,7 @@ def build() -> Path:
     stamp = f"-ldflags=-X k8s.io/component-base/version.gitVersion={versions()['kubernetes']}"
     for name, package in BINARIES.items():
         flags = [stamp] if name == "kubectl" else []
+        name = harness_name() if name == "control-plane-harness" else name
         done = subprocess.run([go(), "build", *flags, "-o", str(out / name), package], cwd=HARNESS,
                               capture_output=True, text=True, env=build_env(CLONES))
         if done.returncode:
@@ -98,15 +111,16 @@ def build() -> Path:
     return out
 
 
-def trainer_dir() -> str:
-    """Kubeflow Trainer's module folder in Go's module cache (its webhook configuration and the PodGroup CRDs its
-    runtime plugins watch, which the harness installs with its controllers)."""
+def module_dir(module: str) -> str:
+    """A module's folder in Go's module cache: Kubeflow Trainer's (its webhook configuration and the
+    TrainingRuntime CRD, which the harness installs with its controllers) or JobSet's (its webhook
+    configuration)."""
     from tests.go_modules import build_env
 
-    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", TRAINER_MODULE], cwd=HARNESS, capture_output=True,
+    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", module], cwd=HARNESS, capture_output=True,
                           text=True, env=build_env(CLONES))
     if done.returncode or not done.stdout.strip():
-        raise RuntimeError(f"locating {TRAINER_MODULE}: {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"locating {module}: {done.stderr.strip()[-2000:]}")
     return done.stdout.strip()
 
 
@@ -122,8 +136,8 @@ class ControlPlane:
     `kubeconfig` is a file for a system:masters user; `api_client()` is a `kubernetes.client.ApiClient` on it.
     `crds`: the CustomResourceDefinition files installed at start (crd_files() unless given; `[]` is a bare
     cluster, as a new GKE cluster is). With `controllers`, the harness also runs Kubeflow Trainer's controllers and
-    webhooks and JobSet's controllers in one controller-runtime manager on envtest's rest config, as their own
-    integration tests do.
+    webhooks and JobSet's controllers and webhooks in one controller-runtime manager on envtest's rest config, as
+    their own integration tests do.
     """
 
     def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False):
@@ -138,12 +152,12 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         binaries = build()
-        argv = [str(binaries / "control-plane-harness"), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
+        argv = [str(binaries / harness_name()), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
         for crd in self.crds:
             argv += ["--crds", str(crd)]
         if self.controllers:
-            argv += ["--trainer", trainer_dir()]
+            argv += ["--trainer", module_dir(TRAINER_MODULE), "--jobset", module_dir(JOBSET_MODULE)]
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         threading.Thread(target=self._drain_stderr, daemon=True).start()
@@ -275,6 +289,72 @@ def apply_all(api_client, manifests: list[dict], *, dry_run: bool = False) -> li
     return [apply(api_client, manifest, dry_run=dry_run) for manifest in manifests]
 
 
+# The kinds Trainer's and JobSet's controllers create: a TrainJob's JobSet (v2.3.0 pkg/runtime/framework/plugins/
+# jobset) and the ConfigMap `{trainjob}-runtime-snapshot` of its runtime (pkg/runtime/core/snapshot.go:34), a
+# JobSet's Jobs and headless Service (v0.12.0 pkg/controllers/jobset_controller.go), and the ConfigMaps and Secrets
+# of Trainer's MPI plugin.
+CONTROLLER_KINDS = (("jobset.x-k8s.io/v1alpha2", "JobSet"), ("batch/v1", "Job"), ("v1", "Service"),
+                    ("v1", "ConfigMap"), ("v1", "Secret"))
+
+
+@dataclasses.dataclass
+class Made:
+    """An object a controller created: `owner` is the object its controller owner reference names."""
+    owner: str
+    body: dict
+
+    def line(self) -> str:
+        return f"{described(self.body)}: created by {self.owner}"
+
+
+def described(body: dict) -> str:
+    """`Kind namespace/name` (`Kind name` when cluster-scoped)."""
+    metadata = body["metadata"]
+    return f"{body['kind']} {metadata['namespace'] + '/' if metadata.get('namespace') else ''}{metadata['name']}"
+
+
+def made_by_controllers(api_client, answers: list[Answer], *, settle_seconds: float = 5.0,
+                        timeout_seconds: float = 60.0) -> list[Made]:
+    """The objects of CONTROLLER_KINDS whose owner references lead back to an applied object (what the controllers
+    made of it, and of what they made), in creation order, as they stand once nothing new has appeared for
+    `settle_seconds` (or `timeout_seconds` have passed)."""
+    import time
+
+    from kubernetes import dynamic
+
+    resources = dynamic.DynamicClient(api_client).resources
+    kinds = [resources.get(api_version=version, kind=kind) for version, kind in CONTROLLER_KINDS]
+    roots = {a.body["metadata"]["uid"]: described(a.body) for a in answers if a.ok and a.body["metadata"].get("uid")}
+
+    def survey() -> list[Made]:  # a list's items do not say their kind
+        items = [{"apiVersion": kind.group_version, "kind": kind.kind, **item.to_dict()}
+                 for kind in kinds for item in kind.get().items]
+        owners, found, grew = dict(roots), {}, True
+        while grew:  # a JobSet's Jobs are owned by the JobSet, which the TrainJob owns: follow the chain
+            grew = False
+            for item in items:
+                uid = item["metadata"]["uid"]
+                owner = next((o for o in item["metadata"].get("ownerReferences") or []
+                              if o.get("controller") and o["uid"] in owners), None)
+                if owner and uid not in found:
+                    found[uid] = Made(owners[owner["uid"]], {**item, "metadata": {
+                        k: v for k, v in item["metadata"].items() if k != "managedFields"}})
+                    owners[uid] = described(item)
+                    grew = True
+        return sorted(found.values(), key=lambda m: (m.body["metadata"]["creationTimestamp"],
+                                                     m.body["metadata"]["name"]))
+
+    deadline = time.monotonic() + timeout_seconds
+    made, since = survey(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < settle_seconds:
+        time.sleep(0.5)
+        now = survey()
+        if [m.line() for m in now] != [m.line() for m in made]:
+            since = time.monotonic()
+        made = now
+    return made
+
+
 def load(paths: list[str]) -> list[dict]:
     """The objects of YAML files (multi-document; `-` reads stdin), empty documents left out."""
     import sys
@@ -300,7 +380,12 @@ def main(argv: list[str] | None = None) -> int:
                                                  "answer, stop")
     applying.add_argument("files", nargs="+", metavar="FILE", help="YAML manifests (- for stdin)")
     applying.add_argument("--dry-run", action="store_true", help="dryRun=All: the API server stores nothing")
+    applying.add_argument("--controllers", action="store_true",
+                          help="also run Kubeflow Trainer's controllers and webhooks and JobSet's controllers, and "
+                               "print what they create of the applied objects")
     args = parser.parse_args(argv)
+    if args.command == "apply" and args.controllers and args.dry_run:
+        parser.error("--controllers needs objects that are stored: leave out --dry-run")
     try:
         if args.command == "build":
             started = time.monotonic()
@@ -308,8 +393,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"({time.monotonic() - started:.1f}s)")
             return 0
         manifests = load(args.files)
-        with ControlPlane() as plane:
-            answers = apply_all(plane.api_client(), manifests, dry_run=args.dry_run)
+        made: list[Made] = []
+        with ControlPlane(controllers=args.controllers) as plane:
+            api = plane.api_client()
+            answers = apply_all(api, manifests, dry_run=args.dry_run)
+            if args.controllers:
+                made = made_by_controllers(api, answers)
     except GoMissing as e:
         print(e, file=sys.stderr)
         return 2
@@ -320,9 +409,19 @@ def main(argv: list[str] | None = None) -> int:
         for warning in answer.warnings:
             print(f"  warning: {warning}")
         if answer.ok:
-            import yaml
-
-            shown = {k: v for k, v in answer.body.items() if k != "metadata"}
-            shown["metadata"] = {k: v for k, v in answer.body["metadata"].items() if k != "managedFields"}
-            print("  " + yaml.safe_dump(shown, sort_keys=False, width=120).replace("\n", "\n  ").rstrip())
+            print(_shown(answer.body))
+    if args.controllers:
+        print(f"The controllers created {len(made)} object{'s' if len(made) != 1 else ''}:")
+        for thing in made:
+            print(thing.line())
+            print(_shown(thing.body))
     return 0 if all(a.ok for a in answers) else 1
+
+
+def _shown(body: dict) -> str:
+    """An object as YAML, indented, without its managedFields."""
+    import yaml
+
+    shown = {k: v for k, v in body.items() if k != "metadata"}
+    shown["metadata"] = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return "  " + yaml.safe_dump(shown, sort_keys=False, width=120).replace("\n", "\n  ").rstrip()

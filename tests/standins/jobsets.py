@@ -439,8 +439,10 @@ class JobSetRun:
 
 
 def default_jobset(spec: dict) -> None:
-    """The JobSet webhook's defaults."""
+    """The JobSet webhook's defaults (v0.12.0 pkg/webhooks/jobset_webhook.go:111-149; replicas and groupName are
+    the CRD's)."""
     spec.setdefault("successPolicy", {"operator": "All"})
+    spec.setdefault("startupPolicy", {"startupPolicyOrder": "AnyOrder"})
     network = spec.setdefault("network", {})
     network.setdefault("enableDNSHostnames", True)
     network.setdefault("publishNotReadyAddresses", True)
@@ -455,7 +457,8 @@ def default_jobset(spec: dict) -> None:
 
 
 def jobset_problems(body: dict) -> list[str]:
-    """What the JobSet CRD, JobSet's webhook and the Job API refuse (and what the stand-in cannot run)."""
+    """What the JobSet CRD, JobSet's webhook (v0.12.0 pkg/webhooks/jobset_webhook.go:243-255 pod names,
+    :464-467 rule names) and the Job API refuse (and what the stand-in cannot run)."""
     problems = crd_problems(body)
     if problems:
         return problems
@@ -463,16 +466,22 @@ def jobset_problems(body: dict) -> list[str]:
     spec = body.get("spec", {})
     subdomain = spec.get("network", {}).get("subdomain", "")
     if subdomain and not SUBDOMAIN.match(subdomain):
-        problems.append(f"spec.network.subdomain: Invalid value: {subdomain!r}")
+        problems.append(f"spec.network.subdomain: Invalid value: {json.dumps(subdomain)}: a lowercase RFC 1123 "
+                        "subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start "
+                        "and end with an alphanumeric character")
     for index, rjob in enumerate(spec.get("replicatedJobs", [])):
         job_spec = rjob.get("template", {}).get("spec", {})
         replicas = int(rjob.get("replicas", 1))
         completions = job_spec.get("completions")
         longest = f"{name}-{rjob['name']}-{replicas - 1}-{max(int(completions or 1) - 1, 0)}-abcde"
-        if len(longest) > 63 or not DNS1035.match(longest):
-            problems.append(f"spec.replicatedJobs[{index}].name: Invalid value: {name}-{rjob['name']}-"
-                            f"{replicas - 1}: pod name {longest!r} would not be a DNS-1035 label of at most 63 "
-                            "characters")
+        job = f"{name}-{rjob['name']}-{replicas - 1}"
+        if len(longest) > 63:
+            problems.append(f"spec.replicatedJobs[{index}].name: Invalid value: {json.dumps(job)}: JobSet name is "
+                            "too long, pod names generated for this JobSet will exceed 63 characters")
+        elif not DNS1035.match(longest):
+            problems.append(f"spec.replicatedJobs[{index}].name: Invalid value: {json.dumps(job)}: a DNS-1035 label "
+                            "must consist of lower case alphanumeric characters or '-', start with an alphabetic "
+                            "character, and end with an alphanumeric character")
         defaulted = copy.deepcopy(rjob.get("template", {}))
         defaulted.setdefault("spec", {}).setdefault("completionMode", "Indexed")
         problems += [f"spec.replicatedJobs[{index}].template.{p}"
@@ -483,5 +492,7 @@ def jobset_problems(body: dict) -> list[str]:
                             f"(got {restart!r})")
     for rule in spec.get("failurePolicy", {}).get("rules", []):
         if rule.get("name") and not _RULE_NAME.match(rule["name"]):
-            problems.append(f"spec.failurePolicy.rules: invalid name {rule['name']!r}")
+            problems.append(f"invalid failure policy rule name '{rule['name']}', a failure policy rule name must "
+                            "start with an alphabetic character, optionally followed by a string of alphanumeric "
+                            "characters or '_,:', and must end with an alphanumeric character or '_'")
     return problems

@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	jobsetv1alpha2 "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	jobsetcontrollers "sigs.k8s.io/jobset/pkg/controllers"
+	jobsetwebhooks "sigs.k8s.io/jobset/pkg/webhooks"
 	schedulerpluginsv1alpha1 "sigs.k8s.io/scheduler-plugins/apis/scheduling/v1alpha1"
 	volcanov1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
@@ -45,11 +48,38 @@ func withTrainer(env *envtest.Environment, trainerDir string) {
 	}
 }
 
+// withJobSetWebhooks installs JobSet's defaulting and validating webhooks for JobSets and Pods as its own webhook
+// integration tests do (v0.12.0 test/integration/webhook/suite_test.go:70-72, the configurations of
+// config/components/webhook/manifests.yaml). Those configurations are named as Trainer's
+// (mutating-webhook-configuration, validating-webhook-configuration), so a copy renamed jobset-... is installed.
+func withJobSetWebhooks(env *envtest.Environment, jobsetDir string) error {
+	data, err := os.ReadFile(filepath.Join(jobsetDir, "config", "components", "webhook", "manifests.yaml"))
+	if err != nil {
+		return err
+	}
+	renamed := strings.NewReplacer("name: mutating-webhook-configuration", "name: jobset-mutating-webhook-configuration",
+		"name: validating-webhook-configuration", "name: jobset-validating-webhook-configuration").Replace(string(data))
+	if renamed == string(data) {
+		return fmt.Errorf("JobSet's webhook configurations are no longer named as expected in %s", jobsetDir)
+	}
+	dir, err := os.MkdirTemp("", "jobset-webhooks-")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, "manifests.yaml")
+	if err := os.WriteFile(path, []byte(renamed), 0o600); err != nil {
+		return err
+	}
+	env.WebhookInstallOptions.Paths = append(env.WebhookInstallOptions.Paths, path)
+	return nil
+}
+
 // runControllers starts one controller-runtime manager on envtest's rest config with the Trainer controllers and
 // webhooks set up as Trainer's framework.RunManager does (framework.go:76-137) and JobSet's JobSet and Pod
-// reconcilers as JobSet v0.12.0's test/integration/controller/suite_test.go sets them up. It returns when the
-// webhook server answers; cancelling ctx stops the manager.
-func runControllers(ctx context.Context, env *envtest.Environment, verbose bool) error {
+// reconcilers as JobSet v0.12.0's test/integration/controller/suite_test.go sets them up; with jobsetWebhooks, also
+// JobSet's webhooks (pkg/webhooks/setup.go:21-29, as test/integration/webhook/suite_test.go:118 sets them up). It
+// returns when the webhook server answers; cancelling ctx stops the manager.
+func runControllers(ctx context.Context, env *envtest.Environment, verbose, jobsetWebhooks bool) error {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(verbose)))
 	for _, add := range []func(*runtime.Scheme) error{
 		trainer.AddToScheme, jobsetv1alpha2.AddToScheme, schedulerpluginsv1alpha1.AddToScheme,
@@ -93,6 +123,11 @@ func runControllers(ctx context.Context, env *envtest.Environment, verbose bool)
 	}
 	if err := pods.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("jobset pod controller: %w", err)
+	}
+	if jobsetWebhooks {
+		if err := jobsetwebhooks.Setup(mgr); err != nil {
+			return fmt.Errorf("jobset webhooks: %w", err)
+		}
 	}
 	failed := make(chan error, 1)
 	go func() { failed <- mgr.Start(ctx) }()

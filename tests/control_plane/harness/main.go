@@ -35,6 +35,7 @@ func main() {
 	// says which and where GKE documents them); the default set stays on
 	admission := flag.String("enable-admission-plugins", "", "kube-apiserver --enable-admission-plugins")
 	trainerDir := flag.String("trainer", "", "Kubeflow Trainer's module folder: run its controllers and webhooks and JobSet's controllers")
+	jobsetDir := flag.String("jobset", "", "JobSet's module folder: with --trainer, also run JobSet's webhooks")
 	verbose := flag.Bool("v", false, "the controllers' debug logs on stderr")
 	flag.Var(&crds, "crds", "a folder or file of CustomResourceDefinitions to install (repeatable)")
 	flag.Parse()
@@ -50,6 +51,12 @@ func main() {
 	}
 	if *trainerDir != "" {
 		withTrainer(env, *trainerDir)
+		if *jobsetDir != "" {
+			if err := withJobSetWebhooks(env, *jobsetDir); err != nil {
+				fmt.Fprintln(os.Stderr, "JobSet's webhooks:", err)
+				os.Exit(1)
+			}
+		}
 	}
 	api := env.ControlPlane.GetAPIServer()
 	args := api.Configure()
@@ -68,7 +75,7 @@ func main() {
 	ctx, cancel := context.WithCancel(context.Background())
 	code := 0
 	if *trainerDir != "" {
-		if err := runControllers(ctx, env, *verbose); err != nil {
+		if err := runControllers(ctx, env, *verbose, *jobsetDir != ""); err != nil {
 			fmt.Fprintln(os.Stderr, "starting the controllers:", err)
 			code = 1
 		}
