@@ -89,6 +89,10 @@ class OperatorJobLauncher(CustomResourceLauncher):
 
     primary = ""  # the primary replica type, lowercase as in its pods' names
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._restarting: dict[str, set[str]] = {}  # job uid -> the Restarting conditions seen (transition times)
+
     def log_pod(self, name: str) -> str:
         return f"{name}-{self.primary}-0"
 
@@ -131,10 +135,19 @@ class OperatorJobLauncher(CustomResourceLauncher):
         log.info("launch: Kueue manages %s: %s waits for queue %s", integration, self.what(name), queue)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
+        seen = self._restarting.setdefault(resource.get("metadata", {}).get("uid", ""), set())
+        seen.update(c.get("lastTransitionTime") or "" for c in resource.get("status", {}).get("conditions", [])
+                    if c.get("type") == "Restarting" and c.get("status") == "True")
         return tfjob_status(resource)
 
     def restarts(self, job: dict | None) -> int:
-        return sum(1 for c in (job or {}).get("status", {}).get("conditions", []) if c["type"] == "Restarting")
+        """The restarts seen while following the job: the operator keeps one Restarting condition and drops it
+        once the job runs again (pkg/util/status.go:103-140 at v1.9.4), so its final status shows none; each
+        Restarting condition seen on a poll counts once (a restart over within one poll can go unseen)."""
+        if not job:
+            return 0
+        self.resource_status(job)
+        return len(self._restarting.get(job.get("metadata", {}).get("uid", ""), ()))
 
 
 class TFJobLauncher(OperatorJobLauncher):
