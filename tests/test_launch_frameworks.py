@@ -461,7 +461,7 @@ def test_pytorchjob_restarts_a_preempted_replica_and_fails_on_a_bad_one(tmp_path
         client = launch.kubernetes_client(k8s.url)
         outcome = launch.PyTorchJobLauncher(client, "ml", poll_seconds=0.05, echo=lambda _: None).run(
             launch.pytorchjob_manifest(framework_job("torch", 1, command=command), "ml"))
-        assert outcome.state == "Succeeded"
+        assert outcome.state == "Succeeded" and outcome.restarts == 1
         assert k8s.pytorchjob("ml", "train-1").pods["train-1-master-0"].restarts == 1
         failing = script("import sys; print('error: no shards under gs://b/d', flush=True); sys.exit(2)")
         with pytest.raises(launch.LaunchError, match=r'PyTorchJob ml/train-2 ended Failed: job "train-2" is '

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from unittest.mock import ANY
 
 import pytest
 
@@ -52,6 +53,14 @@ def stand_in_job(stored: dict):
         default_pytorchjob(body)
         return PyTorchJob(body, stored["metadata"]["namespace"], False, lambda: "")
     return TFJob(body, stored["metadata"]["namespace"], False, lambda: "")
+
+
+def custom_object(api, manifest: dict) -> dict:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "kubeflow.org", "v1", manifest["metadata"]["namespace"], KINDS[manifest["kind"].lower()][1],
+        manifest["metadata"]["name"])
 
 
 def job_pods(core, name: str, namespace: str = "kubeflow") -> list[dict]:
@@ -226,20 +235,36 @@ def test_the_launcher_reports_a_job_that_succeeds_as_against_the_stand_in(operat
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_the_launcher_reports_replicas_that_exit_143_past_the_backoff_limit(operator, framework, tmp_path):
-    """The primary replica exits 143 (SIGTERM after its checkpoint) 8 times, more than the job's backoffLimit (6):
-    with `restartPolicy: ExitCode` the operator deletes the pod and creates it again each time (common/pod.go:
-    349-364), and the backoffLimit does not stop it (pkg/core/job.go:95-133 counts container restarts of running
-    pods; a recreated pod has none); the job succeeds on the ninth pod. The launcher reports each restart it saw
-    and the message it reports against the stand-in, which restarts as the operator does."""
+def test_the_launcher_reports_a_replica_that_exits_143_and_is_restarted(operator, framework, tmp_path):
+    """The primary replica exits 143 (SIGTERM after its checkpoint): with `restartPolicy: ExitCode` the operator
+    deletes its pod and creates it again (common/pod.go:349-364), and the job succeeds on the second pod; the
+    launcher reports the restart and the outcome it reports against the stand-in."""
     manifest = launched(framework, f"restart-{framework}")
-    codes = [143] * 8 + [0]
-    outcome, _ = follow(operator.api_client(), manifest, codes)
+    outcome, _ = follow(operator.api_client(), manifest, [143, 0])
     assert not isinstance(outcome, Exception), outcome
-    assert (outcome.state, outcome.restarts) == ("Succeeded", 8)
-    stand_in, _ = against_the_stand_in(manifest, codes, tmp_path)
+    stand_in, _ = against_the_stand_in(manifest, [143, 0], tmp_path)
     assert not isinstance(stand_in, Exception), stand_in
-    assert (stand_in.state, stand_in.message) == (outcome.state, outcome.message)
+    assert (outcome.state, outcome.message, outcome.restarts) == (stand_in.state, stand_in.message,
+                                                                  stand_in.restarts) == ("Succeeded", ANY, 1)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_the_launcher_stops_a_job_restarted_past_its_backoff_limit(operator, framework, tmp_path):
+    """The primary replica keeps exiting 143: the operator would restart it for ever, as the job's backoffLimit (6)
+    does not count ExitCode restarts (pkg/core/job.go:95-133 counts container restarts of running pods; a recreated
+    pod has none: tests/standins/k8s_api.py). The launcher deletes the job at the 7th restart it sees and fails with
+    the line it fails with against the stand-in."""
+    manifest = launched(framework, f"loops-{framework}")
+    codes = [143] * 12
+    outcome, _ = follow(operator.api_client(), manifest, codes)
+    assert isinstance(outcome, JobFailed), outcome
+    stand_in, _ = against_the_stand_in(manifest, codes, tmp_path)
+    assert isinstance(stand_in, JobFailed), stand_in
+    assert str(outcome).splitlines()[0] == str(stand_in).splitlines()[0] == (
+        f"{manifest['kind']} kubeflow/loops-{framework} ended Failed: restarted 7 times, more than its "
+        "runPolicy.backoffLimit (6), which the Training Operator does not apply to restartPolicy ExitCode; the "
+        "launcher deleted it")
+    assert custom_object(operator.api_client(), manifest)["metadata"].get("deletionTimestamp")
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])

@@ -69,6 +69,7 @@ class TFJob:
 
     kind, specs_key, container_name, chief_type = "TFJob", "tfReplicaSpecs", "tensorflow", "chief"
     port_name, default_port = "tfjob-port", 2222  # tensorflow_defaults.go, tfjob_types.go
+    restart_seconds = 0.3  # from a replica's failure to its recreated pod running (a cluster: seconds or more)
 
     def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
         self.body = body
@@ -189,6 +190,9 @@ class TFJob:
                     self._condition("Restarting", f"{self.kind}Restarting",
                                     f"job {self.name} is restarting because {pod.replica_type.capitalize()} "
                                     "replica(s) failed.")
+                    # the recreated pod is scheduled and started before the operator sees it running and sets
+                    # Running, which drops Restarting (pytorchjob_controller.go:385-388; pkg/util/status.go)
+                    self.deleted.wait(self.restart_seconds)
                     pod.start()
                     self._condition("Running", f"{self.kind}Running", self.message("running"))
                     continue
