@@ -475,8 +475,9 @@ def test_the_operators_webhook_refuses_a_second_master():
     with KubernetesStandIn(run_containers=False) as k8s:
         manifest = launch.pytorchjob_manifest(framework_job("torch", 2), "ml")
         manifest["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
-        with pytest.raises(launch.LaunchError, match=r"PyTorchJob.kubeflow.org \"train-1\" is invalid: spec."
-                                                     r"pytorchReplicaSpecs\[Master\].replicas: Forbidden: must be 1"):
+        with pytest.raises(launch.LaunchError, match=r'admission webhook "validator.pytorchjob.training-operator.'
+                                                     r'kubeflow.org" denied the request: spec.pytorchReplicaSpecs'
+                                                     r"\[Master\].replicas: Forbidden: must be 1"):
             launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml").run(manifest)
 
 

@@ -281,3 +281,32 @@ def test_the_launcher_reports_a_replica_that_exits_1_as_against_the_stand_in(ope
     assert str(outcome).splitlines()[0] == str(stand_in).splitlines()[0] == (
         f'{manifest["kind"]} kubeflow/fails-{framework} ended Failed: job "fails-{framework}" is failing because '
         f'"{primary}" replica(s) failed.')
+
+
+BAD_PYTORCHJOBS = {
+    "two-masters": lambda spec: spec["Master"].update(replicas=2),
+    "no-pytorch-container": lambda spec: spec["Worker"]["template"]["spec"]["containers"][0].update(name="main"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PYTORCHJOBS))
+def test_the_real_webhook_refuses_what_the_stand_in_refuses(operator, case):
+    """The operator's validating webhook (pkg/webhooks/pytorch/pytorchjob_webhook.go) refuses a PyTorchJob with
+    two Masters, or a replica without a `pytorch` container, with the status and the fields the stand-in's
+    validation (tests/standins/k8s_api.py) answers."""
+    from kubernetes import client
+
+    from components.launch.k8s import api_reason
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    manifest = launched("torch", f"bad-{case}")
+    BAD_PYTORCHJOBS[case](manifest["spec"]["pytorchReplicaSpecs"])
+    with pytest.raises(client.ApiException) as real:
+        create(operator.api_client(), manifest)
+    with KubernetesStandIn(run_containers=False) as k8s:
+        from components.launch import kubernetes_client
+
+        with pytest.raises(client.ApiException) as stand_in:
+            create(kubernetes_client(k8s.url), manifest)
+    assert (real.value.status, api_reason(real.value)) == (stand_in.value.status, api_reason(stand_in.value))
+    assert real.value.status == 403

@@ -121,7 +121,7 @@ class OperatorJobLauncher(CustomResourceLauncher):
         except ApiException as e:
             if e.status == 409:
                 return
-            if e.status in (400, 422):
+            if e.status in (400, 403, 422):  # 403: the operator's validating webhook denied it (or RBAC did)
                 raise LaunchError(f"Could not create {self.what(name)}: {api_reason(e)}") from None
             log.warning("launch: a dry run of %s failed (%s); creating it without checking that Kueue manages %s",
                         self.what(name), api_reason(e), integration)

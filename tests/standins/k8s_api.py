@@ -15,7 +15,7 @@ Endpoints, as the `kubernetes` Python client calls them:
     GET    /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      read, with .status (404 NotFound)
     DELETE /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      delete (200 Status), stops its pods
     POST/GET/DELETE /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]  the same for PyTorchJobs (422:
-                                                                    the vendored CRD or the operator's webhook)
+                                                                    the vendored CRD; 403: the operator's webhook)
     POST   /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes          create (cluster-scoped)
     GET    /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/{name}   read
     POST   /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs        create (422 Invalid: CRD schema;
@@ -315,9 +315,9 @@ def default_pytorchjob(body: dict) -> None:
 
 
 def _validate_pytorchjob(body: dict) -> list[str]:
-    """The PyTorchJob CRD's schema (vendored, validation.py) and the operator's webhook
-    (pkg/webhooks/pytorch/pytorchjob_webhook.go:75-160) for the fields we use."""
-    problems = crd_problems(body)
+    """The operator's validating webhook (pkg/webhooks/pytorch/pytorchjob_webhook.go:75-160) for the fields we
+    use, after the CRD's schema (vendored, validation.py) has passed."""
+    problems = []
     name = body.get("metadata", {}).get("name", "")
     if not DNS1035.match(name) or len(name) > 63:
         problems.append(f"metadata.name: Invalid value: {name!r}: should match: a DNS-1035 label")
@@ -475,11 +475,13 @@ class KubernetesStandIn(StandIn):
         namespace, body = request.params["namespace"], request.json()
         name = body.get("metadata", {}).get("name", "")
         problems = crd_problems(body)  # the API server's schema check, before the webhooks see the defaults
-        if not problems:
-            default_pytorchjob(body)
-            problems = _validate_pytorchjob(body)
         if problems:
             raise invalid("PyTorchJob", GROUP, name, problems)
+        default_pytorchjob(body)
+        problems = _validate_pytorchjob(body)
+        if problems:  # the operator's webhook: a field.ErrorList's aggregate (k8s.io/apimachinery util/errors)
+            raise _denied(problems[0] if len(problems) == 1 else f"[{', '.join(problems)}]",
+                          "validator.pytorchjob.training-operator.kubeflow.org")
         if (namespace, name) in self.pytorchjobs:
             raise ApiError("ALREADY_EXISTS", f'pytorchjobs.{GROUP} "{name}" already exists')
         if self._kueue_webhook(request, body, "PyTorchJob"):
@@ -624,10 +626,10 @@ class KubernetesStandIn(StandIn):
         return Stream(_follow(pod, follow, timestamps, tail))
 
 
-def _denied(message: str) -> ApiError:
+def _denied(message: str, webhook: str = "validator.trainjob.trainer.kubeflow.org") -> ApiError:
     """A validating admission webhook's denial (controller-runtime answers a plain error with 403 Forbidden)."""
-    return ApiError("PERMISSION_DENIED", f'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the '
-                                         f"request: {message}", reason="Forbidden")
+    return ApiError("PERMISSION_DENIED", f'admission webhook "{webhook}" denied the request: {message}',
+                    reason="Forbidden")
 
 
 def _deleted(name: str, group: str, plural: str, uid: str) -> dict:
