@@ -255,7 +255,7 @@ def test_the_launcher_stops_a_job_restarted_past_its_backoff_limit(operator, fra
     pod has none: tests/standins/k8s_api.py). The launcher deletes the job at the 7th restart it sees and fails with
     the line it fails with against the stand-in."""
     manifest = launched(framework, f"loops-{framework}")
-    codes = [143] * 12
+    codes = [143] * 20  # room for restarts a poll misses: the launcher stops the job at the 7th it sees
     outcome, _ = follow(operator.api_client(), manifest, codes)
     assert isinstance(outcome, JobFailed), outcome
     stand_in, _ = against_the_stand_in(manifest, codes, tmp_path)

@@ -69,7 +69,7 @@ class TFJob:
 
     kind, specs_key, container_name, chief_type = "TFJob", "tfReplicaSpecs", "tensorflow", "chief"
     port_name, default_port = "tfjob-port", 2222  # tensorflow_defaults.go, tfjob_types.go
-    restart_seconds = 0.3  # from a replica's failure to its recreated pod running (a cluster: seconds or more)
+    restart_seconds = 0.5  # from a replica's failure to its recreated pod running (a cluster: seconds or more)
 
     def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
         self.body = body
