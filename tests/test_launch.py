@@ -324,7 +324,7 @@ def test_tfjob_failure_fails_the_step_with_the_reason_and_log_tail():
         """)
         with pytest.raises(launch.LaunchError) as error:
             launcher.run(launch.tfjob_manifest(job(command=command, workers=0), "ml"))
-        assert "failed" in str(error.value) and "exited with code 2" in str(error.value)
+        assert 'is failing because "Chief" replica(s) failed.' in str(error.value)
         assert "Loss became nan at epoch 1, step 3" in str(error.value)
 
 

@@ -462,8 +462,10 @@ def test_pytorchjob_restarts_a_preempted_replica_and_fails_on_a_bad_one(tmp_path
         outcome = launch.PyTorchJobLauncher(client, "ml", poll_seconds=0.05, echo=lambda _: None).run(
             launch.pytorchjob_manifest(framework_job("torch", 1, command=command), "ml"))
         assert outcome.state == "Succeeded" and outcome.restarts == 1
+        assert k8s.pytorchjob("ml", "train-1").pods["train-1-master-0"].restarts == 1
         failing = script("import sys; print('error: no shards under gs://b/d', flush=True); sys.exit(2)")
-        with pytest.raises(launch.LaunchError, match=r"PyTorchJob ml/train-2 ended Failed: .*exited with code 2"
+        with pytest.raises(launch.LaunchError, match=r'PyTorchJob ml/train-2 ended Failed: job "train-2" is '
+                                                     r'failing because "Master" replica\(s\) failed\.'
                                                      r"(.|\n)*no shards under gs://b/d"):
             launch.PyTorchJobLauncher(client, "ml", poll_seconds=0.05, echo=lambda _: None).run(
                 launch.pytorchjob_manifest(framework_job("torch", 1, name="train-2", command=failing), "ml"))
@@ -473,8 +475,9 @@ def test_the_operators_webhook_refuses_a_second_master():
     with KubernetesStandIn(run_containers=False) as k8s:
         manifest = launch.pytorchjob_manifest(framework_job("torch", 2), "ml")
         manifest["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
-        with pytest.raises(launch.LaunchError, match=r"PyTorchJob.kubeflow.org \"train-1\" is invalid: spec."
-                                                     r"pytorchReplicaSpecs\[Master\].replicas: Forbidden: must be 1"):
+        with pytest.raises(launch.LaunchError, match=r'admission webhook "validator.pytorchjob.training-operator.'
+                                                     r'kubeflow.org" denied the request: spec.pytorchReplicaSpecs'
+                                                     r"\[Master\].replicas: Forbidden: must be 1"):
             launch.PyTorchJobLauncher(launch.kubernetes_client(k8s.url), "ml").run(manifest)
 
 

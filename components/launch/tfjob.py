@@ -89,6 +89,11 @@ class OperatorJobLauncher(CustomResourceLauncher):
 
     primary = ""  # the primary replica type, lowercase as in its pods' names
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._restarts: dict[str, int] = {}  # job uid -> the restarts seen
+        self._restarting: dict[str, str] = {}  # job uid -> its Restarting condition on the last poll ("": none)
+
     def log_pod(self, name: str) -> str:
         return f"{name}-{self.primary}-0"
 
@@ -116,7 +121,7 @@ class OperatorJobLauncher(CustomResourceLauncher):
         except ApiException as e:
             if e.status == 409:
                 return
-            if e.status in (400, 422):
+            if e.status in (400, 403, 422):  # 403: the operator's validating webhook denied it (or RBAC did)
                 raise LaunchError(f"Could not create {self.what(name)}: {api_reason(e)}") from None
             log.warning("launch: a dry run of %s failed (%s); creating it without checking that Kueue manages %s",
                         self.what(name), api_reason(e), integration)
@@ -130,11 +135,40 @@ class OperatorJobLauncher(CustomResourceLauncher):
                 "trainjob or jobset launcher, which Kueue manages by default, or leave out --kueue-queue.")
         log.info("launch: Kueue manages %s: %s waits for queue %s", integration, self.what(name), queue)
 
+    def status(self, resource: dict | None) -> gcp.JobStatus:
+        """The job's condition; Failed, after deleting the job, once it has restarted more often than its
+        runPolicy.backoffLimit: the operator restarts an ExitCode replica by deleting its pod and creating it
+        again, whose containers' restartCount is 0, and counts only those restartCounts against the limit
+        (pkg/core/job.go:95-133 at v1.9.4), so a replica that keeps exiting 128-255 (killed for memory, a
+        crash) would restart, holding its GPUs, until someone deletes the job."""
+        current = super().status(resource)
+        limit = ((resource or {}).get("spec", {}).get("runPolicy") or {}).get("backoffLimit")
+        if current.done or limit is None or self.restarts(resource) <= limit:
+            return current
+        name = resource["metadata"]["name"]
+        self.delete(name)
+        return gcp.JobStatus("Failed", gcp.Phase.FAILED,
+                             f"restarted {self.restarts(resource)} times, more than its runPolicy.backoffLimit "
+                             f"({limit}), which the Training Operator does not apply to restartPolicy ExitCode; "
+                             "the launcher deleted it")
+
     def resource_status(self, resource: dict) -> gcp.JobStatus:
+        uid = resource.get("metadata", {}).get("uid", "")
+        restarting = next((json.dumps(c, sort_keys=True) for c in resource.get("status", {}).get("conditions", [])
+                           if c.get("type") == "Restarting" and c.get("status") == "True"), "")
+        if restarting and restarting != self._restarting.get(uid, ""):
+            self._restarts[uid] = self._restarts.get(uid, 0) + 1
+        self._restarting[uid] = restarting
         return tfjob_status(resource)
 
     def restarts(self, job: dict | None) -> int:
-        return sum(1 for c in (job or {}).get("status", {}).get("conditions", []) if c["type"] == "Restarting")
+        """The restarts seen while following the job: the operator keeps one Restarting condition and drops it
+        once the job runs again (pkg/util/status.go:103-140 at v1.9.4), so its final status shows none; each
+        Restarting condition seen on a poll counts once (a restart over within one poll can go unseen)."""
+        if not job:
+            return 0
+        self.resource_status(job)
+        return self._restarts.get(job.get("metadata", {}).get("uid", ""), 0)
 
 
 class TFJobLauncher(OperatorJobLauncher):

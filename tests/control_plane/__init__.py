@@ -37,6 +37,12 @@ GO_HINT = "Go 1.26 (https://go.dev/dl/, or /usr/local/go/bin on PATH) builds the
 # kubectl v1.36.3 embeds) rendered tests/cluster_setup/.
 BINARIES = {"kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver", "etcd": "go.etcd.io/etcd/server/v3",
             "control-plane-harness": ".", "kubectl": "k8s.io/kubernetes/cmd/kubectl"}
+# The Kubeflow Training Operator v1.9.4's PyTorchJob and TFJob controllers and webhooks (ControlPlane's
+# `training_operator`), in a module of its own (training_operator/go.mod): it pins other scheduler-plugins and
+# Volcano APIs than Trainer v2 does.
+OPERATOR = Path(__file__).parent / "training_operator"
+OPERATOR_BINARY = "training-operator-harness"
+OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 # The admission plugins GKE enables on top of kube-apiserver's default set (which envtest keeps, less
 # ServiceAccount: envtest turns that off, as no controller creates the `default` service accounts here).
 # ExtendedResourceToleration: "GKE automatically applies the corresponding tolerations to Pods requesting GPUs by
@@ -50,7 +56,9 @@ ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
 # fetch them from instead (go.mod replaces sigs.k8s.io/jobset, whose vanity path needs https://sigs.k8s.io, with its
 # GitHub repository); go.sum pins what they hash to either way.
 CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
-          "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
+          "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT",
+          # the Training Operator's module path; its repository is kubeflow/trainer now (its v1.9.4 tag)
+          "https://github.com/kubeflow/training-operator": "TRAINER_GIT"}
 TRAINER_MODULE, JOBSET_MODULE = "github.com/kubeflow/trainer/v2", "sigs.k8s.io/jobset"
 FIELD_MANAGER = "control-plane-tests"
 
@@ -60,18 +68,19 @@ def go() -> str:
 
 
 def versions() -> dict[str, str]:
-    """The releases harness/go.mod pins: kubernetes, etcd, controller-runtime."""
-    text = (HARNESS / "go.mod").read_text()
+    """The releases harness/go.mod pins (kubernetes, etcd, controller-runtime, trainer, jobset) and
+    training_operator/go.mod's training-operator."""
 
-    def pinned(module: str) -> str:
+    def pinned(module: str, folder: Path = HARNESS) -> str:
+        text = (folder / "go.mod").read_text()
         found = re.search(rf"^(?:require)?\s*{re.escape(module)} (v\S+)", text, re.M)
         if not found:
-            raise RuntimeError(f"harness/go.mod pins no {module}")
+            raise RuntimeError(f"{folder.name}/go.mod pins no {module}")
         return found.group(1)
 
     return {"kubernetes": pinned("k8s.io/kubernetes"), "etcd": pinned("go.etcd.io/etcd/server/v3"),
             "controller-runtime": pinned("sigs.k8s.io/controller-runtime"), "trainer": pinned(TRAINER_MODULE),
-            "jobset": pinned("sigs.k8s.io/jobset")}
+            "jobset": pinned("sigs.k8s.io/jobset"), "training-operator": pinned(OPERATOR_MODULE, OPERATOR)}
 
 
 def cache_dir() -> Path:
@@ -92,8 +101,8 @@ def harness_name() -> str:
 
 
 def build() -> Path:
-    """Builds kube-apiserver, etcd, the harness and kubectl into cache_dir() (seconds when nothing changed); the
-    folder."""
+    """Builds kube-apiserver, etcd, the harness, kubectl and the Training Operator's harness into cache_dir()
+    (seconds when nothing changed); the folder."""
     from tests.go_modules import build_env
 
     out = cache_dir()
@@ -101,23 +110,24 @@ def build() -> Path:
     # Built as a module, kubectl would call itself v0.0.0-master (`kubectl version`); Kubernetes' own build stamps
     # the release the same way (hack/lib/version.sh: -X .../component-base/version.gitVersion).
     stamp = f"-ldflags=-X k8s.io/component-base/version.gitVersion={versions()['kubernetes']}"
-    for name, package in BINARIES.items():
+    builds = [(name, package, HARNESS) for name, package in BINARIES.items()] + [(OPERATOR_BINARY, ".", OPERATOR)]
+    for name, package, module in builds:
         flags = [stamp] if name == "kubectl" else []
         name = harness_name() if name == "control-plane-harness" else name
-        done = subprocess.run([go(), "build", *flags, "-o", str(out / name), package], cwd=HARNESS,
+        done = subprocess.run([go(), "build", *flags, "-o", str(out / name), package], cwd=module,
                               capture_output=True, text=True, env=build_env(CLONES))
         if done.returncode:
             raise RuntimeError(f"building {name} ({package}) failed:\n{done.stderr[-4000:]}")
     return out
 
 
-def module_dir(module: str) -> str:
-    """A module's folder in Go's module cache: Kubeflow Trainer's (its webhook configuration and the
-    TrainingRuntime CRD, which the harness installs with its controllers) or JobSet's (its webhook
-    configuration)."""
+def module_dir(module: str, folder: Path = HARNESS) -> str:
+    """The folder of `module`, as the Go module at `folder` requires it, in Go's module cache: Kubeflow Trainer's
+    (its webhook configuration and the TrainingRuntime CRD, which the harness installs with its controllers),
+    JobSet's (its webhook configuration) or the Training Operator's."""
     from tests.go_modules import build_env
 
-    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", module], cwd=HARNESS, capture_output=True,
+    done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", module], cwd=folder, capture_output=True,
                           text=True, env=build_env(CLONES))
     if done.returncode or not done.stdout.strip():
         raise RuntimeError(f"locating {module}: {done.stderr.strip()[-2000:]}")
@@ -137,17 +147,22 @@ class ControlPlane:
     `crds`: the CustomResourceDefinition files installed at start (crd_files() unless given; `[]` is a bare
     cluster, as a new GKE cluster is). With `controllers`, the harness also runs Kubeflow Trainer's controllers and
     webhooks and JobSet's controllers and webhooks in one controller-runtime manager on envtest's rest config, as
-    their own integration tests do.
+    their own integration tests do. With `training_operator`, a second process (training_operator/main.go) runs the
+    Training Operator v1's PyTorchJob and TFJob controllers and webhooks against the same API server, as its
+    integration tests do.
     """
 
-    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False):
+    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False,
+                 training_operator: bool = False):
         self.start_seconds = start_seconds
         self.crds = crd_files() if crds is None else list(crds)
         self.controllers = controllers
+        self.training_operator = training_operator
         self.folder = tempfile.mkdtemp(prefix="control-plane-")
         self.kubeconfig = os.path.join(self.folder, "kubeconfig")
         self.host = ""
         self.process: subprocess.Popen | None = None
+        self.operator: subprocess.Popen | None = None
         self._stderr: list[str] = []
 
     def start(self) -> "ControlPlane":
@@ -158,33 +173,53 @@ class ControlPlane:
             argv += ["--crds", str(crd)]
         if self.controllers:
             argv += ["--trainer", module_dir(TRAINER_MODULE), "--jobset", module_dir(JOBSET_MODULE)]
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.process = self._started(argv, "the control plane")
+        self.host = json.loads(self.process.ready)["host"]
+        if self.training_operator:
+            self.operator = self._started([str(binaries / OPERATOR_BINARY), "--kubeconfig", self.kubeconfig,
+                                           "--operator", module_dir(OPERATOR_MODULE, OPERATOR)],
+                                          "the Training Operator")
+        return self
+
+    def _started(self, argv: list[str], what: str) -> subprocess.Popen:
+        """`argv` started, once it printed its ready line (`.ready`); its stderr's last lines kept for errors."""
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        if self.process is None:
+            self.process = process
+        threading.Thread(target=self._drain_stderr, args=(process,), daemon=True).start()
         ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(self.process.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: ready.append(process.stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.start_seconds)
         if not ready or not ready[0]:
+            if process is not self.process:
+                self._end(process)
             self.stop()
-            raise RuntimeError(f"the control plane did not start (waited up to {self.start_seconds:.0f}s):\n"
+            raise RuntimeError(f"{what} did not start (waited up to {self.start_seconds:.0f}s):\n"
                                + "".join(self._stderr[-40:]))
-        self.host = json.loads(ready[0])["host"]
-        return self
+        process.ready = ready[0]
+        return process
 
-    def _drain_stderr(self) -> None:
-        for line in self.process.stderr:
+    def _drain_stderr(self, process: subprocess.Popen) -> None:
+        for line in process.stderr:
             self._stderr = (self._stderr + [line])[-200:]
 
-    def stop(self) -> None:
-        """Closes the harness's stdin, which stops kube-apiserver and etcd, and waits for it."""
-        if self.process and self.process.poll() is None:
-            self.process.stdin.close()
+    @staticmethod
+    def _end(process: subprocess.Popen | None) -> None:
+        """Closes the process's stdin, which stops it, and waits for it."""
+        if process and process.poll() is None:
+            process.stdin.close()
             try:
-                self.process.wait(60)
+                process.wait(60)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                process.kill()
+                process.wait()
+
+    def stop(self) -> None:
+        """Stops the Training Operator's process, then the harness (which stops kube-apiserver and etcd)."""
+        self._end(self.operator)
+        self._end(self.process)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> "ControlPlane":

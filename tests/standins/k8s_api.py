@@ -15,7 +15,7 @@ Endpoints, as the `kubernetes` Python client calls them:
     GET    /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      read, with .status (404 NotFound)
     DELETE /apis/kubeflow.org/v1/namespaces/{ns}/tfjobs/{name}      delete (200 Status), stops its pods
     POST/GET/DELETE /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]  the same for PyTorchJobs (422:
-                                                                    the vendored CRD or the operator's webhook)
+                                                                    the vendored CRD; 403: the operator's webhook)
     POST   /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes          create (cluster-scoped)
     GET    /apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/{name}   read
     POST   /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs        create (422 Invalid: CRD schema;
@@ -68,6 +68,8 @@ class TFJob:
     """One TFJob and the operator loop that runs its replicas."""
 
     kind, specs_key, container_name, chief_type = "TFJob", "tfReplicaSpecs", "tensorflow", "chief"
+    port_name, default_port = "tfjob-port", 2222  # tensorflow_defaults.go, tfjob_types.go
+    restart_seconds = 0.5  # from a replica's failure to its recreated pod running (a cluster: seconds or more)
 
     def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
         self.body = body
@@ -80,19 +82,25 @@ class TFJob:
         self.pods: dict[str, Pod] = {}
         self.lock = threading.Lock()
         self.deleted = threading.Event()
-        self._condition("Created", f"{self.kind}Created", f"{self.kind} {namespace}/{self.name} is created.")
+        self._condition("Created", f"{self.kind}Created", f"{self.kind} {self.name} is created.")
         if run_containers and not body["spec"].get("runPolicy", {}).get("suspend"):  # suspended: Kueue's to start
             threading.Thread(target=self._operate, daemon=True).start()
 
     def _condition(self, kind: str, reason: str, message: str) -> None:
+        """The operator's setCondition (v1.9.4 pkg/util/status.go:103-140): nothing changes once the job failed or
+        when the condition is already there with that reason; else it replaces the condition of its type,
+        Restarting and Running replace each other, and Succeeded or Failed turn Running False."""
         with self.lock:
             conditions = self.body["status"]["conditions"]
-            for c in conditions:
-                if c["type"] in ("Running", "Restarting") and kind in ("Running", "Restarting", "Succeeded",
-                                                                       "Failed"):
+            if any(c["type"] == "Failed" and c["status"] == "True" for c in conditions) or any(
+                    c["type"] == kind and c["status"] == "True" and c["reason"] == reason for c in conditions):
+                return
+            kept = [c for c in conditions if c["type"] != kind and {c["type"], kind} != {"Running", "Restarting"}]
+            for c in kept:
+                if kind in ("Succeeded", "Failed") and c["type"] == "Running":
                     c["status"] = "False"
-            conditions.append({"type": kind, "status": "True", "reason": reason, "message": message,
-                               "lastUpdateTime": self.now(), "lastTransitionTime": self.now()})
+            conditions[:] = kept + [{"type": kind, "status": "True", "reason": reason, "message": message,
+                                     "lastUpdateTime": self.now(), "lastTransitionTime": self.now()}]
             if kind == "Running" and "startTime" not in self.body["status"]:
                 self.body["status"]["startTime"] = self.now()
             if kind in ("Succeeded", "Failed"):
@@ -100,9 +108,43 @@ class TFJob:
             self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
 
     def replica_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
-        """What the operator adds to a replica's env: TF_CONFIG (chief/worker addresses on 127.0.0.1)."""
+        """What the operator adds to a running replica's env here: TF_CONFIG (chief/worker addresses on
+        127.0.0.1)."""
+        return self.cluster_env(specs, rtype, index, addresses)
+
+    def cluster_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
+        """What the operator adds to a replica's env, given each replica type's `host:port` addresses: TF_CONFIG,
+        as compact JSON (pkg/controller.v1/tensorflow/tensorflow.go:112-155 at v1.9.4)."""
         tf_config = {"cluster": addresses, "task": {"type": rtype.lower(), "index": index}, "environment": "cloud"}
-        return {"TF_CONFIG": json.dumps(tf_config)}
+        return {"TF_CONFIG": json.dumps(tf_config, separators=(",", ":"))}
+
+    def port(self, spec: dict) -> int:
+        """The replica's port: its container's port named `port_name`, else the kind's default (TFJob:
+        tensorflow.go:157-185 GetPortFromTFJob, tensorflow_defaults.go:53-70)."""
+        return next((p["containerPort"] for c in spec["template"]["spec"]["containers"]
+                     if c["name"] == self.container_name for p in c.get("ports", [])
+                     if p.get("name") == self.port_name), self.default_port)
+
+    def pod_spec(self, rtype: str, index: int) -> dict:
+        """The spec of the pod the operator creates for replica `rtype` `index` in a cluster, where the stand-in
+        runs a local process instead (v1.9.4 pkg/controller.v1/common/pod.go:400-470 createNewPod): the replica's
+        template; its container's port defaulted to the kind's (`port_name`, apis/kubeflow.org/v1/*_defaults.go);
+        the operator's env appended to the container's, with each replica's address its headless Service
+        `{job}-{type}-{i}` in the job's namespace (tensorflow.go:157-185; pytorch/master.go:33-62); the pod's
+        restartPolicy the replica's, ExitCode as Never: the operator, not the kubelet, restarts a replica
+        (pkg/core/pod.go SetRestartPolicy)."""
+        specs = self.body["spec"][self.specs_key]
+        addresses = {t.lower(): [f"{self.name}-{t.lower()}-{i}.{self.namespace}.svc:{self.port(spec)}"
+                                 for i in range(int(spec.get("replicas", 1)))] for t, spec in specs.items()}
+        pod = json.loads(json.dumps(specs[rtype]["template"]["spec"]))
+        container = next(c for c in pod["containers"] if c["name"] == self.container_name)
+        if not any(p.get("name") == self.port_name for p in container.get("ports", [])):
+            container.setdefault("ports", []).append({"name": self.port_name, "containerPort": self.default_port})
+        container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in
+                                                           self.cluster_env(specs, rtype, index, addresses).items())]
+        policy = specs[rtype].get("restartPolicy", "Never")
+        pod["restartPolicy"] = "Never" if policy == "ExitCode" else policy
+        return pod
 
     def _operate(self) -> None:
         specs = self.body["spec"][self.specs_key]
@@ -118,7 +160,7 @@ class TFJob:
                                       self.replica_env(specs, rtype, index, addresses))
         for pod in self.pods.values():
             pod.start()
-        self._condition("Running", f"{self.kind}Running", f"{self.kind} {self.namespace}/{self.name} is running.")
+        self._condition("Running", f"{self.kind}Running", self.message("running"))
         backoff_limit = self.body["spec"].get("runPolicy", {}).get("backoffLimit")
         restarts = 0
         chief = next((p for p in self.pods.values() if p.replica_type == self.chief_type),
@@ -132,26 +174,40 @@ class TFJob:
                 code = pod.exit_code
                 if code == 0:
                     if pod is chief:
-                        self._finish(f"{self.kind} {self.namespace}/{self.name} successfully completed.",
-                                     succeeded=True)
+                        self._finish(self.message("succeeded"), succeeded=True)
                         return
                     continue
-                retryable = policies[pod.replica_type] in ("ExitCode",) and 128 <= code <= 255 \
-                    or policies[pod.replica_type] in ("Always", "OnFailure")
-                if retryable and (backoff_limit is None or restarts < backoff_limit):
-                    restarts += 1
+                # common/pod.go:349-371: ExitCode restarts 128-255 (train_util.go:24-26) by deleting and
+                # recreating the pod, whose restartCount is 0 again, so runPolicy.backoffLimit does not bound these
+                # restarts: pkg/core/job.go:95-133 counts the containers' restartCount on running pods, which
+                # only Always and OnFailure (the kubelet restarting the container) raise
+                policy = policies[pod.replica_type]
+                retryable = policy == "ExitCode" and 128 <= code <= 255 or policy in ("Always", "OnFailure")
+                counted = policy in ("Always", "OnFailure")
+                if retryable and (not counted or backoff_limit is None or restarts < backoff_limit):
+                    restarts += counted
                     pod.restarts += 1
                     self._condition("Restarting", f"{self.kind}Restarting",
-                                    f"{self.kind} {self.name} is restarting because {pod.replica_type} replica(s) "
-                                    f"exited with code {code}.")
+                                    f"job {self.name} is restarting because {pod.replica_type.capitalize()} "
+                                    "replica(s) failed.")
+                    # the recreated pod is scheduled and started before the operator sees it running and sets
+                    # Running, which drops Restarting (pytorchjob_controller.go:385-388; pkg/util/status.go)
+                    self.deleted.wait(self.restart_seconds)
                     pod.start()
-                    self._condition("Running", f"{self.kind}Running",
-                                    f"{self.kind} {self.namespace}/{self.name} is running.")
+                    self._condition("Running", f"{self.kind}Running", self.message("running"))
                     continue
-                reason = "exceeded the backoff limit" if retryable else f"exited with code {code}"
-                self._finish(f"{self.kind} {self.namespace}/{self.name} has failed because {pod.replica_type} "
-                             f"replica {pod.index} {reason}.", succeeded=False)
+                if retryable:  # common/job.go:205-211
+                    message = f"Job {self.name} has failed because it has reached the specified backoff limit"
+                else:
+                    message = (f'job "{self.name}" is failing because "{pod.replica_type.capitalize()}" '
+                               "replica(s) failed.")
+                self._finish(message, succeeded=False)
                 return
+
+    def message(self, state: str) -> str:
+        """The Running and Succeeded conditions' messages of a job with a chief (tfjob_controller.go:447-452)."""
+        return f"{self.kind} {self.namespace}/{self.name} " + {"running": "is running.",
+                                                             "succeeded": "successfully completed."}[state]
 
     def _update_replica_statuses(self) -> None:
         statuses: dict[str, dict] = {}
@@ -190,21 +246,21 @@ class PyTorchJob(TFJob):
     for them. `declared_env[pod]` keeps what the operator sets, as a cluster's pod spec would show it."""
 
     kind, specs_key, container_name, chief_type = "PyTorchJob", "pytorchReplicaSpecs", "pytorch", "master"
+    port_name, default_port = "pytorchjob-port", 23456  # pytorch_defaults.go, pytorch_types.go:25-29
 
     def __init__(self, body: dict, namespace: str, run_containers: bool, now: Callable[[], str]):
         self.declared_env: dict[str, dict] = {}
         self.loopback_port = free_port()
         super().__init__(body, namespace, run_containers, now)
 
-    def replica_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
+    def cluster_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
         spec = self.body["spec"]
         replicas = sum(int(s.get("replicas", 1)) for s in specs.values())  # envvar.go:142-148
         nproc = spec.get("nprocPerNode")
         world = replicas * (int(nproc) if str(nproc).isdigit() else 1)  # envvar.go:62-64, 132-140
         env = {"PYTHONUNBUFFERED": "1"}  # envvar.go:56-60
         if "Master" in specs:  # envvar.go:67-97; master.go:36-59
-            port = next(p["containerPort"] for c in specs["Master"]["template"]["spec"]["containers"]
-                        if c["name"] == "pytorch" for p in c.get("ports", []) if p.get("name") == "pytorchjob-port")
+            port = self.port(specs["Master"])
             rank = index + 1 if rtype == "Worker" else index
             env.update({"MASTER_PORT": str(port), "PET_MASTER_PORT": str(port),
                         "MASTER_ADDR": f"{self.name}-master-0", "PET_MASTER_ADDR": f"{self.name}-master-0",
@@ -213,10 +269,34 @@ class PyTorchJob(TFJob):
             env["PET_NPROC_PER_NODE"] = str(nproc)
         if spec.get("elasticPolicy") is None:  # envvar.go:117-123 (elastic mode is not simulated)
             env["PET_NNODES"] = str(replicas)
+        return env
+
+    def replica_env(self, specs: dict, rtype: str, index: int, addresses: dict) -> dict:
+        env = self.cluster_env(specs, rtype, index, addresses)
         self.declared_env[f"{self.name}-{rtype.lower()}-{index}"] = dict(env)
         loopback = {"MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(self.loopback_port), "PET_MASTER_PORT": str(self.loopback_port)}
         return {**env, **{k: v for k, v in loopback.items() if k in env}}
+
+    def message(self, state: str) -> str:
+        """The Running and Succeeded conditions' messages of a job with a master (pytorchjob_controller.go:
+        385-392)."""
+        return f"PyTorchJob {self.name} " + {"running": "is running.", "succeeded": "is successfully completed."}[state]
+
+    def pod_spec(self, rtype: str, index: int) -> dict:
+        """TFJob.pod_spec, and on each Worker of a job with a Master the init container that waits for the
+        master's Service to resolve (pytorch/initcontainer.go:30-48, 105-135; the operator's default
+        --pytorch-init-container-image and -max-tries, cmd/training-operator.v1/main.go:104-109,
+        pkg/config/config.go:26-33), which the stand-in does not run."""
+        pod = super().pod_spec(rtype, index)
+        if rtype == "Worker" and "Master" in self.body["spec"][self.specs_key]:
+            pod.setdefault("initContainers", []).append({
+                "name": "init-pytorch", "image": "alpine:3.10", "imagePullPolicy": "IfNotPresent",
+                "resources": {"limits": {"cpu": "100m", "memory": "20Mi"},
+                              "requests": {"cpu": "50m", "memory": "10Mi"}},
+                "command": ["sh", "-c", f"err=1;for i in $(seq 100); do if nslookup {self.name}-master-0; then err=0 "
+                                        "&& break; fi;echo waiting for master; sleep 2; done; exit $err"]})
+        return pod
 
 
 def default_pytorchjob(body: dict) -> None:
@@ -235,9 +315,9 @@ def default_pytorchjob(body: dict) -> None:
 
 
 def _validate_pytorchjob(body: dict) -> list[str]:
-    """The PyTorchJob CRD's schema (vendored, validation.py) and the operator's webhook
-    (pkg/webhooks/pytorch/pytorchjob_webhook.go:75-160) for the fields we use."""
-    problems = crd_problems(body)
+    """The operator's validating webhook (pkg/webhooks/pytorch/pytorchjob_webhook.go:75-160) for the fields we
+    use, after the CRD's schema (vendored, validation.py) has passed."""
+    problems = []
     name = body.get("metadata", {}).get("name", "")
     if not DNS1035.match(name) or len(name) > 63:
         problems.append(f"metadata.name: Invalid value: {name!r}: should match: a DNS-1035 label")
@@ -395,11 +475,13 @@ class KubernetesStandIn(StandIn):
         namespace, body = request.params["namespace"], request.json()
         name = body.get("metadata", {}).get("name", "")
         problems = crd_problems(body)  # the API server's schema check, before the webhooks see the defaults
-        if not problems:
-            default_pytorchjob(body)
-            problems = _validate_pytorchjob(body)
         if problems:
             raise invalid("PyTorchJob", GROUP, name, problems)
+        default_pytorchjob(body)
+        problems = _validate_pytorchjob(body)
+        if problems:  # the operator's webhook: a field.ErrorList's aggregate (k8s.io/apimachinery util/errors)
+            raise _denied(problems[0] if len(problems) == 1 else f"[{', '.join(problems)}]",
+                          "validator.pytorchjob.training-operator.kubeflow.org")
         if (namespace, name) in self.pytorchjobs:
             raise ApiError("ALREADY_EXISTS", f'pytorchjobs.{GROUP} "{name}" already exists')
         if self._kueue_webhook(request, body, "PyTorchJob"):
@@ -544,10 +626,10 @@ class KubernetesStandIn(StandIn):
         return Stream(_follow(pod, follow, timestamps, tail))
 
 
-def _denied(message: str) -> ApiError:
+def _denied(message: str, webhook: str = "validator.trainjob.trainer.kubeflow.org") -> ApiError:
     """A validating admission webhook's denial (controller-runtime answers a plain error with 403 Forbidden)."""
-    return ApiError("PERMISSION_DENIED", f'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the '
-                                         f"request: {message}", reason="Forbidden")
+    return ApiError("PERMISSION_DENIED", f'admission webhook "{webhook}" denied the request: {message}',
+                    reason="Forbidden")
 
 
 def _deleted(name: str, group: str, plural: str, uid: str) -> dict:
