@@ -49,8 +49,17 @@ ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
 # fetch them from instead (go.mod replaces sigs.k8s.io/jobset, whose vanity path needs https://sigs.k8s.io, with its
 # GitHub repository); go.sum pins what they hash to either way.
 CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
-          "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT"}
+          "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT",
+          "https://github.com/kubernetes-sigs/kueue": "KUEUE_GIT"}
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+# Kueue's controllers, scheduler and webhooks (`ControlPlane(kueue=True)`): kueue/main.go, its own module, as Kueue
+# v0.19.2 (the release the docs install) is built against Trainer v2.2.1 and the harness against v2.3.0. Where the
+# module proxy refuses github.com/kubernetes-sigs/kueue at v0.19.2 (some serve it only up to v0.17.0) or Trainer at
+# v2.2.1, KUEUE_GIT and TRAINER_GIT name local clones. It installs Kueue's CRDs and webhook configurations from the
+# release's manifests.yaml, the copy tests/cluster_setup vendors (its README names its source and sha256).
+KUEUE = Path(__file__).parent / "kueue"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+CLUSTER_SETUP = Path(__file__).parent.parent / "cluster_setup"
 FIELD_MANAGER = "control-plane-tests"
 
 
@@ -98,6 +107,27 @@ def build() -> Path:
     return out
 
 
+def kueue_version() -> str:
+    """The Kueue release kueue/go.mod pins."""
+    found = re.search(rf"^\s*{re.escape(KUEUE_MODULE)} (v\S+)$", (KUEUE / "go.mod").read_text(), re.M)
+    if not found:
+        raise RuntimeError(f"kueue/go.mod pins no {KUEUE_MODULE}")
+    return found.group(1)
+
+
+def build_kueue() -> Path:
+    """Builds the Kueue binary (kueue/main.go) into cache_dir() (seconds when nothing changed); its path."""
+    from tests.go_modules import build_env
+
+    out = cache_dir() / f"control-plane-kueue-{kueue_version()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([go(), "build", "-o", str(out), "."], cwd=KUEUE, capture_output=True, text=True,
+                          env=build_env(CLONES))
+    if done.returncode:
+        raise RuntimeError(f"building Kueue ({KUEUE}) failed:\n{done.stderr[-4000:]}")
+    return out
+
+
 def trainer_dir() -> str:
     """Kubeflow Trainer's module folder in Go's module cache (its webhook configuration and the PodGroup CRDs its
     runtime plugins watch, which the harness installs with its controllers)."""
@@ -123,13 +153,17 @@ class ControlPlane:
     `crds`: the CustomResourceDefinition files installed at start (crd_files() unless given; `[]` is a bare
     cluster, as a new GKE cluster is). With `controllers`, the harness also runs Kubeflow Trainer's controllers and
     webhooks and JobSet's controllers in one controller-runtime manager on envtest's rest config, as their own
-    integration tests do.
+    integration tests do. With `kueue` (which implies `controllers`), Kueue's controllers, scheduler and webhooks
+    run beside them in a process of their own (kueue/main.go), on the same API server.
     """
 
-    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False):
+    def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False,
+                 kueue: bool = False):
         self.start_seconds = start_seconds
         self.crds = crd_files() if crds is None else list(crds)
-        self.controllers = controllers
+        self.controllers = controllers or kueue
+        self.kueue = kueue
+        self.kueue_process: subprocess.Popen | None = None
         self.folder = tempfile.mkdtemp(prefix="control-plane-")
         self.kubeconfig = os.path.join(self.folder, "kubeconfig")
         self.host = ""
@@ -138,39 +172,56 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         binaries = build()
+        kueue = build_kueue() if self.kueue else None
         argv = [str(binaries / "control-plane-harness"), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
         for crd in self.crds:
             argv += ["--crds", str(crd)]
         if self.controllers:
             argv += ["--trainer", trainer_dir()]
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.process, ready = self._started(argv, "the control plane")
+        self.host = json.loads(ready)["host"]
+        if kueue:
+            manifests = CLUSTER_SETUP / f"kueue-{kueue_version()}-manifests.yaml"
+            self.kueue_process, _ = self._started([str(kueue), "--kubeconfig", self.kubeconfig,
+                                                   "--manifests", str(manifests)], "Kueue")
+        return self
+
+    def _started(self, argv: list[str], what: str) -> tuple[subprocess.Popen, str]:
+        """The process of `argv` and the ready line it printed on stdout (its stderr is kept in `_stderr`); stops
+        everything and raises when no line comes within start_seconds."""
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        threading.Thread(target=self._drain, args=(process,), daemon=True).start()
         ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(self.process.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: ready.append(process.stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.start_seconds)
         if not ready or not ready[0]:
+            self._stop(process)
             self.stop()
-            raise RuntimeError(f"the control plane did not start (waited up to {self.start_seconds:.0f}s):\n"
+            raise RuntimeError(f"{what} did not start (waited up to {self.start_seconds:.0f}s):\n"
                                + "".join(self._stderr[-40:]))
-        self.host = json.loads(ready[0])["host"]
-        return self
+        return process, ready[0]
 
-    def _drain_stderr(self) -> None:
-        for line in self.process.stderr:
+    def _drain(self, process: subprocess.Popen) -> None:
+        for line in process.stderr:
             self._stderr = (self._stderr + [line])[-200:]
 
-    def stop(self) -> None:
-        """Closes the harness's stdin, which stops kube-apiserver and etcd, and waits for it."""
-        if self.process and self.process.poll() is None:
-            self.process.stdin.close()
+    @staticmethod
+    def _stop(process: subprocess.Popen | None) -> None:
+        if process and process.poll() is None:
+            process.stdin.close()
             try:
-                self.process.wait(60)
+                process.wait(60)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                process.kill()
+                process.wait()
+
+    def stop(self) -> None:
+        """Closes Kueue's stdin, then the harness's, which stops kube-apiserver and etcd, and waits for them."""
+        self._stop(self.kueue_process)
+        self._stop(self.process)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> "ControlPlane":
@@ -295,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tests.control_plane", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="only build kube-apiserver, etcd and the envtest harness")
+    commands.add_parser("build", help="only build kube-apiserver, etcd, kubectl, the envtest harness and Kueue")
     applying = commands.add_parser("apply", help="start the control plane, apply FILEs server-side, print each "
                                                  "answer, stop")
     applying.add_argument("files", nargs="+", metavar="FILE", help="YAML manifests (- for stdin)")
@@ -306,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             print(f"{', '.join(f'{k} {v}' for k, v in versions().items())}: {build()} "
                   f"({time.monotonic() - started:.1f}s)")
+            started = time.monotonic()
+            print(f"kueue {kueue_version()}: {build_kueue()} ({time.monotonic() - started:.1f}s)")
             return 0
         manifests = load(args.files)
         with ControlPlane() as plane:

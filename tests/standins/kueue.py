@@ -9,7 +9,11 @@ CRD of tests/schemas/ that it patches:
 - On admission, `RunWithPodSetsInfo` (trainjob_controller.go:243-290) fills that patch with one replicated-job
   patch per pod set (each replicated job of the runtime): the pod set's labels, annotations, node selector and
   tolerations (:253-273), which `podset.FromAssignment` takes from the assigned ResourceFlavor's `nodeLabels` and
-  `tolerations` (pkg/podset/podset.go:58-92, :87-88), then unsuspends it (:288).
+  `tolerations` (pkg/podset/podset.go:58-92, :87-88), then unsuspends it (:288). The labels are the pod set's name
+  and, with the AssignQueueLabelsForPods feature (on by default since v0.17, pkg/features/kube_features.go:817-819),
+  the LocalQueue's and ClusterQueue's names; the annotation, with TopologyAwareScheduling (on by default since
+  v0.14, :683-685), is the Workload's name (pkg/controller/jobframework/reconciler.go:1745-1788), which
+  `workload_name` makes as Kueue does (workload_names.go:64-118).
 - Trainer merges the runtime patches in their order as strategic merge patches (kubeflow/trainer v2.2.1,
   pkg/runtime/core/trainingruntime.go:203-236; v2.3.0 :251-272). A pod's `tolerations` list is atomic
   (tests/schemas/jobset.x-k8s.io_jobsets.yaml:7211-7251, `x-kubernetes-list-type: atomic`; core/v1 PodSpec has no
@@ -38,9 +42,15 @@ tolerations are not modelled for these kinds.
 from __future__ import annotations
 
 import copy
+import hashlib
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PATCH_MANAGER = "kueue.x-k8s.io/manager"
+# the pod-set labels and the Workload annotation of an admitted job's pods (pkg/controller/constants/constants.go,
+# apis/kueue/v1beta2/topology_types.go:80)
+PODSET_LABEL, LOCAL_QUEUE_LABEL = "kueue.x-k8s.io/podset", "kueue.x-k8s.io/local-queue-name"
+CLUSTER_QUEUE_LABEL, WORKLOAD_ANNOTATION = "kueue.x-k8s.io/cluster-queue-name", "kueue.x-k8s.io/workload"
+CLUSTER_QUEUE = "gpu"  # the ClusterQueue of docs/multi-node-training.md, which its LocalQueues point at
 DEFAULT_FRAMEWORKS = frozenset({
     "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice",
     "jobset.x-k8s.io/jobset", "workload.codeflare.dev/appwrapper", "trainer.kubeflow.org/trainjob", "pod",
@@ -48,16 +58,30 @@ DEFAULT_FRAMEWORKS = frozenset({
 OPERATOR_FRAMEWORKS = {"TFJob": "kubeflow.org/tfjob", "PyTorchJob": "kubeflow.org/pytorchjob"}
 
 
-def admit_trainjob(body: dict, runtime: dict, flavor: dict) -> None:
-    """Kueue's webhook and its admission to `flavor` (a ResourceFlavor spec), applied to the TrainJob `body`."""
+def workload_name(kind: str, group: str, name: str, uid: str) -> str:
+    """The name of the Workload Kueue makes for a job (GetWorkloadNameForOwnerWithGVK: the lower-case kind, the
+    name, and 5 hex digits of a SHA-1 of kind, group, name and uid; 253 characters at most)."""
+    digest = hashlib.sha1(f"{kind}\n{group}\n{name}\n{uid}".encode()).hexdigest()
+    return f"{f'{kind.lower()}-{name}'[:253 - 1 - 5]}-{digest[:5]}"
+
+
+def admit_trainjob(body: dict, runtime: dict, flavor: dict, cluster_queue: str = CLUSTER_QUEUE) -> None:
+    """Kueue's webhook and its admission to `flavor` (a ResourceFlavor spec) in `cluster_queue`, applied to the
+    TrainJob `body`."""
     spec = body["spec"]
+    metadata = body["metadata"]
     pod_spec = {}
     if flavor.get("nodeLabels"):
         pod_spec["nodeSelector"] = dict(flavor["nodeLabels"])
     if flavor.get("tolerations"):
         pod_spec["tolerations"] = copy.deepcopy(flavor["tolerations"])
-    replicated_jobs = [{"name": rjob["name"], "template": {"spec": {"template": {"spec": copy.deepcopy(pod_spec)}}}}
-                       for rjob in runtime["spec"]["template"]["spec"].get("replicatedJobs", [])]
+    workload = workload_name("TrainJob", "trainer.kubeflow.org", metadata["name"], metadata.get("uid", ""))
+    replicated_jobs = [{"name": rjob["name"], "template": {"spec": {"template": {
+        "metadata": {"annotations": {WORKLOAD_ANNOTATION: workload},
+                     "labels": {CLUSTER_QUEUE_LABEL: cluster_queue, LOCAL_QUEUE_LABEL: metadata["labels"][QUEUE_LABEL],
+                                PODSET_LABEL: rjob["name"]}},
+        "spec": copy.deepcopy(pod_spec)}}}}
+        for rjob in runtime["spec"]["template"]["spec"].get("replicatedJobs", [])]
     spec.setdefault("runtimePatches", []).append(
         {"manager": KUEUE_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
             "replicatedJobs": replicated_jobs}}}})
