@@ -53,12 +53,14 @@ def kueue():
         yield plane
 
 
-def queued_trainjob(api, name: str, gpus: int) -> dict:
-    """The torch TrainJob of 2 nodes the launcher makes for queue team-gpu, its runtime installed by an admin."""
-    *runtimes, trainjob = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", "torch", "--name", name,
+def queued_trainjob(api, name: str, gpus: int, runtimes: list | None = None) -> dict:
+    """The torch TrainJob of 2 nodes the launcher makes for queue team-gpu, its runtime installed by an admin (and
+    put in `runtimes`)."""
+    *made, trainjob = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", "torch", "--name", name,
                                    "--image", "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus",
                                    str(gpus), "--kueue-queue", "team-gpu", "--", "python", "-m", "components.train"])
-    applied(api, [KUBEFLOW, *runtimes])
+    applied(api, [KUBEFLOW, *made])
+    (runtimes if runtimes is not None else []).extend(made)
     return trainjob
 
 
@@ -132,25 +134,55 @@ def test_a_trainjob_that_fits_the_quota_is_admitted_to_the_flavor_and_runs(kueue
     assert differences({k: v for k, v in real_patch.items() if k != "time"}, stand_in_patch) == []
 
 
+def stand_in_queues() -> dict:
+    """KubernetesStandIn's Kueue options for the docs' queues: the LocalQueue's flavor spec, and its ClusterQueue's
+    flavor and quota."""
+    queues = {q["kind"]: q for q in docs_queues()}
+    (flavor,) = queues["ClusterQueue"]["spec"]["resourceGroups"][0]["flavors"]
+    assert flavor["name"] == queues["ResourceFlavor"]["metadata"]["name"]
+    queue = queues["LocalQueue"]["metadata"]["name"]
+    return {"kueue_flavors": {queue: queues["ResourceFlavor"]["spec"]},
+            "kueue_quotas": {queue: {"flavor": flavor["name"], "nominalQuota": {
+                r["name"]: str(r["nominalQuota"]) for r in flavor["resources"]}}}}
+
+
+def held_run(api, trainjob: dict, caplog) -> tuple[str, list[str]]:
+    """The launcher on a TrainJob Kueue holds, given up after 5s: its error and what it logged about the job."""
+    from components.launch.training import KUBERNETES_LAUNCHERS
+
+    launcher = KUBERNETES_LAUNCHERS["trainjob"](api, trainjob["metadata"]["namespace"], poll_seconds=0.2,
+                                                timeout_seconds=5, echo=lambda line: None)
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(JobTimedOut) as timed_out:
+        launcher.run(trainjob)
+    name = trainjob["metadata"]["name"]
+    return str(timed_out.value), [m for m in caplog.messages if name in m and (" is " in m or "Kueue" in m)]
+
+
 def test_a_trainjob_over_the_quota_is_held_and_the_launcher_says_why(kueue, caplog):
     """2 nodes of 2 GPUs: 4 GPUs, more than the ClusterQueue's 2. Kueue's webhook suspends it and its scheduler
     never admits it: the TrainJob and its JobSet stay suspended, the Workload is pending with the scheduler's
-    reason, and the launcher logs that reason until it gives up."""
-    from components.launch.training import KUBERNETES_LAUNCHERS
+    reason, and the launcher logs that reason until it gives up, as against the stand-in's Kueue given the docs'
+    queues."""
+    from components.launch import kubernetes_client
+    from tests.standins.k8s_api import KubernetesStandIn
 
     api = kueue.api_client()
     kinds = resources(api)
-    trainjob = queued_trainjob(api, "kueue-held", gpus=2)
-    launcher = KUBERNETES_LAUNCHERS["trainjob"](api, "kubeflow", poll_seconds=0.2, timeout_seconds=15,
-                                                echo=lambda line: None)
-    with caplog.at_level(logging.INFO), pytest.raises(JobTimedOut) as timed_out:
-        launcher.run(trainjob)
-    assert str(timed_out.value).startswith("TrainJob kubeflow/kueue-held did not finish within 15")
-    # Trainer's own condition says only that it is suspended; the launcher adds Kueue's reason, once
-    assert [m for m in caplog.messages if "waits in Kueue" in m] == [
-        f"launch: TrainJob kubeflow/kueue-held waits in Kueue queue team-gpu: {HELD_REASON}"]
-    assert "TrainJob kubeflow/kueue-held is Suspended (TrainJob is suspended)" in caplog.messages
-
+    runtimes: list[dict] = []
+    trainjob = queued_trainjob(api, "kueue-held", gpus=2, runtimes=runtimes)
+    with KubernetesStandIn(run_containers=False, **stand_in_queues()) as k8s:
+        for runtime in runtimes:
+            k8s.add_runtime(runtime)
+        stand_in = held_run(kubernetes_client(k8s.url), trainjob, caplog)
+    real = held_run(api, trainjob, caplog)
+    # a first poll may come before Trainer's first status (no condition yet: Created), and before Kueue's scheduler
+    # has said why (the order of the two lines); the stand-in answers both at once
+    assert (real[0], sorted(line for line in real[1] if not line.endswith(" is Created"))) == (
+        stand_in[0], sorted(stand_in[1]))
+    assert stand_in == ("TrainJob kubeflow/kueue-held did not finish within 5s; it was cancelled", [
+        f"launch: TrainJob kubeflow/kueue-held waits in Kueue queue team-gpu: {HELD_REASON}",
+        "TrainJob kubeflow/kueue-held is Suspended (TrainJob is suspended)"])
     # cancelled: the launcher deleted it (in the foreground; no garbage collector runs here to finish that)
     held = read(kinds["TrainJob"], "kueue-held", "kubeflow")
     assert held["spec"]["suspend"] is True and held["metadata"].get("deletionTimestamp")
