@@ -1,10 +1,11 @@
 """A real Kubernetes control plane for the tests: `kube-apiserver` and `etcd` built from their own Go modules
 (k8s.io/kubernetes and go.etcd.io/etcd at the versions harness/go.mod pins), run by controller-runtime's envtest the
 way Kubeflow Trainer's, JobSet's and Kueue's integration tests run them, with the CRDs vendored in tests/schemas
-installed, the RBAC authorizer on and the admission plugins GKE adds.
+installed, the RBAC authorizer on and the admission plugins GKE adds; with Trainer's and JobSet's controllers
+(`controllers=True`), and Kueue's beside them (`kueue=True`, kueue/main.go, a module of its own).
 
-`build()` builds the two binaries and the harness into ~/.cache/control-plane/<versions>/ (Go's module and build
-caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback port and hands out a kubeconfig; the
+`build()` builds the two binaries and the harness into ~/.cache/control-plane/<versions>/, `build_kueue()` the Kueue
+binary beside them (Go's module and build caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback port and hands out a kubeconfig; the
 real `kubernetes` client talks to it as it talks to a cluster. `apply()` applies objects server-side and returns
 what the API server answers.
 
