@@ -146,12 +146,12 @@ def stand_in_queues() -> dict:
                 r["name"]: str(r["nominalQuota"]) for r in flavor["resources"]}}}}
 
 
-def held_run(api, trainjob: dict, caplog) -> tuple[str, list[str]]:
-    """The launcher on a TrainJob Kueue holds, given up after 5s: its error and what it logged about the job."""
+def held_run(api, trainjob: dict, caplog, kind: str = "trainjob") -> tuple[str, list[str]]:
+    """The launcher on a job Kueue holds, given up after 5s: its error and what it logged about the job."""
     from components.launch.training import KUBERNETES_LAUNCHERS
 
-    launcher = KUBERNETES_LAUNCHERS["trainjob"](api, trainjob["metadata"]["namespace"], poll_seconds=0.2,
-                                                timeout_seconds=5, echo=lambda line: None)
+    launcher = KUBERNETES_LAUNCHERS[kind](api, trainjob["metadata"]["namespace"], poll_seconds=0.2,
+                                          timeout_seconds=5, echo=lambda line: None)
     caplog.clear()
     with caplog.at_level(logging.INFO), pytest.raises(JobTimedOut) as timed_out:
         launcher.run(trainjob)
@@ -189,3 +189,41 @@ def test_a_trainjob_over_the_quota_is_held_and_the_launcher_says_why(kueue, capl
     reserved = condition(workload_of(api, held), "QuotaReserved")
     assert (reserved["status"], reserved["reason"], reserved["message"]) == ("False", "Pending", HELD_REASON)
     assert read(kinds["JobSet"], "kueue-held", "kubeflow")["spec"]["suspend"] is True
+
+
+def test_the_launchers_jobsets_are_admitted_and_held_as_its_trainjobs(kueue, caplog):
+    """The JobSet launcher's JobSets for queue team-gpu (Kueue's JobSet integration): 2 nodes of 1 GPU are
+    admitted, unsuspended and given the pod-set labels and Workload annotation; 2 nodes of 2 GPUs are held, and the
+    launcher logs Kueue's reason as for a TrainJob. (The stand-in's JobSets do not go through its Kueue: it starts
+    them at once.)"""
+    from kubernetes import client
+
+    from tests.standins.kueue import workload_name
+
+    api = kueue.api_client()
+    custom = client.CustomObjectsApi(api)
+    made = {}
+    for name, gpus in (("jobset-fits", 1), ("jobset-held", 2)):
+        (made[name],) = dry_run(["--dry-run", "--launcher", "jobset", "--framework", "torch", "--name", name,
+                                 "--image", "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus",
+                                 str(gpus), "--kueue-queue", "team-gpu", "--", "python", "-m", "components.train"])
+    assert control_plane.apply(api, made["jobset-fits"]).ok
+
+    def admitted():
+        jobset = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "kubeflow", "jobsets",
+                                                     "jobset-fits")
+        return None if jobset["spec"].get("suspend") else jobset
+    template = wait_for(admitted)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    uid = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "kubeflow", "jobsets",
+                                              "jobset-fits")["metadata"]["uid"]
+    assert template["metadata"]["labels"] == {
+        "app.kubernetes.io/component": "training", "kueue.x-k8s.io/cluster-queue-name": "gpu",
+        "kueue.x-k8s.io/local-queue-name": "team-gpu", "kueue.x-k8s.io/podset": "node"}
+    assert template["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/workload": workload_name("JobSet", "jobset.x-k8s.io", "jobset-fits", uid)}
+    assert template["spec"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
+
+    error, lines = held_run(api, made["jobset-held"], caplog, kind="jobset")
+    assert error == "JobSet kubeflow/jobset-held did not finish within 5s; it was cancelled"
+    assert f"launch: JobSet kubeflow/jobset-held waits in Kueue queue team-gpu: {HELD_REASON}" in lines
+    assert "JobSet kubeflow/jobset-held is Suspended (jobset is suspended)" in lines
