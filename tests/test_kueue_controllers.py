@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 
 import pytest
 
@@ -227,3 +228,38 @@ def test_the_launchers_jobsets_are_admitted_and_held_as_its_trainjobs(kueue, cap
     assert error == "JobSet kubeflow/jobset-held did not finish within 5s; it was cancelled"
     assert f"launch: JobSet kubeflow/jobset-held waits in Kueue queue team-gpu: {HELD_REASON}" in lines
     assert "JobSet kubeflow/jobset-held is Suspended (jobset is suspended)" in lines
+
+
+def test_an_empty_trainer_list_keeps_an_admitted_trainjob_suspended_as_on_the_stand_in(kueue):
+    """Why the launcher writes no `env: []` (trainjob.py): Kueue admits such a TrainJob, but its write-back, from
+    Trainer v2.2.1's Go types, leaves the empty list out, Trainer's rule that spec.trainer never changes refuses it,
+    and the TrainJob stays suspended with its Workload admitted. The stand-in's Kueue does the same
+    (tests/standins/kueue.py left_out_on_write_back). Last in this module: its Workload keeps its quota."""
+    from kubernetes import client
+
+    from components.launch import kubernetes_client
+    from tests.standins.k8s_api import KubernetesStandIn
+
+    api = kueue.api_client()
+    kinds = resources(api)
+    runtimes: list[dict] = []
+    # no GPU: the JobSet admitted above holds the queue's 2, and its CPUs and memory leave room for 2 CPU nodes
+    trainjob = queued_trainjob(api, "kueue-empty-env", gpus=0, runtimes=runtimes)
+    trainjob["spec"]["trainer"]["env"] = []
+    assert control_plane.apply(api, trainjob).ok
+    stored = wait_for(lambda: read(kinds["TrainJob"], "kueue-empty-env", "kubeflow"))
+    wait_for(lambda: (lambda w: w if w and condition(w, "Admitted").get("status") == "True" else None)(
+        workload_of(api, stored)))
+    time.sleep(3)  # Kueue's update has been refused by now, and retried
+    assert read(kinds["TrainJob"], "kueue-empty-env", "kubeflow")["spec"]["suspend"] is True
+
+    with KubernetesStandIn(run_containers=False, **stand_in_queues()) as k8s:
+        for runtime in runtimes:
+            k8s.add_runtime(runtime)
+        custom = client.CustomObjectsApi(kubernetes_client(k8s.url))
+        made = custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", "kubeflow", "trainjobs",
+                                                      copy.deepcopy(trainjob))
+        (admitted,) = custom.list_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "kubeflow", "workloads",
+            label_selector=f"kueue.x-k8s.io/job-uid={made['metadata']['uid']}")["items"]
+    assert made["spec"]["suspend"] is True and condition(admitted, "Admitted")["status"] == "True"

@@ -54,7 +54,8 @@ from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_s
 from tests.standins.jobsets import (DNS1035, JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid,
                                     jobset_problems)
 from tests.standins.kueue import (DEFAULT_FRAMEWORKS, JOB_UID_LABEL, QUEUE_LABEL, admit_operator_job,
-                                  admit_trainjob, default_operator_job, hold_trainjob, quota_shortfall, workload)
+                                  admit_trainjob, default_operator_job, hold_trainjob, left_out_on_write_back,
+                                  quota_shortfall, workload)
 from tests.standins.trainer import (FRAMEWORK_POLICIES, SIMULATED_POLICIES, TRAINER_GROUP, TRAINER_VERSION,
                                     TrainJobRun, runtime_problems, trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
@@ -468,18 +469,19 @@ class KubernetesStandIn(StandIn):
         self.created_bodies.append(json.loads(json.dumps(body)))
         body["metadata"]["uid"] = str(uuid.uuid4())
         queue = body["metadata"].get("labels", {}).get(QUEUE_LABEL)
-        held_because = ""
+        held = False
         if queue in self.kueue_flavors:
-            if queue in self.kueue_quotas:
-                held_because = quota_shortfall(body, **self.kueue_quotas[queue])
-            if held_because:
+            held_because = quota_shortfall(body, **self.kueue_quotas[queue]) if queue in self.kueue_quotas else ""
+            # admitted, but never resumed, when Trainer refuses Kueue's write-back (left_out_on_write_back)
+            held = bool(held_because or left_out_on_write_back(body["spec"].get("trainer") or {}))
+            if held:
                 hold_trainjob(body)
             else:
                 admit_trainjob(body, runtime, self.kueue_flavors[queue])
             self.workloads[(namespace, name)] = workload({**body, "metadata": {**body["metadata"],
                                                                                "namespace": namespace}},
                                                          held_because)
-        if held_because:  # suspended: Trainer's JobSet would be suspended too, with no pods; none is made here
+        if held:  # suspended: Trainer's JobSet would be suspended too, with no pods; none is made here
             trainjob = TrainJobRun(body, namespace, None, lambda: self.now(0))
             self.trainjobs[(namespace, name)] = trainjob
             return 201, trainjob.snapshot()

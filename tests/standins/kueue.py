@@ -168,3 +168,18 @@ def workload(trainjob: dict, held_because: str, cluster_queue: str = CLUSTER_QUE
                          "namespace": metadata.get("namespace", ""), "labels": {JOB_UID_LABEL: metadata["uid"]}},
             "spec": {"queueName": metadata["labels"][QUEUE_LABEL]},
             "status": {"conditions": conditions}}
+
+
+def left_out_on_write_back(trainer: dict, path: str = ".spec.trainer") -> list[str]:
+    """The fields of a TrainJob's spec.trainer that Kueue's write-back on admission leaves out (trainjob_controller.go
+    :283, an Update of the TrainJob as Trainer v2.2.1's Go types hold it, whose lists and maps are `omitempty`):
+    the empty lists and maps. Trainer's rule on spec.trainer (`self == oldSelf`, tests/schemas/
+    trainer.kubeflow.org_trainjobs.yaml) then refuses the update ("field is immutable") on every retry, and the
+    TrainJob stays suspended although its Workload is admitted."""
+    found = []
+    for key, value in trainer.items():
+        if isinstance(value, (list, dict)) and not value:
+            found.append(f"{path}.{key}")
+        elif isinstance(value, dict):
+            found += left_out_on_write_back(value, f"{path}.{key}")
+    return found
