@@ -1,3 +1,6 @@
+// The Kueue binary of tests/control_plane (main.go): sigs.k8s.io/kueue v0.19.2, the release the docs install, with
+// the modules at the versions its own go.mod requires (Kubeflow Trainer v2.2.1, k8s.io/* v0.36.2, controller-runtime
+// v0.24.1, JobSet v0.12.0), not the harness's (Trainer v2.3.0): a module of its own. `go build -o FILE .` builds it.
 module control-plane-kueue
 
 go 1.26.0

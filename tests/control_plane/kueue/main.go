@@ -191,7 +191,7 @@ func run(ctx context.Context, manifests string) (string, error) {
 
 // setup: trainjob/suite_test.go:102-140 controllersSetup and :78-100 managerAndSchedulerSetup, with the JobSet
 // integration of jobset/suite_test.go:69-87 beside it, and the integrations enabled as a default configuration
-// enables them (cmd/kueue/main.go:590-607 passes cfg.Integrations.Frameworks to jobframework).
+// enables them (cmd/kueue/main.go:584-607 passes cfg.Integrations.Frameworks and the manager name to jobframework).
 func setup(ctx context.Context, mgr manager.Manager) error {
 	configuration := &config.Configuration{}
 	mgr.GetScheme().Default(configuration)
