@@ -9,6 +9,9 @@ the ResourceFlavor, ClusterQueue and LocalQueue of docs/multi-node-training.md.
   with what the stand-in's Kueue (tests/standins/kueue.py) makes of the same TrainJob.
 - A TrainJob that asks for more GPUs than the ClusterQueue has is held: it stays suspended, its Workload says why,
   and the launcher says what it says against the stand-in's Kueue for a held TrainJob.
+- The JobSet launcher's JobSets are admitted and held the same way (Kueue's JobSet integration).
+- A TrainJob with an empty list in spec.trainer is admitted but never resumed (Kueue's write-back is refused), on
+  the real Kueue as on the stand-in's: why the launcher writes no `env: []`.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ KUEUE = "kueue.x-k8s.io"
 KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
 
 
-# Kueue's scheduler on 4 GPUs for a ClusterQueue of 2 (pkg/scheduler/flavorassigner/flavorassigner.go:240 and
-# :1350, reason Pending: WorkloadQuotaReservedReasonExceedsMaxQuota is the assigner's, the condition's is Pending)
+# What Kueue's scheduler says of 4 GPUs for a ClusterQueue of 2 (pkg/scheduler/flavorassigner/flavorassigner.go:240
+# and :1350), in the Workload's QuotaReserved condition (status False, reason Pending)
 HELD_REASON = ("couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu in flavor t4, "
                "previously considered podsets requests (0) + current podset request (4) > maximum capacity (2)")
 
@@ -58,10 +61,11 @@ def queued_trainjob(api, name: str, gpus: int, runtimes: list | None = None) -> 
     """The torch TrainJob of 2 nodes the launcher makes for queue team-gpu, its runtime installed by an admin (and
     put in `runtimes`)."""
     *made, trainjob = dry_run(["--dry-run", "--launcher", "trainjob", "--framework", "torch", "--name", name,
-                                   "--image", "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus",
-                                   str(gpus), "--kueue-queue", "team-gpu", "--", "python", "-m", "components.train"])
+                               "--image", "europe-docker.pkg.dev/p/ml/train:1", "--workers", "1", "--gpus",
+                               str(gpus), "--kueue-queue", "team-gpu", "--", "python", "-m", "components.train"])
     applied(api, [KUBEFLOW, *made])
-    (runtimes if runtimes is not None else []).extend(made)
+    if runtimes is not None:
+        runtimes.extend(made)
     return trainjob
 
 
