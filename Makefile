@@ -90,7 +90,7 @@ kfp-backend: $(BIN)/pipectl ## build the Go harness that runs KFP's real backend
 	if [ "$(REQUIRE_GO)" = 1 ]; then echo "REQUIRE_GO=1: the KFP backend harness must build."; exit 1; \
 	else echo "The KFP backend harness is not built: its tests will be skipped."; fi
 
-control-plane: $(BIN)/pipectl ## build kube-apiserver, etcd, kubectl and the controllers' harnesses for the control-plane tests (Go 1.26)
+control-plane: $(BIN)/pipectl ## build kube-apiserver, etcd, kubectl and the Trainer, JobSet, Kueue and Training Operator controllers from source for the control-plane tests (Go 1.26)
 	@$(BIN)/python -m tests.control_plane build || \
 	if [ "$(REQUIRE_GO)" = 1 ]; then echo "REQUIRE_GO=1: the control plane must build."; exit 1; \
 	else echo "The control plane is not built: tests/test_control_plane.py builds it or skips."; fi

@@ -13,8 +13,16 @@ from typing import Callable, Iterator
 
 from components import gcp
 from components.launch.job import LaunchError, Launcher
+from components.launch.placement import KUEUE_QUEUE_LABEL
 
 log = logging.getLogger(__name__)
+
+# Kueue's Workload (kubernetes-sigs/kueue v0.19.2): one per queued job, labelled with the job's uid
+# (pkg/controller/constants/constants.go:43, set in pkg/controller/jobframework/reconciler.go:1618-1621); while
+# the queue cannot admit the job, its QuotaReserved condition is False with the scheduler's reason (e.g. the
+# quota it lacks).
+KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
+WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
 def kubernetes_client(api_server: str | None = None):
@@ -62,6 +70,7 @@ class CustomResourceLauncher(Launcher):
         self.namespace = namespace
         self.echo = echo or (lambda line: print(line, flush=True))
         self._follower: LogFollower | None = None
+        self._queue_reasons: dict[str, str] = {}  # the last reason Kueue gave for holding each job
 
     def log_pod(self, name: str) -> str:
         raise NotImplementedError
@@ -118,7 +127,37 @@ class CustomResourceLauncher(Launcher):
     def status(self, resource: dict | None) -> gcp.JobStatus:
         if resource is None:
             return gcp.JobStatus("Deleted", gcp.Phase.CANCELLED, "deleted by someone else")
-        return self.resource_status(resource)
+        status = self.resource_status(resource)
+        if status.state == "Suspended":
+            self.report_queue(resource)
+        return status
+
+    def report_queue(self, resource: dict) -> None:
+        """For a suspended job in a Kueue queue: logs why Kueue holds it (its Workload's QuotaReserved message),
+        once per reason, where the job's own status only says that it is suspended. Says nothing when the
+        Workload is not there yet or may not be read (the step's service account needs list on workloads)."""
+        from kubernetes.client.rest import ApiException
+
+        queue = (resource["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        if not queue:
+            return
+        try:
+            workloads = self.custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, self.namespace, WORKLOAD_PLURAL,
+                label_selector=f"{WORKLOAD_JOB_UID_LABEL}={resource['metadata']['uid']}")["items"]
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
+            return
+        for workload in workloads:
+            reserved = next((c for c in (workload.get("status") or {}).get("conditions", [])
+                             if c.get("type") == "QuotaReserved"), None)
+            if reserved and reserved.get("status") == "False" and reserved.get("message"):
+                reason = reserved["message"]
+                if self._queue_reasons.get(resource["metadata"]["name"]) != reason:
+                    self._queue_reasons[resource["metadata"]["name"]] = reason
+                    log.info("launch: %s waits in Kueue queue %s: %s", self.what(resource["metadata"]["name"]),
+                             queue, reason)
 
     def resource_status(self, resource: dict) -> gcp.JobStatus:
         raise NotImplementedError

@@ -138,8 +138,12 @@ def trainjob_manifest(job: TrainingJob, namespace: str, runtime: str = RUNTIME_N
     gpudirect = pod_network(job.network) if job.network else None
     if gpudirect:
         env, command = env + gpudirect.env, gpudirect.node_command(command)
-    trainer = {"numNodes": job.nodes, "image": job.image, "command": command, "env": env,
+    trainer = {"numNodes": job.nodes, "image": job.image, "command": command,
                "resourcesPerNode": job.container_resources()}
+    if env:  # never `env: []`: Kueue writes the TrainJob back when it admits it (trainjob_controller.go:283, an
+        # Update) from Go types that leave an empty list out, and Trainer's CEL rule on spec.trainer (self ==
+        # oldSelf) then refuses the change: the TrainJob would stay suspended for ever
+        trainer["env"] = env
     if facts.process_count_env:  # else "auto": a CPU node would start one process per CPU (torch.go:121-135)
         trainer["numProcPerNode"] = job.processes_per_node
     placement = job.pod_placement()

@@ -1,10 +1,11 @@
 """A real Kubernetes control plane for the tests: `kube-apiserver` and `etcd` built from their own Go modules
 (k8s.io/kubernetes and go.etcd.io/etcd at the versions harness/go.mod pins), run by controller-runtime's envtest the
 way Kubeflow Trainer's, JobSet's and Kueue's integration tests run them, with the CRDs vendored in tests/schemas
-installed, the RBAC authorizer on and the admission plugins GKE adds.
+installed, the RBAC authorizer on and the admission plugins GKE adds; with Trainer's and JobSet's controllers
+(`controllers=True`), and Kueue's beside them (`kueue=True`, kueue/main.go, a module of its own).
 
-`build()` builds the two binaries and the harness into ~/.cache/control-plane/<versions>/ (Go's module and build
-caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback port and hands out a kubeconfig; the
+`build()` builds the two binaries and the harness into ~/.cache/control-plane/<versions>/, `build_kueue()` the Kueue
+binary beside them (Go's module and build caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback port and hands out a kubeconfig; the
 real `kubernetes` client talks to it as it talks to a cluster. `apply()` applies objects server-side and returns
 what the API server answers.
 
@@ -58,8 +59,17 @@ ADMISSION_PLUGINS = ("ExtendedResourceToleration",)
 CLONES = {"https://github.com/kubeflow/trainer": "TRAINER_GIT",
           "https://github.com/kubernetes-sigs/jobset": "JOBSET_GIT",
           # the Training Operator's module path; its repository is kubeflow/trainer now (its v1.9.4 tag)
-          "https://github.com/kubeflow/training-operator": "TRAINER_GIT"}
+          "https://github.com/kubeflow/training-operator": "TRAINER_GIT",
+          "https://github.com/kubernetes-sigs/kueue": "KUEUE_GIT"}
 TRAINER_MODULE, JOBSET_MODULE = "github.com/kubeflow/trainer/v2", "sigs.k8s.io/jobset"
+# Kueue's controllers, scheduler and webhooks (`ControlPlane(kueue=True)`): kueue/main.go, its own module, as Kueue
+# v0.19.2 (the release the docs install) is built against Trainer v2.2.1 and the harness against v2.3.0. Where the
+# module proxy refuses github.com/kubernetes-sigs/kueue at v0.19.2 (some serve it only up to v0.17.0) or Trainer at
+# v2.2.1, KUEUE_GIT and TRAINER_GIT name local clones. It installs Kueue's CRDs and webhook configurations from the
+# release's manifests.yaml, the copy tests/cluster_setup vendors (its README names its source and sha256).
+KUEUE = Path(__file__).parent / "kueue"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+CLUSTER_SETUP = Path(__file__).parent.parent / "cluster_setup"
 FIELD_MANAGER = "control-plane-tests"
 
 
@@ -121,10 +131,31 @@ def build() -> Path:
     return out
 
 
+def kueue_version() -> str:
+    """The Kueue release kueue/go.mod pins."""
+    found = re.search(rf"^\s*{re.escape(KUEUE_MODULE)} (v\S+)$", (KUEUE / "go.mod").read_text(), re.M)
+    if not found:
+        raise RuntimeError(f"kueue/go.mod pins no {KUEUE_MODULE}")
+    return found.group(1)
+
+
+def build_kueue() -> Path:
+    """Builds the Kueue binary (kueue/main.go) into cache_dir() (seconds when nothing changed); its path."""
+    from tests.go_modules import build_env
+
+    out = cache_dir() / f"control-plane-kueue-{kueue_version()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([go(), "build", "-o", str(out), "."], cwd=KUEUE, capture_output=True, text=True,
+                          env=build_env(CLONES))
+    if done.returncode:
+        raise RuntimeError(f"building Kueue ({KUEUE}) failed:\n{done.stderr[-4000:]}")
+    return out
+
+
 def module_dir(module: str, folder: Path = HARNESS) -> str:
     """The folder of `module`, as the Go module at `folder` requires it, in Go's module cache: Kubeflow Trainer's
-    (its webhook configuration and the TrainingRuntime CRD, which the harness installs with its controllers),
-    JobSet's (its webhook configuration) or the Training Operator's."""
+    (its webhook configuration, the TrainingRuntime CRD and the PodGroup CRDs its runtime plugins watch, which the
+    harness installs with its controllers), JobSet's (its webhook configuration) or the Training Operator's."""
     from tests.go_modules import build_env
 
     done = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", module], cwd=folder, capture_output=True,
@@ -149,15 +180,18 @@ class ControlPlane:
     webhooks and JobSet's controllers and webhooks in one controller-runtime manager on envtest's rest config, as
     their own integration tests do. With `training_operator`, a second process (training_operator/main.go) runs the
     Training Operator v1's PyTorchJob and TFJob controllers and webhooks against the same API server, as its
-    integration tests do.
+    integration tests do. With `kueue` (which implies `controllers`), Kueue's controllers, scheduler and webhooks
+    run beside them in a process of their own (kueue/main.go), on the same API server.
     """
 
     def __init__(self, *, start_seconds: float = 120.0, crds: list[Path] | None = None, controllers: bool = False,
-                 training_operator: bool = False):
+                 training_operator: bool = False, kueue: bool = False):
         self.start_seconds = start_seconds
         self.crds = crd_files() if crds is None else list(crds)
-        self.controllers = controllers
+        self.controllers = controllers or kueue
         self.training_operator = training_operator
+        self.kueue = kueue
+        self.kueue_process: subprocess.Popen | None = None
         self.folder = tempfile.mkdtemp(prefix="control-plane-")
         self.kubeconfig = os.path.join(self.folder, "kubeconfig")
         self.host = ""
@@ -167,41 +201,43 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         binaries = build()
+        kueue = build_kueue() if self.kueue else None
         argv = [str(binaries / harness_name()), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
         for crd in self.crds:
             argv += ["--crds", str(crd)]
         if self.controllers:
             argv += ["--trainer", module_dir(TRAINER_MODULE), "--jobset", module_dir(JOBSET_MODULE)]
-        self.process = self._started(argv, "the control plane")
-        self.host = json.loads(self.process.ready)["host"]
+        self.process, ready = self._started(argv, "the control plane")
+        self.host = json.loads(ready)["host"]
         if self.training_operator:
-            self.operator = self._started([str(binaries / OPERATOR_BINARY), "--kubeconfig", self.kubeconfig,
-                                           "--operator", module_dir(OPERATOR_MODULE, OPERATOR)],
-                                          "the Training Operator")
+            self.operator, _ = self._started([str(binaries / OPERATOR_BINARY), "--kubeconfig", self.kubeconfig,
+                                              "--operator", module_dir(OPERATOR_MODULE, OPERATOR)],
+                                             "the Training Operator")
+        if kueue:
+            manifests = CLUSTER_SETUP / f"kueue-{kueue_version()}-manifests.yaml"
+            self.kueue_process, _ = self._started([str(kueue), "--kubeconfig", self.kubeconfig,
+                                                   "--manifests", str(manifests)], "Kueue")
         return self
 
-    def _started(self, argv: list[str], what: str) -> subprocess.Popen:
-        """`argv` started, once it printed its ready line (`.ready`); its stderr's last lines kept for errors."""
+    def _started(self, argv: list[str], what: str) -> tuple[subprocess.Popen, str]:
+        """The process of `argv` and the ready line it printed on stdout (its stderr is kept in `_stderr`); stops
+        everything and raises when no line comes within start_seconds."""
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
-        if self.process is None:
-            self.process = process
-        threading.Thread(target=self._drain_stderr, args=(process,), daemon=True).start()
+        threading.Thread(target=self._drain, args=(process,), daemon=True).start()
         ready: list[str] = []
         reader = threading.Thread(target=lambda: ready.append(process.stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.start_seconds)
         if not ready or not ready[0]:
-            if process is not self.process:
-                self._end(process)
+            self._end(process)
             self.stop()
             raise RuntimeError(f"{what} did not start (waited up to {self.start_seconds:.0f}s):\n"
                                + "".join(self._stderr[-40:]))
-        process.ready = ready[0]
-        return process
+        return process, ready[0]
 
-    def _drain_stderr(self, process: subprocess.Popen) -> None:
+    def _drain(self, process: subprocess.Popen) -> None:
         for line in process.stderr:
             self._stderr = (self._stderr + [line])[-200:]
 
@@ -217,7 +253,9 @@ class ControlPlane:
                 process.wait()
 
     def stop(self) -> None:
-        """Stops the Training Operator's process, then the harness (which stops kube-apiserver and etcd)."""
+        """Stops Kueue's and the Training Operator's processes, then the harness (which stops kube-apiserver and
+        etcd), and waits for them."""
+        self._end(self.kueue_process)
         self._end(self.operator)
         self._end(self.process)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -410,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tests.control_plane", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="only build kube-apiserver, etcd and the envtest harness")
+    commands.add_parser("build", help="only build kube-apiserver, etcd, kubectl, the envtest harness and Kueue")
     applying = commands.add_parser("apply", help="start the control plane, apply FILEs server-side, print each "
                                                  "answer, stop")
     applying.add_argument("files", nargs="+", metavar="FILE", help="YAML manifests (- for stdin)")
@@ -426,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             print(f"{', '.join(f'{k} {v}' for k, v in versions().items())}: {build()} "
                   f"({time.monotonic() - started:.1f}s)")
+            started = time.monotonic()
+            print(f"kueue {kueue_version()}: {build_kueue()} ({time.monotonic() - started:.1f}s)")
             return 0
         manifests = load(args.files)
         made: list[Made] = []

@@ -53,8 +53,9 @@ from typing import Callable
 from tests.standins.base import ApiError, Request, StandIn, Stream, kubernetes_status, route
 from tests.standins.jobsets import (DNS1035, JOBSET_GROUP, JOBSET_VERSION, JobSetPod, JobSetRun, invalid,
                                     jobset_problems)
-from tests.standins.kueue import (DEFAULT_FRAMEWORKS, QUEUE_LABEL, admit_operator_job, admit_trainjob,
-                                  default_operator_job)
+from tests.standins.kueue import (DEFAULT_FRAMEWORKS, JOB_UID_LABEL, QUEUE_LABEL, admit_operator_job,
+                                  admit_trainjob, default_operator_job, hold_trainjob, left_out_on_write_back,
+                                  quota_shortfall, workload)
 from tests.standins.trainer import (FRAMEWORK_POLICIES, SIMULATED_POLICIES, TRAINER_GROUP, TRAINER_VERSION,
                                     TrainJobRun, runtime_problems, trainjob_jobset, trainjob_problems)
 from tests.standins.pods import Pod, free_port
@@ -349,11 +350,14 @@ class KubernetesStandIn(StandIn):
     name = "Kubernetes"
 
     def __init__(self, run_containers: bool = True, kueue_flavors: dict[str, dict] | None = None,
-                 admission_plugins: tuple[str, ...] = (), kueue_frameworks: frozenset[str] = DEFAULT_FRAMEWORKS):
+                 admission_plugins: tuple[str, ...] = (), kueue_frameworks: frozenset[str] = DEFAULT_FRAMEWORKS,
+                 kueue_quotas: dict[str, dict] | None = None):
         super().__init__()
         self.run_containers = run_containers
         self.admission_plugins = tuple(admission_plugins)  # mutating plugins run on each pod created (admission.py)
         self.kueue_flavors = kueue_flavors or {}  # Kueue's LocalQueue name -> its ResourceFlavor's spec (kueue.py)
+        self.kueue_quotas = kueue_quotas or {}  # LocalQueue name -> its ClusterQueue's flavor and quota (kueue.py)
+        self.workloads: dict[tuple[str, str], dict] = {}  # Kueue's Workload of each queued TrainJob
         self.kueue_frameworks = frozenset(kueue_frameworks)  # the kinds Kueue's configuration manages (kueue.py)
         self.dry_runs: list[dict] = []  # TFJobs and PyTorchJobs as a server-side dry run answered them
         self.jobs: dict[tuple[str, str], TFJob] = {}
@@ -387,6 +391,8 @@ class KubernetesStandIn(StandIn):
             route("GET", jobsets + name, "readJobsetV1alpha2NamespacedJobSet", self._read_jobset),
             route("DELETE", jobsets + name, "deleteJobsetV1alpha2NamespacedJobSet", self._delete_jobset),
             route("GET", r"/api/v1/namespaces/(?P<namespace>[^/]+)/pods", "listCoreV1NamespacedPod", self._list_pods),
+            route("GET", r"/apis/kueue.x-k8s.io/v1beta2/namespaces/(?P<namespace>[^/]+)/workloads",
+                  "listKueueXK8sIoV1beta2NamespacedWorkload", self._list_workloads),
             route("GET", r"/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<pod>[^/]+)/log",
                   "readCoreV1NamespacedPodLog", self._log),
         ]
@@ -545,8 +551,22 @@ class KubernetesStandIn(StandIn):
         self.created_bodies.append(json.loads(json.dumps(body)))
         body["metadata"]["uid"] = str(uuid.uuid4())
         queue = body["metadata"].get("labels", {}).get(QUEUE_LABEL)
+        held = False
         if queue in self.kueue_flavors:
-            admit_trainjob(body, runtime, self.kueue_flavors[queue])
+            held_because = quota_shortfall(body, **self.kueue_quotas[queue]) if queue in self.kueue_quotas else ""
+            # admitted, but never resumed, when Trainer refuses Kueue's write-back (left_out_on_write_back)
+            held = bool(held_because or left_out_on_write_back(body["spec"].get("trainer") or {}))
+            if held:
+                hold_trainjob(body)
+            else:
+                admit_trainjob(body, runtime, self.kueue_flavors[queue])
+            self.workloads[(namespace, name)] = workload({**body, "metadata": {**body["metadata"],
+                                                                               "namespace": namespace}},
+                                                         held_because)
+        if held:  # suspended: Trainer's JobSet would be suspended too, with no pods; none is made here
+            trainjob = TrainJobRun(body, namespace, None, lambda: self.now(0))
+            self.trainjobs[(namespace, name)] = trainjob
+            return 201, trainjob.snapshot()
         jobset_body, problems = trainjob_jobset(body, runtime)
         if problems:
             raise _denied("; ".join(problems))
@@ -571,7 +591,8 @@ class KubernetesStandIn(StandIn):
         if trainjob is None:
             raise ApiError("NOT_FOUND", f'trainjobs.{TRAINER_GROUP} "{key[1]}" not found')
         self.jobsets.pop(key, None)
-        trainjob.jobset.delete()  # its owner reference: the JobSet, and with it the pods, go too
+        if trainjob.jobset is not None:
+            trainjob.jobset.delete()  # its owner reference: the JobSet, and with it the pods, go too
         self.deleted.append(key)
         return _deleted(key[1], TRAINER_GROUP, "trainjobs", trainjob.body["metadata"]["uid"])
 
@@ -610,6 +631,15 @@ class KubernetesStandIn(StandIn):
         pods = [pod.to_api() for pod in self.jobset_pods(request.params["namespace"])
                 if all(pod.labels.get(key) == value for key, value in wanted)]
         return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": pods}
+
+    def _list_workloads(self, request: Request) -> dict:
+        wanted = [term.partition("=")[::2] for term in request.arg("labelSelector").split(",") if term]
+        if any(key != JOB_UID_LABEL for key, _ in wanted):
+            raise ApiError("INVALID_ARGUMENT", f"the stand-in selects Workloads by {JOB_UID_LABEL}=UID only")
+        items = [w for (ns, _), w in self.workloads.items() if ns == request.params["namespace"]
+                 and all(w["metadata"]["labels"].get(key) == value for key, value in wanted)]
+        return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadList", "metadata": {"resourceVersion": "1"},
+                "items": json.loads(json.dumps(items))}
 
     def _log(self, request: Request) -> Stream:
         namespace, pod_name = request.params["namespace"], request.params["pod"]

@@ -195,9 +195,11 @@ def trainjob_jobset(trainjob: dict, runtime: dict) -> tuple[dict, list[str]]:
 
 
 class TrainJobRun:
-    """One TrainJob: its JobSet, and its status read from the JobSet's (Trainer's jobset plugin Status)."""
+    """One TrainJob: its JobSet, and its status read from the JobSet's (Trainer's jobset plugin Status); `jobset`
+    None: suspended (Kueue holds it), with the Suspended condition Trainer gives it (v2.3.0
+    pkg/constants/constants.go:77-79, reason Suspended)."""
 
-    def __init__(self, body: dict, namespace: str, jobset: JobSetRun, now: Callable[[], str]):
+    def __init__(self, body: dict, namespace: str, jobset: JobSetRun | None, now: Callable[[], str]):
         self.body, self.namespace, self.jobset = body, namespace, jobset
         self.name = body["metadata"]["name"]
         body["metadata"].update(namespace=namespace, creationTimestamp=now(), resourceVersion="1", generation=1)
@@ -205,6 +207,10 @@ class TrainJobRun:
         body["spec"].setdefault("managedBy", "trainer.kubeflow.org/trainjob-controller")
 
     def snapshot(self) -> dict:
+        if self.jobset is None:
+            status = {"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended",
+                                      "message": "TrainJob is suspended"}]}
+            return json.loads(json.dumps({**self.body, "status": status}))
         jobset = self.jobset.snapshot()
         conditions = []
         for condition in jobset["status"]["conditions"]:
