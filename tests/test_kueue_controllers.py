@@ -86,7 +86,10 @@ def condition(obj: dict, kind: str) -> dict:
 def completed_once_admitted(api):
     """An end_jobs for follow(): completes each Job once Kueue's admission has unsuspended it (the JobSet
     controller creates the Jobs of a suspended JobSet suspended and resumes them with it)."""
-    def end(batch, job: dict) -> None:
+    from kubernetes import client
+
+    def end(_, job: dict) -> None:
+        batch = client.BatchV1Api(api)
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         resumed = wait_for(lambda: (lambda j: None if j["spec"].get("suspend") else j)(
             api.sanitize_for_serialization(batch.read_namespaced_job(name, namespace))))
