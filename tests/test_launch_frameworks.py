@@ -114,7 +114,8 @@ def test_a_torch_trainjob_gets_torchruns_variables_from_trainers_torch_policy():
     trainer = manifest["spec"]["trainer"]
     assert trainer["command"] == setup("torch").node_command(TRAIN)
     assert trainer["numProcPerNode"] == 2  # one process per GPU (2 L4s per node)
-    assert not any(var["name"] in TORCHRUN_ENV or var["name"].startswith("TRAINING_NODE") for var in trainer["env"])
+    assert not any(var["name"] in TORCHRUN_ENV or var["name"].startswith("TRAINING_NODE")
+                   for var in trainer.get("env", []))
     jobset, problems = trainjob_jobset(manifest, launch.runtime_manifest(framework="torch"))
     assert problems == []
     assert jobset_problems({**jobset, "metadata": {**jobset["metadata"], "namespace": "ml"}}) == []

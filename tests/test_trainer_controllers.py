@@ -506,7 +506,8 @@ def test_the_trainer_stand_in_kept_to_run_nodes_refuses_what_the_real_webhooks_r
         "as made": (case(lambda t: None), 201, ""),
         "missing runtime": (case(lambda t: t["spec"]["runtimeRef"].update(name="not-installed")), 403,
                             "specified clusterTrainingRuntime must be created before the TrainJob is created"),
-        "torchrun's env": (case(lambda t: t["spec"]["trainer"]["env"].append({"name": "PET_NNODES", "value": "3"})),
+        "torchrun's env": (case(lambda t: t["spec"]["trainer"].setdefault("env", []).append(
+            {"name": "PET_NNODES", "value": "3"})),
                            403, "must not have reserved envs, invalid envs configured: [PET_NNODES]"),
         "env in a patch": (case(lambda t: pod_patch(t).update(containers=[{"name": "node", "env": [
             {"name": "A", "value": "1"}]}])), 403,
