@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -50,6 +51,9 @@ TRIGGER_FIELDS = {"resourceName", "id", "description", "name", "tags", "triggerT
                   "serviceAccount", "repositoryEventConfig", "approvalConfig", "includeBuildLogs"}
 GITHUB_FIELDS = {"installationId", "owner", "name", "pullRequest", "push", "enterpriseConfigResourceName"}
 PUSH_FIELDS, PULL_REQUEST_FIELDS = {"branch", "tag", "invertRegex"}, {"branch", "commentControl", "invertRegex"}
+# The steps of the test step's Go builds, first in both builds; main's then saves the caches (.ci/go-cache).
+GO_STEPS = ["go-toolchain", "restore-go-cache", "test"]
+GO_CACHE = os.path.join(ROOT, ".ci", "go-cache")
 
 
 def load(path: str) -> dict:
@@ -178,10 +182,10 @@ def test_step_scripts_pass_shellcheck(tmp_path):
                 script = tmp_path / f"{os.path.basename(path)}-{step['id']}.sh"
                 script.write_text(step["script"])
                 scripts.append(str(script))
-    assert len(scripts) == 7
+    assert len(scripts) == 12
     # SC1091: .venv/bin/activate exists only in the build's workspace, so shellcheck cannot follow it.
-    result = subprocess.run([binary, "--shell=bash", "--exclude=SC1091", *scripts], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([binary, "--shell=bash", "--exclude=SC1091", *scripts, GO_CACHE], capture_output=True,
+                            text=True, timeout=60)
     assert result.returncode == 0, result.stdout
 
     sloppy = tmp_path / "sloppy.sh"
@@ -221,8 +225,8 @@ def test_images_are_built_with_kaniko_cache_and_digest_files_that_compile_reads(
     assert set(steps["compile"]["waitFor"]) == {"test", "build-cpu", "build-gpu", "build-serving", "build-torch"}
     assert steps["publish"]["waitFor"] == ["compile", "audit", "build-torch"], \
         "nothing is published before the audit passes and every image is pushed"
-    assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-serving",
-                                                       "build-torch", "compile", "publish"]
+    assert [step["id"] for step in build["steps"]] == [*GO_STEPS, "save-go-cache", "audit", "build-cpu", "build-gpu",
+                                                       "build-serving", "build-torch", "compile", "publish"]
 
 
 def test_every_target_cloud_build_names_is_a_stage_of_the_dockerfile():
@@ -258,11 +262,17 @@ def test_the_audit_step_audits_every_image_after_the_tests(path):
 
 
 def test_python_steps_use_the_images_pinned_python():
+    """Every script step but the Go ones runs on the images' Python: Go's toolchain comes from Go's image and its
+    caches go to and from GCS on Cloud Build's gcloud builder."""
     with open(os.path.join(ROOT, "images", "Dockerfile")) as f:
         base = next(line.split()[1] for line in f if line.startswith("FROM "))
     for path in (MAIN, PR):
         for step in load(path)["steps"]:
-            if "script" in step:
+            if step["id"] == "go-toolchain":
+                assert step["name"].startswith("golang:1.26.8-"), step["name"]
+            elif step["id"] in ("restore-go-cache", "save-go-cache"):
+                assert step["name"].startswith("gcr.io/cloud-builders/gcloud:latest@sha256:"), step["name"]
+            elif "script" in step:
                 assert step["name"] == base, f"{path} step {step['id']} runs on {step['name']}, not {base}"
 
 
@@ -352,8 +362,10 @@ def test_gcloud_reads_the_trigger_and_build_files(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == [
         "trigger image-classification-main cloudbuild.yaml", "trigger image-classification-pr cloudbuild-pr.yaml",
-        "build ['test', 'audit', 'build-cpu', 'build-gpu', 'build-serving', 'build-torch', 'compile', 'publish']",
-        "build ['test', 'audit', 'build-cpu', 'build-gpu', 'build-torch', 'compile']"]
+        "build ['go-toolchain', 'restore-go-cache', 'test', 'save-go-cache', 'audit', 'build-cpu', 'build-gpu', "
+        "'build-serving', 'build-torch', 'compile', 'publish']",
+        "build ['go-toolchain', 'restore-go-cache', 'test', 'audit', 'build-cpu', 'build-gpu', 'build-torch', "
+        "'compile']"]
 
     broken = load(TRIGGERS["main"])
     broken["github"]["pushes"] = broken["github"].pop("push")
@@ -449,7 +461,7 @@ def test_compile_refuses_a_missing_digest(kfp_api, workspace):
 
 def test_pr_check_tests_audits_builds_without_pushing_and_compiles(workspace):
     build, main = load(PR), load(MAIN)
-    assert [step["id"] for step in build["steps"]] == ["test", "audit", "build-cpu", "build-gpu", "build-torch",
+    assert [step["id"] for step in build["steps"]] == [*GO_STEPS, "audit", "build-cpu", "build-gpu", "build-torch",
                                                        "compile"]
     assert steps_by_id(build)["test"]["script"] == steps_by_id(main)["test"]["script"]
     assert "make test" in steps_by_id(build)["test"]["script"]
@@ -544,3 +556,119 @@ def test_make_test_fails_where_a_framework_it_installs_is_missing(tmp_path):
     failed = probe_run(tmp_path, probe, {**env, "REQUIRE_FRAMEWORKS": "1"})
     assert failed.returncode == 1 and "REQUIRE_FRAMEWORKS=1 and jax is not installed" in failed.stdout, \
         failed.stdout[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------- the Go caches
+
+
+@pytest.mark.parametrize("path", [MAIN, PR])
+def test_the_go_builds_of_the_test_step_run_on_caches_restored_from_gcs(path):
+    """Go's toolchain and the module and build caches restored into one volume before the test step, whose Go
+    builds (the KFP backend harness, the control plane) read them there and must succeed (REQUIRE_GO=1); main saves
+    them after the tests, a pull request only reads them. kaniko's steps do not mount them."""
+    build = load(path)
+    steps = steps_by_id(build)
+    assert [step["id"] for step in build["steps"]][:3] == GO_STEPS
+    assert steps["go-toolchain"]["waitFor"] == ["-"]
+    assert steps["restore-go-cache"]["waitFor"] == ["go-toolchain"] and steps["test"]["waitFor"] == ["restore-go-cache"]
+    volume = [{"name": "go", "path": "/go-cache"}]
+    for step in build["steps"]:
+        assert step.get("volumes") == (volume if step["id"] in (*GO_STEPS, "save-go-cache") else None), step["id"]
+    assert steps["go-toolchain"]["script"].splitlines()[-1].strip() == "cp -a /usr/local/go /go-cache/toolchain"
+    values = substitutions(build)
+    assert values["_ARTIFACTS_BUCKET"] == "demo-project-kfp-artifacts"
+    assert steps["restore-go-cache"]["script"].splitlines()[-1].strip() == \
+        '.ci/go-cache restore "gs://$_ARTIFACTS_BUCKET/go-cache" /go-cache'
+    script = steps["test"]["script"]
+    assert 'export PATH="/go-cache/toolchain/bin:$PATH" GOMODCACHE=/go-cache/mod GOCACHE=/go-cache/build' in script
+    assert script.splitlines()[-1].strip() == "REQUIRE_GO=1 REQUIRE_PHOTOS=1 make test"
+    if path == MAIN:
+        assert steps["save-go-cache"]["waitFor"] == ["test"]
+        assert steps["save-go-cache"]["script"].splitlines()[-1].strip() == \
+            '.ci/go-cache save "gs://$_ARTIFACTS_BUCKET/go-cache" /go-cache'
+    else:
+        assert "save-go-cache" not in steps and "go-cache save" not in json.dumps(build)
+
+
+def go_cache(action: str, gcs, folder, script: str = GO_CACHE) -> subprocess.CompletedProcess:
+    """.ci/go-cache run with the real gcloud, talking to the Cloud Storage stand-in (bucket `artifacts`)."""
+    config = folder.parent / "gcloud"
+    config.mkdir(exist_ok=True)
+    (config / "token").write_text("ya29.stand-in")  # the stand-in takes any bearer token
+    env = {**os.environ, "CLOUDSDK_CONFIG": str(config), "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": gcs.url + "/",
+           "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(config / "token"), "CLOUDSDK_CORE_PROJECT": "demo-project",
+           "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+    return subprocess.run([script, action, "gs://artifacts/go-cache", str(folder)], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def go_folder(path, version: str = "go1.26.8", caches: bool = True):
+    """A /go-cache as the Go steps leave it: the toolchain's VERSION and (`caches`) a module cache, read-only as Go
+    makes it, and a build cache."""
+    (path / "toolchain").mkdir(parents=True)
+    (path / "toolchain" / "VERSION").write_text(f"{version}\ntime 2026-11-04T18:05:04Z\n")
+    if caches:
+        module = path / "mod" / "k8s.io" / "api@v0.36.3"
+        module.mkdir(parents=True)
+        (module / "go.mod").write_text("module k8s.io/api\n")
+        module.chmod(0o555)
+        (path / "build" / "3f").mkdir(parents=True)
+        (path / "build" / "3f" / "3f2a-d").write_bytes(os.urandom(4096))
+    return path
+
+
+def cached_files(path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and "toolchain" not in p.parts}
+
+
+@pytest.mark.skipif(not shutil.which("gcloud"), reason="the Google Cloud SDK (gcloud) is not installed here")
+def test_go_caches_are_saved_once_per_key_and_restored(tmp_path):
+    """.ci/go-cache with the real `gcloud storage` against the Cloud Storage stand-in: a first build finds no caches
+    and starts empty; main's save uploads them once; the next build gets them back byte for byte; a new Go or any
+    changed go.sum of the Go builds is a new key, which starts empty again."""
+    from tests.standins.gcs import GcsStandIn
+
+    bucket = tmp_path / "gcs" / "artifacts"
+    bucket.mkdir(parents=True)
+    built = go_folder(tmp_path / "built")
+    with GcsStandIn(tmp_path / "gcs") as gcs:
+        first = go_folder(tmp_path / "first", caches=False)
+        missed = go_cache("restore", gcs, first)
+        assert missed.returncode == 0 and "the Go builds start from empty caches" in missed.stdout, missed.stderr
+        assert [p.name for p in first.iterdir()] == ["toolchain"]
+
+        saved = go_cache("save", gcs, built)
+        assert saved.returncode == 0, saved.stderr
+        (tarball,) = (bucket / "go-cache").iterdir()
+        assert re.fullmatch(r"go-[0-9a-f]{32}\.tar\.gz", tarball.name)
+        again = go_cache("save", gcs, built)
+        assert again.returncode == 0 and "is already saved" in again.stdout, again.stderr
+        assert list((bucket / "go-cache").iterdir()) == [tarball]
+
+        restored = go_cache("restore", gcs, go_folder(tmp_path / "next", caches=False))
+        assert restored.returncode == 0, restored.stderr
+        assert cached_files(tmp_path / "next") == cached_files(built) and cached_files(built)
+
+        newer = go_cache("restore", gcs, go_folder(tmp_path / "newer", "go1.26.9", caches=False))
+        assert "start from empty caches" in newer.stdout
+
+        # The script beside a copy of the Go builds' go.sum files: each one changed in turn is a new key.
+        sums = sorted(p.relative_to(ROOT) for p in Path(ROOT).glob("tests/**/go*.sum"))
+        assert {str(p.parent) for p in sums} == {"tests/kfp_backend/harness", "tests/control_plane/harness",
+                                                 "tests/control_plane/kueue", "tests/control_plane/training_operator"}
+        copy = tmp_path / "repo"
+        (copy / ".ci").mkdir(parents=True)
+        shutil.copy(GO_CACHE, copy / ".ci")
+        for name in sums:
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(ROOT) / name, copy / name)
+        same = go_cache("restore", gcs, go_folder(tmp_path / "same", caches=False), str(copy / ".ci" / "go-cache"))
+        assert "start from empty caches" not in same.stdout and cached_files(tmp_path / "same") == cached_files(built)
+        for i, name in enumerate(sums):
+            original = (copy / name).read_text()
+            (copy / name).write_text(original + "example.com/m v1.0.0 h1:AAAA=\n")
+            changed = go_cache("restore", gcs, go_folder(tmp_path / f"changed-{i}", caches=False),
+                               str(copy / ".ci" / "go-cache"))
+            assert "start from empty caches" in changed.stdout, name
+            (copy / name).write_text(original)

@@ -206,7 +206,11 @@ class GcsStandIn(StandIn):
         return {"kind": "storage#object", "bucket": bucket, "name": name, "size": str(stat.st_size),
                 "generation": str(stat.st_mtime_ns // 1000), "metageneration": "1",
                 "contentType": "application/octet-stream", "updated": rfc3339(stat.st_mtime, 3),
-                "crc32c": crc, "md5Hash": md5}
+                "crc32c": crc, "md5Hash": md5,
+                # The object's media download URL (objects#resource "mediaLink"), which gcloud storage downloads from
+                # (googlecloudsdk/api_lib/storage/gcs_json/client.py, get_download_serialization_data).
+                "mediaLink": f"{self.url}/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+                             f"?generation={stat.st_mtime_ns // 1000}&alt=media"}
 
     def _get(self, request: Request) -> dict:
         self._path(request)
@@ -239,13 +243,18 @@ class GcsStandIn(StandIn):
     def _insert(self, request: Request) -> dict:
         if request.arg("uploadType") != "multipart":
             raise ApiError("INVALID_ARGUMENT", f"uploadType {request.arg('uploadType')!r} is not served here")
-        boundary = re.search(r'boundary="?([^";]+)"?', request.headers.get("content-type", ""))
+        # The boundary quoted or not; gcloud storage's apitools client writes it as a Python repr, in single quotes
+        # (apitools/base/py/transfer.py, Upload.__ConfigureMultipartRequest: "boundary=%r").
+        boundary = re.search(r"""boundary=["']?([^"';]+)["']?""", request.headers.get("content-type", ""))
         if not boundary:
             raise ApiError("INVALID_ARGUMENT", "A multipart upload needs a multipart/related body with a boundary.")
         parts = request.raw.split(b"--" + boundary.group(1).encode())[1:-1]  # after the last one: "--"
         if len(parts) != 2:
             raise ApiError("INVALID_ARGUMENT", f"A multipart upload has 2 parts, not {len(parts)}.")
-        metadata, media = (part.split(b"\r\n\r\n", 1)[1][:-2] for part in parts)  # headers, body, CRLF
+        # headers, a blank line, the body and the line end before the next boundary: CRLF from google-cloud-storage,
+        # LF from apitools (it writes the body with Python's email generator, transfer.py __ConfigureMultipartRequest)
+        metadata, media = (re.split(rb"\r?\n\r?\n", part, maxsplit=1)[1].removesuffix(b"\n").removesuffix(b"\r")
+                           for part in parts)
         name = json.loads(metadata).get("name") or request.arg("name")
         return self._write(request.params["bucket"], name, media, request)
 
