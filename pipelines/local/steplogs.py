@@ -84,7 +84,7 @@ class StepRecord:
                                                 repr=False)
 
     def to_json(self) -> dict:
-        out = {"step": self.step, "task": self.task, "state": self.state, "seconds": round(self.seconds, 1),
+        out = {"step": self.step, "task": self.task, "state": self.state, "seconds": round(self.seconds, 3),
                "attempts": self.attempts, "figures": self.figures, "log": self.log}
         return out | ({"error": self.error} if self.error else {})
 
