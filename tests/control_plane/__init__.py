@@ -4,8 +4,8 @@ way Kubeflow Trainer's, JobSet's and Kueue's integration tests run them, with th
 installed, the RBAC authorizer on and the admission plugins GKE adds; with Trainer's and JobSet's controllers
 (`controllers=True`), and Kueue's beside them (`kueue=True`, kueue/main.go, a module of its own).
 
-`build()` builds the two binaries and the harness into ~/.cache/control-plane/<versions>/, `build_kueue()` the Kueue
-binary beside them (Go's module and build caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback port and hands out a kubeconfig; the
+`build()` builds the two binaries, the harness, kubectl, the Training Operator's and Kueue's binaries into
+~/.cache/control-plane/<versions>/ (Go's module and build caches make a rebuild take seconds). `ControlPlane()` starts it on a loopback port and hands out a kubeconfig; the
 real `kubernetes` client talks to it as it talks to a cluster. `apply()` applies objects server-side and returns
 what the API server answers.
 
@@ -78,8 +78,8 @@ def go() -> str:
 
 
 def versions() -> dict[str, str]:
-    """The releases harness/go.mod pins (kubernetes, etcd, controller-runtime, trainer, jobset) and
-    training_operator/go.mod's training-operator."""
+    """The releases harness/go.mod pins (kubernetes, etcd, controller-runtime, trainer, jobset),
+    training_operator/go.mod's training-operator and kueue/go.mod's kueue."""
 
     def pinned(module: str, folder: Path = HARNESS) -> str:
         text = (folder / "go.mod").read_text()
@@ -90,7 +90,8 @@ def versions() -> dict[str, str]:
 
     return {"kubernetes": pinned("k8s.io/kubernetes"), "etcd": pinned("go.etcd.io/etcd/server/v3"),
             "controller-runtime": pinned("sigs.k8s.io/controller-runtime"), "trainer": pinned(TRAINER_MODULE),
-            "jobset": pinned("sigs.k8s.io/jobset"), "training-operator": pinned(OPERATOR_MODULE, OPERATOR)}
+            "jobset": pinned("sigs.k8s.io/jobset"), "training-operator": pinned(OPERATOR_MODULE, OPERATOR),
+            "kueue": pinned(KUEUE_MODULE, KUEUE)}
 
 
 def cache_dir() -> Path:
@@ -111,8 +112,8 @@ def harness_name() -> str:
 
 
 def build() -> Path:
-    """Builds kube-apiserver, etcd, the harness, kubectl and the Training Operator's harness into cache_dir()
-    (seconds when nothing changed); the folder."""
+    """Builds kube-apiserver, etcd, the harness, kubectl, the Training Operator's harness and Kueue's binary into
+    cache_dir() (seconds when nothing changed); the folder."""
     from tests.go_modules import build_env
 
     out = cache_dir()
@@ -120,7 +121,8 @@ def build() -> Path:
     # Built as a module, kubectl would call itself v0.0.0-master (`kubectl version`); Kubernetes' own build stamps
     # the release the same way (hack/lib/version.sh: -X .../component-base/version.gitVersion).
     stamp = f"-ldflags=-X k8s.io/component-base/version.gitVersion={versions()['kubernetes']}"
-    builds = [(name, package, HARNESS) for name, package in BINARIES.items()] + [(OPERATOR_BINARY, ".", OPERATOR)]
+    builds = [(name, package, HARNESS) for name, package in BINARIES.items()] + [(OPERATOR_BINARY, ".", OPERATOR),
+                                                                                  (kueue_binary(), ".", KUEUE)]
     for name, package, module in builds:
         flags = [stamp] if name == "kubectl" else []
         name = harness_name() if name == "control-plane-harness" else name
@@ -131,25 +133,9 @@ def build() -> Path:
     return out
 
 
-def kueue_version() -> str:
-    """The Kueue release kueue/go.mod pins."""
-    found = re.search(rf"^\s*{re.escape(KUEUE_MODULE)} (v\S+)$", (KUEUE / "go.mod").read_text(), re.M)
-    if not found:
-        raise RuntimeError(f"kueue/go.mod pins no {KUEUE_MODULE}")
-    return found.group(1)
-
-
-def build_kueue() -> Path:
-    """Builds the Kueue binary (kueue/main.go) into cache_dir() (seconds when nothing changed); its path."""
-    from tests.go_modules import build_env
-
-    out = cache_dir() / f"control-plane-kueue-{kueue_version()}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([go(), "build", "-o", str(out), "."], cwd=KUEUE, capture_output=True, text=True,
-                          env=build_env(CLONES))
-    if done.returncode:
-        raise RuntimeError(f"building Kueue ({KUEUE}) failed:\n{done.stderr[-4000:]}")
-    return out
+def kueue_binary() -> str:
+    """Kueue's binary's name in cache_dir()."""
+    return f"control-plane-kueue-{versions()['kueue']}"
 
 
 def module_dir(module: str, folder: Path = HARNESS) -> str:
@@ -201,7 +187,6 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         binaries = build()
-        kueue = build_kueue() if self.kueue else None
         argv = [str(binaries / harness_name()), "--assets", str(binaries), "--write-kubeconfig", self.kubeconfig,
                 "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS)]
         for crd in self.crds:
@@ -214,9 +199,9 @@ class ControlPlane:
             self.operator, _ = self._started([str(binaries / OPERATOR_BINARY), "--kubeconfig", self.kubeconfig,
                                               "--operator", module_dir(OPERATOR_MODULE, OPERATOR)],
                                              "the Training Operator")
-        if kueue:
-            manifests = CLUSTER_SETUP / f"kueue-{kueue_version()}-manifests.yaml"
-            self.kueue_process, _ = self._started([str(kueue), "--kubeconfig", self.kubeconfig,
+        if self.kueue:
+            manifests = CLUSTER_SETUP / f"kueue-{versions()['kueue']}-manifests.yaml"
+            self.kueue_process, _ = self._started([str(binaries / kueue_binary()), "--kubeconfig", self.kubeconfig,
                                                    "--manifests", str(manifests)], "Kueue")
         return self
 
@@ -464,8 +449,6 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             print(f"{', '.join(f'{k} {v}' for k, v in versions().items())}: {build()} "
                   f"({time.monotonic() - started:.1f}s)")
-            started = time.monotonic()
-            print(f"kueue {kueue_version()}: {build_kueue()} ({time.monotonic() - started:.1f}s)")
             return 0
         manifests = load(args.files)
         made: list[Made] = []
