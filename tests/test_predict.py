@@ -879,20 +879,38 @@ def test_the_gpu_decoder_run_on_the_cpu_approximates_the_rule_and_a_corrupt_file
         np.testing.assert_array_equal(got, data.file_decoder((64, 64, 3))(payload))  # the CPU's exact pixels
 
 
-def test_a_model_on_gs_has_the_digest_of_its_local_copy(bucket, tiny_model):
-    """The fingerprint's model digest for a gs:// model directory (read through a local copy) is the registry's
-    digest of the same files."""
+def test_a_model_on_gs_is_read_once_for_its_digest_and_its_predictions(bucket, tiny_model, tmp_path):
+    """Predicting with a gs:// model fetches each of its files once: loading the model and the fingerprint's
+    model digest (the registry's digest of the same files) both read one local copy, which is gone afterwards."""
+    import glob
     import shutil
+    import tempfile
 
     from components.dataio import storage
-    from components.predict.output import digest_of
+    from components.predict.output import SHARDS, model_here
     from components.registry import model_digest
 
     shutil.copytree(tiny_model, bucket.root_path / "models" / "tiny")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.png").write_bytes(encode(np.full((28, 28), 40 * i, np.uint8), "PNG"))
     storage.use_tensorflow_io(False)  # gs:// through google-cloud-storage's client, against the stand-in
+    copies = set(glob.glob(os.path.join(tempfile.gettempdir(), "model-*")))
     try:
-        assert digest_of("gs://bucket/models/tiny") == model_digest(tiny_model)
+        result = predict("gs://bucket/models/tiny", str(folder), str(tmp_path / "out"))
         with pytest.raises(FileNotFoundError, match="gs://bucket/models/none"):
-            digest_of("gs://bucket/models/none")
+            with model_here("gs://bucket/models/none"):
+                pass
     finally:
         storage.use_tensorflow_io(True)
+    assert result.count == 3
+    markers = [json.loads(p.read_text()) for p in (tmp_path / "out" / SHARDS).glob("chunk-*.json")]
+    assert markers and all(m["settings"]["model"] == model_digest(tiny_model) for m in markers), markers
+    model_files = [os.path.relpath(f, tiny_model) for f in glob.glob(f"{tiny_model}/**", recursive=True)
+                   if os.path.isfile(f)]
+    assert "model.keras" in model_files
+    for name in model_files:
+        downloads = bucket.requests_to("GET", f"/download/storage/v1/b/bucket/o/models/tiny/{name}")
+        assert len(downloads) == 1, (name, len(downloads))
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "model-*"))) == copies

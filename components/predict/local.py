@@ -14,7 +14,7 @@ from components.dataio import data
 from components.predict import nvjpeg
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _gather, _remove_stale_shards,
-                                       claim_output, digest_of)
+                                       claim_output, model_here)
 from components.predict.prefetch import Prefetcher
 from components.predict.sources import _is_remote, iter_chunks, resolve_source
 
@@ -85,8 +85,11 @@ def predict(model_dir: str, source: str, output_dir: str, *, batch_size: int | N
         raise ValueError("batch_size, chunk_size and top_k must be >= 1")
     start = time.monotonic()
     where = resolve_source(source)
-    classifier = classifier or data.load_classifier(model_dir)
-    digest = digest_of(model_dir) if model_dir else classifier.digest
+    if model_dir:
+        with model_here(model_dir) as (here, digest):  # a gs:// model is read once, for both
+            classifier = classifier or data.load_classifier(here)
+    else:
+        digest = classifier.digest if classifier else ""
     if not digest:
         raise ValueError("predict needs the model's directory (for its digest) or a classifier that carries one")
     batch_size = batch_size or auto_batch_size(classifier.image_shape)

@@ -3,12 +3,14 @@ files, errors.jsonl and summary.json; and the result it returns. Local and Verte
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -156,17 +158,21 @@ def read_marker(path: str) -> dict | None:
         return None
 
 
-def digest_of(model_dir: str) -> str:
-    """The model's content digest (components/registry/identity.py: what the registry records for a version);
-    a gs:// model directory is read through a local copy."""
+@contextlib.contextmanager
+def model_here(model_dir: str) -> Iterator[tuple[str, str]]:
+    """`model_dir` where this process reads it, and the model's content digest (components/registry/identity.py:
+    what the registry records for a version). A gs:// model directory is copied into a temporary folder once, and
+    both loading the model and its digest read that copy, which is removed on leaving: a backbone of hundreds of
+    MB is fetched once, not once to load and again to hash."""
     if not _is_remote(model_dir):
-        return model_digest(model_dir)
+        yield model_dir, model_digest(model_dir)
+        return
     files = data.gfile()
     if not files.isdir(model_dir):
         raise FileNotFoundError(f"Model directory not found: {model_dir}")
     with tempfile.TemporaryDirectory(prefix="model-") as local_copy:
         copy_tree(model_dir, local_copy)
-        return model_digest(local_copy)
+        yield local_copy, model_digest(local_copy)
 
 
 COMBINED = ("predictions.jsonl", "predictions.csv", "errors.jsonl", "summary.json")

@@ -16,7 +16,7 @@ from components import gcp
 from components.dataio import data
 from components.predict.decode import Decoder, iter_batches
 from components.predict.output import (SHARDS, ChunkWriter, PredictResult, _copy_lines, _gather,
-                                       _remove_stale_shards, _rename, claim_output, digest_of, shard_paths)
+                                       _remove_stale_shards, _rename, claim_output, model_here, shard_paths)
 from components.predict.sources import _is_remote, iter_chunks, resolve_source
 
 log = logging.getLogger(__name__)
@@ -267,13 +267,14 @@ def vertex_batch_predict(model_dir: str, vertex_model: str, source: str, output_
     def local(uri: str) -> str:
         return os.path.join(storage_root, uri[len("gs://"):]) if storage_root and uri.startswith("gs://") else uri
 
-    classifier_info = data.load_classifier(model_dir)
-    input_name = serving_input_name(model_dir)
+    with model_here(model_dir) as (here, digest):  # a gs:// model is read once, for all three
+        classifier_info = data.load_classifier(here)
+        input_name = serving_input_name(here)
     top_k = min(top_k, len(classifier_info.class_names))
     # What the rows depend on besides the inputs (as for local prediction): a folder holding another model's
     # predictions, or other options', is refused before a job is paid for; the job's output then replaces all
     # chunks of the same model and options.
-    settings = {"model": digest_of(model_dir), "top_k": top_k, "image_shape": list(classifier_info.image_shape),
+    settings = {"model": digest, "top_k": top_k, "image_shape": list(classifier_info.image_shape),
                 "vertex_model": vertex_model}
     claim_output(output_dir, settings, overwrite=overwrite)
     staging_uri = staging_uri.rstrip("/")
