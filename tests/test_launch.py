@@ -324,7 +324,9 @@ def test_tfjob_failure_fails_the_step_with_the_reason_and_log_tail():
         """)
         with pytest.raises(launch.LaunchError) as error:
             launcher.run(launch.tfjob_manifest(job(command=command, workers=0), "ml"))
-        assert 'is failing because "Chief" replica(s) failed.' in str(error.value)
+        assert str(error.value).splitlines()[:2] == [
+            'TFJob ml/train-1 ended Failed: job "train-1" is failing because "Chief" replica(s) failed.',
+            "chief 0 (pod train-1-chief-0) exited with code 2"]
         assert "Loss became nan at epoch 1, step 3" in str(error.value)
 
 

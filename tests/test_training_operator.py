@@ -270,17 +270,19 @@ def test_the_launcher_stops_a_job_restarted_past_its_backoff_limit(operator, fra
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_the_launcher_reports_a_replica_that_exits_1_as_against_the_stand_in(operator, framework, tmp_path):
     """The primary replica exits 1, which ExitCode does not restart: the operator fails the job at once
-    (common/pod.go:365-371) and the launcher raises the line it raises against the stand-in (no pod log here:
-    no kubelet)."""
+    (common/pod.go:365-371) and the launcher raises the lines it raises against the stand-in: the operator's
+    message, then the failed replica and its exit code, found by the labels the operator gives its pods (no pod log
+    here: no kubelet)."""
     manifest = launched(framework, f"fails-{framework}")
     outcome, _ = follow(operator.api_client(), manifest, [1])
     assert isinstance(outcome, JobFailed), outcome
     stand_in, _ = against_the_stand_in(manifest, [1], tmp_path)
     assert isinstance(stand_in, JobFailed), stand_in
     primary = {"torch": "Master", "tensorflow": "Chief"}[framework]
-    assert str(outcome).splitlines()[0] == str(stand_in).splitlines()[0] == (
+    assert str(outcome).splitlines()[:2] == str(stand_in).splitlines()[:2] == [
         f'{manifest["kind"]} kubeflow/fails-{framework} ended Failed: job "fails-{framework}" is failing because '
-        f'"{primary}" replica(s) failed.')
+        f'"{primary}" replica(s) failed.',
+        f"{primary.lower()} 0 (pod fails-{framework}-{primary.lower()}-0) exited with code 1"]  # the pods' labels
 
 
 BAD_PYTORCHJOBS = {

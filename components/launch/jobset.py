@@ -39,7 +39,7 @@ from components.launch import local_ssd
 from components.launch.frameworks import NODE, setup
 from components.launch.frameworks.tensorflow import cluster_env, node_hosts  # noqa: F401 (the TF nodes' env)
 from components.launch.job import TrainingJob
-from components.launch.k8s import CustomResourceLauncher, api_reason
+from components.launch.k8s import CustomResourceLauncher, api_reason, failed_pods
 from components.launch.network import check_network, pod_network
 from components.launch.placement import KUEUE_QUEUE_LABEL, mps_pod_fields
 
@@ -213,9 +213,7 @@ class NodePodsLauncher(CustomResourceLauncher):
 
         detail = ""
         try:  # the nodes that failed by themselves, first failure first (a failed Job's others are deleted)
-            failed = sorted(((pod, exit_code(pod)) for pod in self.node_pods(name)
-                             if exit_code(pod) and not pod.metadata.deletion_timestamp),
-                            key=lambda failure: str(finished_at(failure[0])))
+            failed = failed_pods(self.node_pods(name), NODE)
         except ApiException as e:
             failed = []
             log.warning("launch: cannot list the pods of %s: %s", name, api_reason(e))
@@ -239,25 +237,6 @@ def restart_attempt(pod) -> int:
 
 def completion_index(pod) -> int:
     return int((pod.metadata.annotations or {}).get(COMPLETION_INDEX_ANNOTATION, -1))
-
-
-def _terminated(pod):
-    """The node container's terminated state, None while it runs."""
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.name == NODE and status.state and status.state.terminated:
-            return status.state.terminated
-    return None
-
-
-def exit_code(pod) -> int:
-    """The node container's exit code when it ended, else 0."""
-    terminated = _terminated(pod)
-    return int(terminated.exit_code or 0) if terminated else 0
-
-
-def finished_at(pod):
-    terminated = _terminated(pod)
-    return terminated.finished_at if terminated else None
 
 
 class JobSetLauncher(NodePodsLauncher):

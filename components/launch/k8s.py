@@ -48,6 +48,28 @@ def api_reason(e) -> str:
         return f"{e.status} {e.reason}"
 
 
+def terminated(pod, container: str):
+    """`container`'s terminated state in `pod` (a V1Pod), None while it waits or runs."""
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.name == container and status.state and status.state.terminated:
+            return status.state.terminated
+    return None
+
+
+def exit_code(pod, container: str) -> int:
+    """`container`'s exit code once it ended, else 0."""
+    ended = terminated(pod, container)
+    return int(ended.exit_code or 0) if ended else 0
+
+
+def failed_pods(pods: list, container: str) -> list[tuple[object, int]]:
+    """The pods whose `container` failed by itself (a non-zero exit code, the pod not being deleted by its
+    controller), each with its exit code, the first to fail first."""
+    failed = [(pod, exit_code(pod, container)) for pod in pods
+              if exit_code(pod, container) and not pod.metadata.deletion_timestamp]
+    return sorted(failed, key=lambda failure: str(terminated(failure[0], container).finished_at))
+
+
 class CustomResourceLauncher(Launcher):
     """Creates a namespaced custom resource, follows it to the end, deletes it when stopped.
 

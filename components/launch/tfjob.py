@@ -19,7 +19,7 @@ from components import gcp
 from components.launch import local_ssd
 from components.launch.frameworks import setup
 from components.launch.job import LaunchError, TrainingJob
-from components.launch.k8s import CustomResourceLauncher, api_reason
+from components.launch.k8s import CustomResourceLauncher, api_reason, failed_pods
 from components.launch.network import check_network
 from components.launch.placement import KUEUE_QUEUE_LABEL
 
@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 OPERATOR_GROUP, OPERATOR_VERSION = "kubeflow.org", "v1"  # Training Operator v1's jobs (TFJob, PyTorchJob)
 TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = OPERATOR_GROUP, OPERATOR_VERSION, "tfjobs"
 CONTAINER_NAME = "tensorflow"  # the container the training operator looks for
+# The labels the operator gives a replica's pod (pkg/apis/kubeflow.org/v1/common_types.go:25-37 at v1.9.4; set in
+# pkg/controller.v1/common/pod.go:402-407: the job's name, the replica type in lower case, the replica's index)
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 TFJOB_PHASES = {"Succeeded": gcp.Phase.SUCCEEDED, "Failed": gcp.Phase.FAILED}  # other conditions: still going
 
 
@@ -101,6 +106,22 @@ class OperatorJobLauncher(CustomResourceLauncher):
         if manifest["metadata"].get("labels", {}).get(KUEUE_QUEUE_LABEL):
             self.check_kueue(manifest)
         return super().create(manifest)
+
+    def failure_detail(self, name: str) -> str:
+        """Which replicas failed with which exit code, first failure first (the operator's Failed message names
+        the replica type only, `"Chief" replica(s) failed`), then the end of the primary replica's log. The step's
+        service account needs list on pods."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}").items
+        except ApiException as e:
+            pods = []
+            log.warning("launch: cannot list the pods of %s: %s", name, api_reason(e))
+        detail = "".join(f"\n{(pod.metadata.labels or {}).get(REPLICA_TYPE_LABEL, '?')} "
+                         f"{(pod.metadata.labels or {}).get(REPLICA_INDEX_LABEL, '?')} (pod {pod.metadata.name}) "
+                         f"exited with code {code}" for pod, code in failed_pods(pods, self.container))
+        return detail + super().failure_detail(name)
 
     def check_kueue(self, manifest: dict) -> None:
         """Refuses (LaunchError, one line) a job for a Kueue queue that this cluster's Kueue would not queue: since

@@ -101,15 +101,7 @@ class JobSetPod(Pod):
     def to_api(self) -> dict:
         """The pod as core/v1 Pod JSON."""
         container = self.container.get("name", "node")
-        if self.exit_code is not None:
-            state = {"terminated": {"exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0
-                                    else "Error", "startedAt": self.created,
-                                    "finishedAt": self.finished_wall or self.created}}
-            phase = "Succeeded" if self.exit_code == 0 else "Failed"
-        elif self.process is not None:
-            state, phase = {"running": {"startedAt": self.created}}, "Running"
-        else:
-            state, phase = {"waiting": {"reason": "ContainerCreating"}}, "Pending"
+        phase, state = self.state(self.created, self.finished_wall)
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(self.labels),
                              "annotations": dict(self.annotations), "creationTimestamp": self.created,

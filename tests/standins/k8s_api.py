@@ -23,7 +23,8 @@ Endpoints, as the `kubernetes` Python client calls them:
     GET    /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name} read, with .status
     DELETE /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name} delete, with its JobSet and pods
     POST/GET/DELETE /apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets[/{name}]  the same for JobSets
-    GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...       list the JobSets' pods (equality selectors)
+    GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...       list the JobSets' and the TFJobs' and
+                                                                    PyTorchJobs' pods (equality selectors)
     GET    /api/v1/namespaces/{ns}/pods/{pod}/log?container=&follow=&tailLines=  pod log (follow streams until exit)
 
 Behind the TFJob endpoints runs a small local "training operator": each replica of a created TFJob becomes a process
@@ -204,6 +205,32 @@ class TFJob:
                                "replica(s) failed.")
                 self._finish(message, succeeded=False)
                 return
+
+    def api_pods(self) -> list[dict]:
+        """Its replicas' pods, but those deleted, as core/v1 Pod JSON: the replica template's labels and those the
+        operator adds (v1.9.4 pkg/controller.v1/common/pod.go:402-407 and job_controller.go:236-242: its name, the
+        job's, the replica type in lower case, the index, job-role master on the primary), its container's state."""
+        specs = self.body["spec"][self.specs_key]
+        pods = []
+        for pod in list(self.pods.values()):
+            if pod.deleted:
+                continue
+            rtype = next(t for t in specs if t.lower() == pod.replica_type)
+            labels = {**specs[rtype]["template"].get("metadata", {}).get("labels", {}),
+                      "training.kubeflow.org/operator-name": f"{self.kind.lower()}-controller",
+                      "training.kubeflow.org/job-name": self.name, "training.kubeflow.org/replica-type": pod.replica_type,
+                      "training.kubeflow.org/replica-index": str(pod.index)}
+            if pod.replica_type == self.chief_type:
+                labels["training.kubeflow.org/job-role"] = "master"
+            phase, state = pod.state(pod.started, pod.ended)
+            pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": pod.name, "namespace": self.namespace, "labels": labels,
+                "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.body['metadata']['uid']}/{pod.name}"))},
+                "spec": self.pod_spec(rtype, pod.index),
+                "status": {"phase": phase, "containerStatuses": [{
+                    "name": self.container_name, "image": pod.container.get("image", ""), "imageID": "",
+                    "ready": phase == "Running", "restartCount": 0, "state": state}]}})
+        return pods
 
     def message(self, state: str) -> str:
         """The Running and Succeeded conditions' messages of a job with a chief (tfjob_controller.go:447-452)."""
@@ -628,8 +655,11 @@ class KubernetesStandIn(StandIn):
         wanted = [term.partition("=")[::2] for term in request.arg("labelSelector").split(",") if term]
         if any(not key or "!" in key for key, _ in wanted):
             raise ApiError("INVALID_ARGUMENT", "the stand-in answers equality label selectors (k=v,...) only")
-        pods = [pod.to_api() for pod in self.jobset_pods(request.params["namespace"])
-                if all(pod.labels.get(key) == value for key, value in wanted)]
+        namespace = request.params["namespace"]
+        pods = [pod for pod in [*(pod.to_api() for pod in self.jobset_pods(namespace)),
+                                *(pod for (ns, _), job in [*self.jobs.items(), *self.pytorchjobs.items()]
+                                  if ns == namespace for pod in job.api_pods())]
+                if all(pod["metadata"]["labels"].get(key) == value for key, value in wanted)]
         return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": pods}
 
     def _list_workloads(self, request: Request) -> dict:

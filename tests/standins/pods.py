@@ -39,12 +39,23 @@ class Pod:
         self.process: subprocess.Popen | None = None
         self.exit_code: int | None = None
         self.restarts = 0
+        self.started = self.ended = ""  # the container's startedAt and finishedAt (RFC 3339)
         self.changed = threading.Condition()
         self.deleted = False
 
     @property
     def running(self) -> bool:
         return self.process is not None and self.exit_code is None
+
+    def state(self, started: str, finished: str = "") -> tuple[str, dict]:
+        """The pod's phase and its container's state (core/v1 ContainerState), as the kubelet reports them."""
+        if self.exit_code is not None:
+            return ("Succeeded" if self.exit_code == 0 else "Failed"), {"terminated": {
+                "exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
+                "startedAt": started, "finishedAt": finished or started}}
+        if self.process is not None:
+            return "Running", {"running": {"startedAt": started}}
+        return "Pending", {"waiting": {"reason": "ContainerCreating"}}
 
     def start(self) -> None:
         command = list(self.container.get("command", [])) + list(self.container.get("args", []))
@@ -53,6 +64,7 @@ class Pod:
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         with self.changed:
             self.exit_code = None
+            self.started, self.ended = rfc3339(time.time(), 6), ""
             self.lines = []
             self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -70,6 +82,7 @@ class Pod:
         with self.changed:
             if self.process is process:
                 self.exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as in a container
+                self.ended = rfc3339(time.time(), 6)
             self.changed.notify_all()
 
     def stop(self, grace_seconds: float = 5.0) -> None:
