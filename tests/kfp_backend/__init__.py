@@ -84,9 +84,10 @@ def build_env() -> dict:
     return local_clones({"https://github.com/kubeflow/pipelines": "KFP_GIT"})
 
 
-def go_test() -> subprocess.CompletedProcess:
-    """The harness's own Go tests (its in-memory ML Metadata store against the driver's metadata client)."""
-    return subprocess.run([go(), "test", "."], cwd=HARNESS, capture_output=True, text=True, env=build_env())
+def go_test(release: str) -> subprocess.CompletedProcess:
+    """The harness's own Go tests (its in-memory ML Metadata store against `release`'s driver's metadata client)."""
+    return subprocess.run([go(), "test", *module_flags(release), "."], cwd=HARNESS, capture_output=True, text=True,
+                          env=build_env())
 
 
 def run(package_path: str, parameters: dict, outputs: dict, release: str) -> dict:
