@@ -298,28 +298,39 @@ def run_nodes(exit_codes: dict[int, int]):
     return end
 
 
+def run_while(launcher, manifest: dict, lines: list[str], step) -> tuple[object, list[str]]:
+    """The launcher's run of `manifest` in a thread (its outcome, or the error it raised) and the `lines` it
+    printed, calling `step()` every 0.2 s while it runs, for at most 90 s: the test's part of the cluster."""
+    result: list = []
+
+    def run():
+        try:
+            result.append(launcher.run(manifest))
+        except Exception as e:  # noqa: BLE001 - the error is what the test looks at
+            result.append(e)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 90
+    while runner.is_alive() and time.monotonic() < deadline:
+        step()
+        time.sleep(0.2)
+    runner.join(5)
+    assert result, f"the launcher did not end in 90s: {lines[-5:]}"
+    return result[0], lines
+
+
 def follow(api, trainjob: dict, end_job) -> tuple[object, list[str]]:
     """The TrainJob launcher's run of `trainjob` (its outcome, or the error it raised) and the lines it printed,
     while `end_job(api, job)` ends each of the JobSet's Jobs as it appears."""
     from kubernetes import client
 
     lines: list[str] = []
-    result: list = []
-    launcher = launcher_of(api, lines)
-
-    def run():
-        try:
-            result.append(launcher.run(trainjob))
-        except Exception as e:  # noqa: BLE001 - the error is what the test looks at
-            result.append(e)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     name = trainjob["metadata"]["name"]
     ended: set[str] = set()
-    deadline = time.monotonic() + 90
-    while runner.is_alive() and time.monotonic() < deadline:
+
+    def step():
         mine = [j for j in batch.list_namespaced_job(trainjob["metadata"]["namespace"]).to_dict()["items"]
                 if (j["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name") == name]
         for job in mine:  # the garbage collector's part: JobSet deletes Jobs in the foreground to restart them; the
@@ -339,10 +350,8 @@ def follow(api, trainjob: dict, end_job) -> tuple[object, list[str]]:
             end_job(api, api.sanitize_for_serialization(batch.read_namespaced_job(job["metadata"]["name"],
                                                                                   job["metadata"]["namespace"])))
             ended.add(job["metadata"]["uid"])
-        time.sleep(0.2)
-    runner.join(5)
-    assert result, f"the launcher did not end in 90s: {lines[-5:]}"
-    return result[0], lines
+
+    return run_while(launcher_of(api, lines), trainjob, lines, step)
 
 
 def launcher_of(api, lines: list[str]):

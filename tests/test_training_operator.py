@@ -12,7 +12,6 @@ operator's and not the API server's defaulting or admission.
 
 from __future__ import annotations
 
-import threading
 import time
 from unittest.mock import ANY
 
@@ -21,7 +20,7 @@ import pytest
 from components.gcp.errors import JobFailed
 from tests.conftest import started_control_plane
 from tests.test_control_plane import dry_run, dry_run_cases
-from tests.test_trainer_controllers import differences, wait_for
+from tests.test_trainer_controllers import differences, run_while, wait_for
 
 KINDS = {"pytorchjob": ("PyTorchJob", "pytorchjobs"), "tfjob": ("TFJob", "tfjobs")}
 OPERATOR_CASES = [(case, argv) for case, argv in dry_run_cases() if case.split("-")[0] in KINDS]
@@ -149,26 +148,16 @@ def follow(api, manifest: dict, primary_codes: list[int]) -> tuple[object, list[
     from components.launch.training import KUBERNETES_LAUNCHERS
 
     lines: list[str] = []
-    result: list = []
     launcher = KUBERNETES_LAUNCHERS[manifest["kind"].lower()](api, manifest["metadata"]["namespace"],
                                                                poll_seconds=0.2, timeout_seconds=90,
                                                                echo=lines.append)
-
-    def run():
-        try:
-            result.append(launcher.run(manifest))
-        except Exception as e:  # noqa: BLE001 - the error is what the test looks at
-            result.append(e)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
     core = client.CoreV1Api(api)
     name = manifest["metadata"]["name"]
     primary = f"{name}-{launcher.primary}-0"
     started: set[str] = set()
     codes = list(primary_codes)
-    deadline = time.monotonic() + 90
-    while runner.is_alive() and time.monotonic() < deadline:
+
+    def step():
         for pod in job_pods(core, name, manifest["metadata"]["namespace"]):
             uid = pod["metadata"]["uid"]
             if pod["metadata"].get("deletionTimestamp") or uid in started:
@@ -180,10 +169,8 @@ def follow(api, manifest: dict, primary_codes: list[int]) -> tuple[object, list[
             if pod["metadata"]["name"] == primary and codes:
                 time.sleep(1)  # the operator sees the job running first
                 end_pod(core, pod, codes.pop(0))
-        time.sleep(0.2)
-    runner.join(5)
-    assert result, f"the launcher did not end in 90s: {lines[-5:]}"
-    return result[0], lines
+
+    return run_while(launcher, manifest, lines, step)
 
 
 def against_the_stand_in(manifest: dict, primary_codes: list[int], tmp_path) -> tuple[object, list[str]]:
