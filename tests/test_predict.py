@@ -902,6 +902,10 @@ def test_a_model_on_gs_is_read_once_for_its_digest_and_its_predictions(bucket, t
         with pytest.raises(FileNotFoundError, match="gs://bucket/models/none"):
             with model_here("gs://bucket/models/none"):
                 pass
+        (bucket.root_path / "models" / "empty").mkdir()
+        (bucket.root_path / "models" / "empty" / "notes.txt").write_text("no model here")
+        with pytest.raises(data.DataError, match="No model found in gs://bucket/models/empty "):
+            predict("gs://bucket/models/empty", str(folder), str(tmp_path / "out-empty"))
     finally:
         storage.use_tensorflow_io(True)
     assert result.count == 3

@@ -172,7 +172,10 @@ def model_here(model_dir: str) -> Iterator[tuple[str, str]]:
         raise FileNotFoundError(f"Model directory not found: {model_dir}")
     with tempfile.TemporaryDirectory(prefix="model-") as local_copy:
         copy_tree(model_dir, local_copy)
-        yield local_copy, model_digest(local_copy)
+        try:
+            yield local_copy, model_digest(local_copy)
+        except data.DataError as e:  # "No model found in ...": name the model's directory, not the copy's
+            raise data.DataError(str(e).replace(local_copy, model_dir.rstrip("/"))) from None
 
 
 COMBINED = ("predictions.jsonl", "predictions.csv", "errors.jsonl", "summary.json")
