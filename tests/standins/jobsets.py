@@ -40,7 +40,7 @@ from typing import Callable
 
 from tests.standins.admission import admit_pod
 from tests.standins.base import ApiError
-from tests.standins.pods import Pod, free_port
+from tests.standins.pods import Pod, free_port, signal_group
 from tests.standins.validation import crd_problems, job_problems
 
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
@@ -82,15 +82,13 @@ class JobSetPod(Pod):
         process = self.process
         if process is None or process.poll() is not None:
             return
-        import os
-
-        os.killpg(process.pid, signal.SIGTERM)
+        signal_group(process, signal.SIGTERM)
 
         def kill_later():
             try:
                 process.wait(self.grace_seconds)
             except Exception:
-                os.killpg(process.pid, signal.SIGKILL)
+                signal_group(process, signal.SIGKILL)
 
         threading.Thread(target=kill_later, daemon=True).start()
 

@@ -90,9 +90,18 @@ class Pod:
         process = self.process
         if process is None or process.poll() is not None:
             return
-        os.killpg(process.pid, signal.SIGTERM)
+        signal_group(process, signal.SIGTERM)
         try:
             process.wait(grace_seconds)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            signal_group(process, signal.SIGKILL)
             process.wait()
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Sends `signum` to the process's group (its own session: the container's processes), unless all of them have
+    exited since the caller looked (then there is nothing to stop)."""
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
