@@ -65,9 +65,9 @@ def exit_code(pod, container: str) -> int:
 def failed_pods(pods: list, container: str) -> list[tuple[object, int]]:
     """The pods whose `container` failed by itself (a non-zero exit code, the pod not being deleted by its
     controller), each with its exit code, the first to fail first."""
-    failed = [(pod, exit_code(pod, container)) for pod in pods
-              if exit_code(pod, container) and not pod.metadata.deletion_timestamp]
-    return sorted(failed, key=lambda failure: str(terminated(failure[0], container).finished_at))
+    codes = [(pod, exit_code(pod, container)) for pod in pods if not pod.metadata.deletion_timestamp]
+    return sorted(((pod, code) for pod, code in codes if code),
+                  key=lambda failure: str(terminated(failure[0], container).finished_at))
 
 
 class CustomResourceLauncher(Launcher):

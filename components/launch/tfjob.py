@@ -118,9 +118,11 @@ class OperatorJobLauncher(CustomResourceLauncher):
         except ApiException as e:
             pods = []
             log.warning("launch: cannot list the pods of %s: %s", name, api_reason(e))
-        detail = "".join(f"\n{(pod.metadata.labels or {}).get(REPLICA_TYPE_LABEL, '?')} "
-                         f"{(pod.metadata.labels or {}).get(REPLICA_INDEX_LABEL, '?')} (pod {pod.metadata.name}) "
-                         f"exited with code {code}" for pod, code in failed_pods(pods, self.container))
+        detail = ""
+        for pod, code in failed_pods(pods, self.container):
+            labels = pod.metadata.labels or {}
+            detail += (f"\n{labels.get(REPLICA_TYPE_LABEL, '?')} {labels.get(REPLICA_INDEX_LABEL, '?')} "
+                       f"(pod {pod.metadata.name}) exited with code {code}")
         return detail + super().failure_detail(name)
 
     def check_kueue(self, manifest: dict) -> None:

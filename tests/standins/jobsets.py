@@ -98,16 +98,12 @@ class JobSetPod(Pod):
 
     def to_api(self) -> dict:
         """The pod as core/v1 Pod JSON."""
-        container = self.container.get("name", "node")
-        phase, state = self.state(self.created, self.finished_wall)
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(self.labels),
                              "annotations": dict(self.annotations), "creationTimestamp": self.created,
                              "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, self.name))},
                 "spec": {**self.pod_spec, "hostname": self.hostname},
-                "status": {"phase": phase, "conditions": list(self.conditions), "containerStatuses": [
-                    {"name": container, "image": self.container.get("image", ""), "imageID": "",
-                     "ready": phase == "Running", "restartCount": 0, "state": state}]}}
+                "status": {**self.api_status(self.created, self.finished_wall), "conditions": list(self.conditions)}}
 
 
 class Network:

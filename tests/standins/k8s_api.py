@@ -222,14 +222,10 @@ class TFJob:
                       "training.kubeflow.org/replica-index": str(pod.index)}
             if pod.replica_type == self.chief_type:
                 labels["training.kubeflow.org/job-role"] = "master"
-            phase, state = pod.state(pod.started, pod.ended)
             pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {
                 "name": pod.name, "namespace": self.namespace, "labels": labels,
                 "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.body['metadata']['uid']}/{pod.name}"))},
-                "spec": self.pod_spec(rtype, pod.index),
-                "status": {"phase": phase, "containerStatuses": [{
-                    "name": self.container_name, "image": pod.container.get("image", ""), "imageID": "",
-                    "ready": phase == "Running", "restartCount": 0, "state": state}]}})
+                "spec": self.pod_spec(rtype, pod.index), "status": pod.api_status(pod.started, pod.ended)})
         return pods
 
     def message(self, state: str) -> str:

@@ -47,15 +47,19 @@ class Pod:
     def running(self) -> bool:
         return self.process is not None and self.exit_code is None
 
-    def state(self, started: str, finished: str = "") -> tuple[str, dict]:
-        """The pod's phase and its container's state (core/v1 ContainerState), as the kubelet reports them."""
+    def api_status(self, started: str, finished: str = "") -> dict:
+        """The pod's core/v1 PodStatus as the kubelet reports it: its phase and its one container's state."""
         if self.exit_code is not None:
-            return ("Succeeded" if self.exit_code == 0 else "Failed"), {"terminated": {
+            phase, state = ("Succeeded" if self.exit_code == 0 else "Failed"), {"terminated": {
                 "exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
                 "startedAt": started, "finishedAt": finished or started}}
-        if self.process is not None:
-            return "Running", {"running": {"startedAt": started}}
-        return "Pending", {"waiting": {"reason": "ContainerCreating"}}
+        elif self.process is not None:
+            phase, state = "Running", {"running": {"startedAt": started}}
+        else:
+            phase, state = "Pending", {"waiting": {"reason": "ContainerCreating"}}
+        return {"phase": phase, "containerStatuses": [{
+            "name": self.container.get("name", "node"), "image": self.container.get("image", ""), "imageID": "",
+            "ready": phase == "Running", "restartCount": 0, "state": state}]}
 
     def start(self) -> None:
         command = list(self.container.get("command", [])) + list(self.container.get("args", []))
